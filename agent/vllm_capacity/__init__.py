@@ -1,0 +1,3 @@
+"""vllm-capacity: a sidecar agent and Prometheus exporter for vLLM serving capacity."""
+
+__version__ = "0.1.0"

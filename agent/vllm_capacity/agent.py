@@ -1,0 +1,230 @@
+"""The agent: reads its sources on an interval and keeps the latest derived snapshot for exposition.
+
+Isolation: every source is read under its own deadline and its own ``try``; a failed source sets its
+``source_up`` to 0, counts the failure by reason, logs the cause once (and once more when it recovers), and never
+stops the loop or the other sources. When vLLM's /metrics cannot be read, the snapshot loses every derived series
+at once (``vllm_capacity_up`` 0): nothing stale is served as current.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import structlog
+
+from vllm_capacity import derive
+from vllm_capacity.derive import EngineCapacity
+from vllm_capacity.sources import SourceError
+from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
+from vllm_capacity.sources.vllm_parse import VllmMetrics
+
+SOURCE_VLLM = "vllm"
+SOURCE_MODELS = "vllm_models"
+EngineKey = tuple[str, str]
+
+
+@dataclass
+class SourceStatus:
+    up: bool = False
+    duration_seconds: float | None = None
+    failing_reason: str | None = None  # the reason last logged, so each cause is logged once
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What /metrics shows. Immutable: the loop swaps in a new one; a scrape renders one consistent view."""
+
+    up: bool = False
+    timestamp: float | None = None
+    schema: str | None = None
+    version: str | None = None
+    engines: tuple[EngineCapacity, ...] = ()
+    cache_info: Mapping[EngineKey, Mapping[str, str]] = field(default_factory=dict)
+    preemptions_total: Mapping[EngineKey, float] = field(default_factory=dict)
+
+
+class Agent:
+    def __init__(
+        self,
+        client: VllmClient,
+        *,
+        interval: float,
+        max_model_len_override: int | None = None,
+        models_refresh: float = 300.0,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.client = client
+        self.interval = interval
+        self.max_model_len_override = max_model_len_override
+        self.models_refresh = models_refresh
+        self.clock = clock
+        self.monotonic = monotonic
+        self.log = structlog.get_logger("vllm_capacity")
+        self.snapshot = Snapshot()
+        self.sources: dict[str, SourceStatus] = {SOURCE_VLLM: SourceStatus(), SOURCE_MODELS: SourceStatus()}
+        self.errors: Counter[tuple[str, str]] = Counter()
+        self.ready = False  # latched once a cycle has succeeded
+        self._models: ModelsInfo | None = None
+        self._version: str | None = None
+        self._models_fetched_at = -float("inf")
+        self._last_metrics: VllmMetrics | None = None
+        self._raw_preemptions: dict[EngineKey, float] = {}
+        self._preemptions_total: dict[EngineKey, float] = {}
+        self._announced: tuple[object, ...] | None = None
+
+    # -- bookkeeping -------------------------------------------------------------------------------------------
+    def _ok(self, source: str, duration: float) -> None:
+        status = self.sources[source]
+        if status.failing_reason is not None:
+            self.log.info("source_recovered", source=source, after=status.failing_reason)
+        status.up, status.duration_seconds, status.failing_reason = True, duration, None
+
+    def _fail(self, source: str, err: SourceError, duration: float) -> None:
+        status = self.sources[source]
+        self.errors[(source, err.reason)] += 1
+        if status.failing_reason != err.reason:
+            self.log.warning("source_failed", source=source, reason=err.reason, error=str(err))
+        status.up, status.duration_seconds, status.failing_reason = False, duration, err.reason
+
+    def _restarted(self, metrics: VllmMetrics) -> bool:
+        """vLLM restarted since the last good scrape: new process start time, a counter went down, or new config."""
+        prev = self._last_metrics
+        if prev is None:
+            return False
+        if (
+            metrics.process_start_time_seconds is not None
+            and prev.process_start_time_seconds is not None
+            and metrics.process_start_time_seconds != prev.process_start_time_seconds
+        ):
+            return True
+        before = {(e.model_name, e.engine): e for e in prev.engines}
+        for e in metrics.engines:
+            old = before.get((e.model_name, e.engine))
+            if old is None:
+                continue
+            for now, then in (
+                (e.generation_tokens_total, old.generation_tokens_total),
+                (e.preemptions_total, old.preemptions_total),
+            ):
+                if now is not None and then is not None and now < then:
+                    return True
+            if (e.cache_config and e.cache_config.labels) != (old.cache_config and old.cache_config.labels):
+                return True
+        return False
+
+    # -- one cycle ---------------------------------------------------------------------------------------------
+    async def cycle(self) -> Snapshot:
+        t0 = self.monotonic()
+        try:
+            metrics = await self.client.fetch_metrics()
+        except SourceError as err:
+            self._fail(SOURCE_VLLM, err, self.monotonic() - t0)
+            # vLLM is gone (or is not vLLM): drop every derived series now; re-read /v1/models when it is back.
+            self.snapshot = Snapshot(up=False, timestamp=self.snapshot.timestamp)
+            self._models_fetched_at = -float("inf")
+            return self.snapshot
+        self._ok(SOURCE_VLLM, self.monotonic() - t0)
+
+        was_down = self._last_metrics is None
+        restarted = self._restarted(metrics)
+        if restarted:
+            self.log.info("vllm_restarted", reason="process start time, counter reset or cache config changed")
+            self._models = None
+        if restarted or was_down or self.monotonic() - self._models_fetched_at >= self.models_refresh:
+            await self._refresh_models()
+
+        max_model_len = dict(self._models.max_model_len) if self._models else {}
+        engines = tuple(derive.derive_all(metrics, max_model_len, self.max_model_len_override))
+        self._carry_counters(metrics, restarted)
+        self._last_metrics = metrics
+        self.snapshot = Snapshot(
+            up=True,
+            timestamp=self.clock(),
+            schema=metrics.schema,
+            version=self._version,
+            engines=engines,
+            cache_info={
+                (e.model_name, e.engine): dict(e.cache_config.labels) for e in metrics.engines if e.cache_config
+            },
+            preemptions_total=dict(self._preemptions_total),
+        )
+        self.ready = True
+        self._announce(metrics, engines)
+        return self.snapshot
+
+    async def _refresh_models(self) -> None:
+        t0 = self.monotonic()
+        try:
+            models = await self.client.fetch_models()
+        except SourceError as err:
+            self._fail(SOURCE_MODELS, err, self.monotonic() - t0)
+            self._models_fetched_at = self.monotonic() - self.models_refresh + min(30.0, self.models_refresh)
+            return
+        self._version = await self.client.fetch_version()
+        self._ok(SOURCE_MODELS, self.monotonic() - t0)
+        self._models, self._models_fetched_at = models, self.monotonic()
+
+    def _carry_counters(self, metrics: VllmMetrics, restarted: bool) -> None:
+        seen = set()
+        for e in metrics.engines:
+            key = (e.model_name, e.engine)
+            if e.preemptions_total is None:
+                continue
+            seen.add(key)
+            self._preemptions_total[key] = derive.accumulate_counter(
+                self._preemptions_total.get(key), self._raw_preemptions.get(key), e.preemptions_total, restarted
+            )
+            self._raw_preemptions[key] = e.preemptions_total
+        for key in set(self._preemptions_total) - seen:  # an engine that went away takes its series with it
+            del self._preemptions_total[key]
+            self._raw_preemptions.pop(key, None)
+
+    def _announce(self, metrics: VllmMetrics, engines: tuple[EngineCapacity, ...]) -> None:
+        """Log what was found whenever it changes: schema, engines, capacity, and what cannot be derived."""
+        summary = (metrics.schema, tuple((e.model_name, e.engine, e.capacity_tokens, e.max_model_len) for e in engines))
+        if summary == self._announced:
+            return
+        self._announced = summary
+        self.log.info(
+            "vllm_discovered",
+            schema=metrics.schema,
+            version=self._version,
+            engines=[f"{e.model_name}/{e.engine}" for e in engines],
+            capacity_tokens=[e.capacity_tokens for e in engines],
+            max_model_len=[e.max_model_len for e in engines],
+        )
+        if not engines:
+            self.log.warning("capacity_unknown", why="no per-engine vllm: gauge (num_requests_running, ...) found")
+        for e in engines:
+            if e.capacity_tokens is None:
+                self.log.warning(
+                    "capacity_unknown",
+                    engine=f"{e.model_name}/{e.engine}",
+                    why="vllm:cache_config_info has neither kv_cache_size_tokens nor num_gpu_blocks and block_size "
+                    "(vLLM 0.8.x reports num_gpu_blocks=None)",
+                )
+            if e.max_model_len is None:
+                self.log.warning(
+                    "max_model_len_unknown",
+                    engine=f"{e.model_name}/{e.engine}",
+                    why="/v1/models gave none; set --max-model-len",
+                )
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Cycle every ``interval`` until ``stop`` is set. A cycle that overruns starts the next one at once."""
+        while not stop.is_set():
+            started = self.monotonic()
+            try:
+                await self.cycle()
+            except Exception:  # a bug must not kill the sidecar: log it, keep serving, try again
+                self.log.exception("cycle_crashed")
+                self.snapshot = Snapshot(up=False, timestamp=self.snapshot.timestamp)
+            delay = max(0.0, self.interval - (self.monotonic() - started))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=delay)

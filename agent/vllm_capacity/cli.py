@@ -1,0 +1,265 @@
+"""Command line: ``vllm-capacity serve`` (the sidecar) and ``vllm-capacity report`` (one snapshot).
+
+Every ``serve``/``report`` flag has an environment-variable twin ``VLLM_CAPACITY_<FLAG>`` (``--vllm-url`` ->
+``VLLM_CAPACITY_VLLM_URL``); a flag on the command line wins over its twin. Invalid flags or values exit with
+status 2 and one line that says which flag (or variable) and why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_capacity import __version__
+from vllm_capacity.units import format_duration, parse_duration, parse_listen, parse_size
+
+ENV_PREFIX = "VLLM_CAPACITY_"
+MIN_INTERVAL = 0.1
+
+
+class UsageError(Exception):
+    """A bad flag or value: reported on one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line instead of usage + error
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _url(text: str) -> str:
+    if not text.startswith(("http://", "https://")) or len(text) < 10:
+        raise ValueError(f"{text!r} is not an http:// or https:// URL")
+    return text.rstrip("/")
+
+
+def _duration(minimum: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        seconds = parse_duration(text)
+        if seconds < minimum:
+            raise ValueError(f"{text!r} is below the minimum {format_duration(minimum)}")
+        return seconds
+
+    return parse
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) <= 0:
+        raise ValueError(f"{text!r} is not a positive whole number")
+    return int(text)
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
+        return text.lower()
+
+    return parse
+
+
+def _size(text: str) -> int:
+    size = parse_size(text)
+    if size < 1024:
+        raise ValueError(f"{text!r} is below the minimum 1KiB")
+    return size
+
+
+def _api_key_file(text: str) -> str:
+    path = Path(text)
+    try:
+        key = path.read_text().strip()
+    except OSError as err:
+        raise ValueError(f"cannot read {text}: {err.strerror}") from err
+    if not key:
+        raise ValueError(f"{text} is empty")
+    return key  # the key itself; never logged
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str
+    parse: Callable[[str], Any]
+    default: str | None
+    help: str
+
+    @property
+    def dest(self) -> str:
+        return self.flag.removeprefix("--").replace("-", "_")
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.dest.upper()
+
+
+VLLM_URL = Option("--vllm-url", _url, "http://127.0.0.1:8000", "base URL of the vLLM server")
+TIMEOUT = Option("--timeout", _duration(0.01), "4s", "deadline for each request to vLLM (e.g. 500ms, 4s)")
+MAX_MODEL_LEN = Option(
+    "--max-model-len", _positive_int, None, "max_model_len to use when /v1/models is unreachable or lacks it"
+)
+API_KEY_FILE = Option(
+    "--api-key-file", _api_key_file, None, "file holding vLLM's API key, sent to /v1/* (never logged)"
+)
+MAX_BODY = Option("--max-body-size", _size, "32MiB", "largest vLLM response accepted (e.g. 32MiB)")
+
+SERVE_OPTIONS = (
+    VLLM_URL,
+    Option("--listen", parse_listen, ":9790", "host:port for /metrics, /healthz, /readyz (':9790' = all interfaces)"),
+    Option(
+        "--interval", _duration(MIN_INTERVAL), "5s", "how often to read vLLM (100ms, 0.5s, 1m or seconds; >= 100ms)"
+    ),
+    TIMEOUT,
+    MAX_MODEL_LEN,
+    API_KEY_FILE,
+    MAX_BODY,
+    Option("--models-refresh", _duration(1.0), "5m", "how often to re-read /v1/models (also on every vLLM restart)"),
+    Option("--log-format", _choice("json", "console"), "json", "json (one object per line) or console"),
+    Option("--log-level", _choice("debug", "info", "warning", "error"), "info", "debug, info, warning or error"),
+)
+REPORT_OPTIONS = (
+    VLLM_URL,
+    TIMEOUT,
+    MAX_MODEL_LEN,
+    API_KEY_FILE,
+    MAX_BODY,
+    Option("--format", _choice("text", "json"), "text", "text for people, json for scripts"),
+)
+
+
+def _add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
+    for opt in options:
+        default = f" (default {opt.default})" if opt.default is not None else ""
+        parser.add_argument(opt.flag, dest=opt.dest, default=None, help=f"{opt.help}{default}; env {opt.env}")
+
+
+def resolve(ns: argparse.Namespace, options: Sequence[Option], environ: dict[str, str]) -> dict[str, Any]:
+    """Flag, else environment twin, else default; each parsed and validated. Raises UsageError."""
+    values: dict[str, Any] = {}
+    for opt in options:
+        raw, where = getattr(ns, opt.dest), opt.flag
+        if raw is None and environ.get(opt.env, "") != "":
+            raw, where = environ[opt.env], f"{opt.env} (environment)"
+        if raw is None:
+            raw = opt.default
+        if raw is None:
+            values[opt.dest] = None
+            continue
+        try:
+            values[opt.dest] = opt.parse(raw)
+        except ValueError as err:
+            raise UsageError(f"{where}: {err}") from err
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="vllm-capacity", description="KV-cache capacity and concurrency exporter for vLLM.")
+    parser.add_argument("--version", action="version", version=f"vllm-capacity {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    serve = sub.add_parser("serve", help="run the sidecar: scrape vLLM, serve /metrics")
+    _add(serve, SERVE_OPTIONS)
+    report = sub.add_parser("report", help="print one capacity snapshot of a vLLM server")
+    _add(report, REPORT_OPTIONS)
+    return parser
+
+
+def _client(values: dict[str, Any]) -> Any:
+    from vllm_capacity.sources.vllm import VllmClient
+
+    return VllmClient(
+        values["vllm_url"],
+        timeout=values["timeout"],
+        max_body_bytes=values["max_body_size"],
+        api_key=values["api_key_file"],
+    )
+
+
+async def _serve(values: dict[str, Any]) -> int:
+    import structlog
+    from aiohttp import web
+
+    from vllm_capacity.agent import Agent
+    from vllm_capacity.server import make_app
+
+    log = structlog.get_logger("vllm_capacity")
+    client = _client(values)
+    agent = Agent(
+        client,
+        interval=values["interval"],
+        max_model_len_override=values["max_model_len"],
+        models_refresh=values["models_refresh"],
+    )
+    host, port = values["listen"]
+    runner = web.AppRunner(make_app(agent), access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as err:
+        await runner.cleanup()
+        await client.aclose()
+        print(f"vllm-capacity serve: error: --listen {host}:{port}: {err.strerror}", file=sys.stderr)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    log.info(
+        "serving",
+        version=__version__,
+        listen=f"{host}:{port}",
+        vllm_url=values["vllm_url"],
+        interval_seconds=values["interval"],
+        api_key="set" if values["api_key_file"] else "unset",
+    )
+    try:
+        await agent.run(stop)
+    finally:
+        log.info("stopping")
+        await runner.cleanup()
+        await client.aclose()
+    return 0
+
+
+async def _report(values: dict[str, Any]) -> int:
+    from vllm_capacity.agent import Agent
+    from vllm_capacity.report import render_json, render_text
+
+    client = _client(values)
+    agent = Agent(client, interval=1.0, max_model_len_override=values["max_model_len"])
+    try:
+        snap = await agent.cycle()
+    finally:
+        await client.aclose()
+    if not snap.up:
+        status = agent.sources["vllm"]
+        print(
+            f"vllm-capacity report: error: cannot read {values['vllm_url']}/metrics ({status.failing_reason})",
+            file=sys.stderr,
+        )
+        return 1
+    render = render_json if values["format"] == "json" else render_text
+    sys.stdout.write(render(snap, values["vllm_url"]))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
+    from vllm_capacity import log
+
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    options = SERVE_OPTIONS if ns.command == "serve" else REPORT_OPTIONS
+    try:
+        values = resolve(ns, options, dict(os.environ if environ is None else environ))
+    except UsageError as err:
+        print(f"vllm-capacity {ns.command}: error: {err}", file=sys.stderr)
+        return 2
+    if ns.command == "serve":
+        log.configure(values["log_format"], values["log_level"])
+        return asyncio.run(_serve(values))
+    log.configure("console", "error")  # a report prints its result; only errors go to stderr
+    return asyncio.run(_report(values))

@@ -1,0 +1,224 @@
+"""Capacity derivations: plain functions over plain data, no I/O.
+
+Every formula here is documented with where vLLM defines it (``../shared/reference/vllm-kv-sizing.md``). A value
+that cannot be known is ``None``, never 0: the exposition drops ``None`` series instead of exporting a wrong number.
+
+Per engine (``model_name``, ``engine``):
+
+``capacity_tokens``
+    vLLM's own ``kv_cache_size_tokens`` (V1 >= 0.24, group-aware), else ``blocks_per_engine x block_size``.
+``blocks_per_engine``
+    ``num_gpu_blocks`` as reported; V1 sums it over data-parallel engines, so it is divided by their number.
+``used_tokens = usage_ratio x capacity_tokens``, ``free_tokens = capacity_tokens - used_tokens``
+    The usage ratio counts blocks referenced by live requests; evictable prefix-cache blocks count as free.
+``max_concurrency{basis="max_model_len"}``
+    vLLM's own ``kv_cache_max_concurrency`` (>= 0.24), else vLLM's formula for the generation:
+    V0 and V1 <= 0.9.0 ``blocks x block_size / max_model_len``; V1 >= 0.9.1 ``blocks / ceil(max_model_len /
+    block_size)`` (the uniform full-attention case of ``get_max_concurrency_for_kv_cache_config``).
+``mean_context_tokens = used_tokens / running``
+    Average KV footprint of a running request (block-granular), only while requests run.
+``max_concurrency{basis="observed_context"} = capacity_tokens / mean_context_tokens``
+    How many requests of the size actually being served fit at once.
+``concurrency_utilization{basis} = running / max_concurrency{basis}``
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1_LEGACY, EngineMetrics, VllmMetrics
+
+BASIS_MAX_MODEL_LEN = "max_model_len"
+BASIS_OBSERVED = "observed_context"
+
+
+def blocks_per_engine(num_gpu_blocks: int | None, dp_engines: int, schema: str) -> int | None:
+    """Per-engine KV blocks. V1 reports the sum over its data-parallel engines; V0 has no data parallelism."""
+    if num_gpu_blocks is None:
+        return None
+    if schema == SCHEMA_V0:
+        return num_gpu_blocks
+    return num_gpu_blocks // max(1, dp_engines)
+
+
+def capacity_tokens(kv_cache_size_tokens: int | None, blocks: int | None, block_size: int | None) -> int | None:
+    """KV-cache capacity of one engine in tokens: vLLM's own figure when it reports one, else blocks x block_size."""
+    if kv_cache_size_tokens is not None:
+        return kv_cache_size_tokens
+    if blocks is None or block_size is None:
+        return None
+    return blocks * block_size
+
+
+def used_tokens(usage_ratio: float | None, capacity: int | None) -> float | None:
+    """Tokens held by live requests: usage ratio x capacity (block-granular)."""
+    if usage_ratio is None or capacity is None:
+        return None
+    return min(max(usage_ratio, 0.0), 1.0) * capacity
+
+
+def free_tokens(capacity: int | None, used: float | None) -> float | None:
+    if capacity is None or used is None:
+        return None
+    return capacity - used
+
+
+def max_concurrency_at_max_model_len(
+    *,
+    reported: float | None,
+    blocks: int | None,
+    block_size: int | None,
+    max_model_len: int | None,
+    schema: str,
+) -> float | None:
+    """Requests of exactly ``max_model_len`` tokens that fit in the KV cache ("Maximum concurrency ... 6.37x")."""
+    if reported is not None:
+        return reported
+    if blocks is None or block_size is None or not max_model_len or block_size <= 0:
+        return None
+    if schema in (SCHEMA_V0, SCHEMA_V1_LEGACY):
+        # V0 (executor_base.py) and V1 <= 0.9.0: num_gpu_blocks * block_size / max_model_len.
+        # (V1 0.9.1 already rounds up per request; SCHEMA_V1_LEGACY spans both, and the two differ by < 1 block.)
+        return blocks * block_size / max_model_len
+    # V1 >= 0.9.1, full attention: a request needs ceil(max_model_len / block_size) whole blocks.
+    return blocks / math.ceil(max_model_len / block_size)
+
+
+def mean_context_tokens(used: float | None, running: float | None) -> float | None:
+    """Average KV tokens per running request; unknown while nothing runs."""
+    if used is None or not running or running <= 0:
+        return None
+    return used / running
+
+
+def max_concurrency_at_context(capacity: int | None, context_tokens: float | None) -> float | None:
+    """How many requests of ``context_tokens`` each fit in ``capacity`` tokens."""
+    if capacity is None or not context_tokens or context_tokens <= 0:
+        return None
+    return capacity / context_tokens
+
+
+def utilization(running: float | None, max_concurrency: float | None) -> float | None:
+    if running is None or not max_concurrency or max_concurrency <= 0:
+        return None
+    return running / max_concurrency
+
+
+def kv_bytes_per_token(
+    kv_cache_memory_bytes: int | None, capacity: int | None, blocks_overridden: bool
+) -> float | None:
+    """Bytes of KV cache per token when vLLM was given a fixed KV budget (``kv_cache_memory_bytes``).
+
+    Not valid when ``--num-gpu-blocks-override`` decoupled the block count from the budget.
+    """
+    if kv_cache_memory_bytes is None or not capacity or blocks_overridden:
+        return None
+    return kv_cache_memory_bytes / capacity
+
+
+def accumulate_counter(total: float | None, previous_raw: float | None, raw: float, restarted: bool) -> float:
+    """Carry a vLLM counter across vLLM restarts so that it never decreases (no negative rates).
+
+    ``total`` is the value exported so far, ``previous_raw`` vLLM's last reading. A counter that went down, or any
+    reading after a detected restart, is a reset: its whole value is new increase.
+    """
+    if total is None or previous_raw is None:
+        return raw
+    if restarted or raw < previous_raw:
+        return total + raw
+    return total + (raw - previous_raw)
+
+
+@dataclass(frozen=True)
+class EngineCapacity:
+    """Everything derived for one engine. ``None`` = cannot be known from what vLLM reported."""
+
+    model_name: str
+    engine: str
+    max_model_len: int | None
+    usage_ratio: float | None
+    blocks: int | None
+    block_size: int | None
+    capacity_tokens: int | None
+    used_tokens: float | None
+    free_tokens: float | None
+    max_concurrency: float | None
+    mean_context_tokens: float | None
+    max_concurrency_observed: float | None
+    utilization: float | None
+    utilization_observed: float | None
+    running: float | None
+    waiting: float | None
+    waiting_for_capacity: float | None
+    swapped: float | None
+    kv_bytes_per_token: float | None
+
+    def concurrency_at(self, context_tokens: int) -> float | None:
+        """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
+        if self.max_model_len and context_tokens > self.max_model_len:
+            return None
+        return max_concurrency_at_context(self.capacity_tokens, context_tokens)
+
+
+def derive_engine(m: EngineMetrics, *, schema: str, dp_engines: int, max_model_len: int | None) -> EngineCapacity:
+    cc = m.cache_config
+    block_size = cc.block_size if cc else None
+    blocks = blocks_per_engine(cc.num_gpu_blocks if cc else None, dp_engines, schema)
+    cap = capacity_tokens(cc.kv_cache_size_tokens if cc else None, blocks, block_size)
+    used = used_tokens(m.kv_cache_usage, cap)
+    max_conc = max_concurrency_at_max_model_len(
+        reported=cc.kv_cache_max_concurrency if cc else None,
+        blocks=blocks,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        schema=schema,
+    )
+    mean_ctx = mean_context_tokens(used, m.running)
+    max_conc_obs = max_concurrency_at_context(cap, mean_ctx)
+    return EngineCapacity(
+        model_name=m.model_name,
+        engine=m.engine,
+        max_model_len=max_model_len,
+        usage_ratio=m.kv_cache_usage,
+        blocks=blocks,
+        block_size=block_size,
+        capacity_tokens=cap,
+        used_tokens=used,
+        free_tokens=free_tokens(cap, used),
+        max_concurrency=max_conc,
+        mean_context_tokens=mean_ctx,
+        max_concurrency_observed=max_conc_obs,
+        utilization=utilization(m.running, max_conc),
+        utilization_observed=utilization(m.running, max_conc_obs),
+        running=m.running,
+        waiting=m.waiting,
+        waiting_for_capacity=m.waiting_for_capacity,
+        swapped=m.swapped,
+        kv_bytes_per_token=kv_bytes_per_token(
+            cc.kv_cache_memory_bytes if cc else None, cap, cc is not None and cc.num_gpu_blocks_override is not None
+        ),
+    )
+
+
+def max_model_len_from_cache_config(m: EngineMetrics) -> int | None:
+    """vLLM >= 0.24: kv_cache_size_tokens = int(max_concurrency x max_model_len), so their ratio is max_model_len."""
+    cc = m.cache_config
+    if cc is None or not cc.kv_cache_size_tokens or not cc.kv_cache_max_concurrency:
+        return None
+    return round(cc.kv_cache_size_tokens / cc.kv_cache_max_concurrency)
+
+
+def derive_all(
+    metrics: VllmMetrics, max_model_len: dict[str, int], fallback_max_model_len: int | None
+) -> list[EngineCapacity]:
+    """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models."""
+    out = []
+    for m in metrics.engines:
+        mml = max_model_len.get(m.model_name)
+        if mml is None and len(max_model_len) == 1:
+            mml = next(iter(max_model_len.values()))  # one base model served under another name
+        if mml is None:
+            mml = fallback_max_model_len or max_model_len_from_cache_config(m)
+        out.append(derive_engine(m, schema=metrics.schema, dp_engines=metrics.dp_engines, max_model_len=mml))
+    return out

@@ -1,0 +1,130 @@
+"""Render the agent's latest snapshot as Prometheus metrics with a prometheus-client custom collector.
+
+The only module that builds metric families. It uses its own registry (never the global one), so the agent's
+/metrics shows exactly the catalogue in :mod:`vllm_capacity.metrics` plus the agent's own process metrics
+(``vllm_capacity_process_*``).
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from vllm_capacity import __version__
+from vllm_capacity.agent import Agent
+from vllm_capacity.derive import BASIS_MAX_MODEL_LEN, BASIS_OBSERVED
+from vllm_capacity.metrics import BY_NAME, NAMESPACE, MetricSpec
+
+
+class _Families:
+    """Families keyed by catalogue name, created on first use, yielded in catalogue order, empty ones left out."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def add(self, name: str, labels: Iterable[str], value: float | dict[str, str] | None) -> None:
+        if value is None:
+            return  # unknown is absent, never 0
+        spec: MetricSpec = BY_NAME[name]
+        family = self._families.get(name)
+        if family is None:
+            family = self._families[name] = _new_family(spec)
+        labels = list(labels)
+        if len(labels) != len(spec.labels):
+            raise ValueError(f"{name}: {len(labels)} label values for labels {spec.labels}")
+        if isinstance(value, dict) and tuple(value) != spec.info_labels:
+            raise ValueError(f"{name}: info labels {tuple(value)} are not {spec.info_labels}")
+        family.add_metric(labels, value)
+
+    def __iter__(self) -> Iterator[Metric]:
+        order = {name: i for i, name in enumerate(BY_NAME)}
+        return iter(sorted(self._families.values(), key=lambda f: order[_spec_name(f)]))
+
+
+def _spec_name(family: Metric) -> str:
+    if family.type == "counter":
+        return family.name + "_total"
+    if family.type == "info":
+        return family.name + "_info"
+    return family.name
+
+
+def _new_family(spec: MetricSpec) -> Metric:
+    if spec.kind == "counter":
+        return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
+    if spec.kind == "info":
+        return InfoMetricFamily(spec.name.removesuffix("_info"), spec.help, labels=spec.labels)
+    return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
+
+
+class AgentCollector(Collector):
+    """A custom collector over :attr:`Agent.snapshot`; collecting does no I/O."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    def collect(self) -> Iterator[Metric]:
+        agent, snap = self.agent, self.agent.snapshot
+        f = _Families()
+        n = f"{NAMESPACE}_"
+        f.add(n + "up", [], 1.0 if snap.up else 0.0)
+        for e in snap.engines:
+            key = [e.model_name, e.engine]
+            f.add(n + "kv_cache_capacity_tokens", key, e.capacity_tokens)
+            f.add(n + "kv_cache_used_tokens", key, e.used_tokens)
+            f.add(n + "kv_cache_free_tokens", key, e.free_tokens)
+            f.add(n + "kv_cache_usage_ratio", key, e.usage_ratio)
+            f.add(n + "kv_cache_blocks", key, e.blocks)
+            f.add(n + "kv_cache_block_size_tokens", key, e.block_size)
+            f.add(n + "kv_cache_bytes_per_token", [*key, "cache_config"], e.kv_bytes_per_token)
+            f.add(n + "max_model_len_tokens", key, e.max_model_len)
+            f.add(n + "max_concurrency", [*key, BASIS_MAX_MODEL_LEN], e.max_concurrency)
+            f.add(n + "max_concurrency", [*key, BASIS_OBSERVED], e.max_concurrency_observed)
+            f.add(n + "concurrency_utilization_ratio", [*key, BASIS_MAX_MODEL_LEN], e.utilization)
+            f.add(n + "concurrency_utilization_ratio", [*key, BASIS_OBSERVED], e.utilization_observed)
+            f.add(n + "mean_context_tokens", key, e.mean_context_tokens)
+            f.add(n + "requests_running", key, e.running)
+            f.add(n + "requests_waiting", key, e.waiting)
+            f.add(n + "requests_waiting_for_capacity", key, e.waiting_for_capacity)
+            f.add(n + "requests_swapped", key, e.swapped)
+            f.add(n + "preemptions_total", key, snap.preemptions_total.get((e.model_name, e.engine)))
+            cc = snap.cache_info.get((e.model_name, e.engine), {})
+            f.add(
+                n + "vllm_info",
+                key,
+                {
+                    "schema": snap.schema or "",
+                    "version": snap.version or "",
+                    "block_size": cc.get("block_size", ""),
+                    "cache_dtype": cc.get("cache_dtype", ""),
+                    "gpu_memory_utilization": cc.get("gpu_memory_utilization", ""),
+                    "enable_prefix_caching": cc.get("enable_prefix_caching", ""),
+                },
+            )
+        f.add(n + "build_info", [], {"version": __version__, "python_version": platform.python_version()})
+        for source, status in sorted(agent.sources.items()):
+            f.add(n + "source_up", [source], 1.0 if status.up else 0.0)
+            f.add(n + "source_duration_seconds", [source], status.duration_seconds)
+        for (source, reason), count in sorted(agent.errors.items()):
+            f.add(n + "source_errors_total", [source, reason], float(count))
+        f.add(n + "last_update_timestamp_seconds", [], snap.timestamp)
+        yield from f
+
+
+def build_registry(agent: Agent, *, process_metrics: bool = True) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(agent))
+    if process_metrics:
+        ProcessCollector(namespace=NAMESPACE, registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+    """Encode for the client's Accept header: OpenMetrics when asked for, else the classic text format."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type

@@ -1,0 +1,133 @@
+"""Every metric the agent exports: name, type, labels and HELP (which says where the value comes from).
+
+This table is the contract that dashboards, alerts and users rely on; the README's metrics table is checked
+against it by the test suite. Exposition (:mod:`vllm_capacity.exposition`) refuses names that are not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NAMESPACE = "vllm_capacity"
+ENGINE_LABELS = ("model_name", "engine")
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    kind: str  # "gauge", "counter" or "info"
+    labels: tuple[str, ...]
+    help: str
+    #: For info metrics: the labels that carry the information (``labels`` identify the series).
+    info_labels: tuple[str, ...] = ()
+
+    @property
+    def all_labels(self) -> tuple[str, ...]:
+        return self.labels + self.info_labels
+
+
+def _m(name: str, kind: str, labels: tuple[str, ...], help_text: str, info: tuple[str, ...] = ()) -> MetricSpec:
+    return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info)
+
+
+E = ENGINE_LABELS
+SPECS: tuple[MetricSpec, ...] = (
+    _m("up", "gauge", (), "1 if the last scrape of vLLM's /metrics succeeded, 0 if not (vLLM down, or not vLLM)."),
+    _m(
+        "kv_cache_capacity_tokens",
+        "gauge",
+        E,
+        "KV-cache capacity in tokens: vLLM's cache_config_info kv_cache_size_tokens (>=0.24), "
+        "else num_gpu_blocks per engine x block_size.",
+    ),
+    _m(
+        "kv_cache_used_tokens",
+        "gauge",
+        E,
+        "KV-cache tokens held by live requests: vllm:kv_cache_usage_perc (or gpu_cache_usage_perc) x capacity.",
+    ),
+    _m(
+        "kv_cache_free_tokens",
+        "gauge",
+        E,
+        "KV-cache tokens free for new work: capacity - used (prefix cache counts free).",
+    ),
+    _m(
+        "kv_cache_usage_ratio",
+        "gauge",
+        E,
+        "Fraction of KV-cache blocks held by live requests, 0-1: vllm:kv_cache_usage_perc (V0: gpu_cache_usage_perc).",
+    ),
+    _m(
+        "kv_cache_blocks",
+        "gauge",
+        E,
+        "KV-cache blocks of this engine: cache_config_info num_gpu_blocks (V1: divided by the data-parallel engines).",
+    ),
+    _m("kv_cache_block_size_tokens", "gauge", E, "Tokens per KV-cache block: cache_config_info block_size."),
+    _m(
+        "kv_cache_bytes_per_token",
+        "gauge",
+        (*E, "method"),
+        "KV-cache bytes per token per GPU rank. method=cache_config: cache_config_info kv_cache_memory_bytes / capacity.",
+    ),
+    _m("max_model_len_tokens", "gauge", E, "Longest request context vLLM accepts: /v1/models max_model_len."),
+    _m(
+        "max_concurrency",
+        "gauge",
+        (*E, "basis"),
+        "Requests whose KV cache fits at once. basis=max_model_len: vLLM's 'Maximum concurrency' figure; "
+        "basis=observed_context: capacity / mean context of running requests.",
+    ),
+    _m(
+        "concurrency_utilization_ratio",
+        "gauge",
+        (*E, "basis"),
+        "Running requests / max_concurrency of the same basis (above 1 at max_model_len when requests are short).",
+    ),
+    _m(
+        "mean_context_tokens",
+        "gauge",
+        E,
+        "Mean KV-cache tokens per running request: used tokens / vllm:num_requests_running (absent when idle).",
+    ),
+    _m("requests_running", "gauge", E, "Requests in model execution batches: vllm:num_requests_running."),
+    _m("requests_waiting", "gauge", E, "Requests queued: vllm:num_requests_waiting."),
+    _m(
+        "requests_waiting_for_capacity",
+        "gauge",
+        E,
+        "Requests queued because the KV cache is full: vllm:num_requests_waiting_by_reason{reason=capacity} (>=0.20).",
+    ),
+    _m("requests_swapped", "gauge", E, "Requests swapped to CPU memory: vllm:num_requests_swapped (legacy V0 only)."),
+    _m(
+        "preemptions_total",
+        "counter",
+        E,
+        "Requests preempted for lack of KV cache: vllm:num_preemptions_total, carried across vLLM restarts.",
+    ),
+    _m(
+        "vllm_info",
+        "info",
+        E,
+        "vLLM metadata: metric schema generation (v0, v1-legacy, v1, v1-capacity), /version, cache_config_info.",
+        ("schema", "version", "block_size", "cache_dtype", "gpu_memory_utilization", "enable_prefix_caching"),
+    ),
+    _m("build_info", "info", (), "vllm-capacity build: version and Python version.", ("version", "python_version")),
+    _m("source_up", "gauge", ("source",), "1 if the last read of a source (vllm, vllm_models) succeeded, 0 if not."),
+    _m("source_duration_seconds", "gauge", ("source",), "Seconds the last read of a source took."),
+    _m(
+        "source_errors_total",
+        "counter",
+        ("source", "reason"),
+        "Failed reads of a source, by reason (connect, timeout, http_5xx, parse_error, body_too_large, ...).",
+    ),
+    _m(
+        "last_update_timestamp_seconds",
+        "gauge",
+        (),
+        "Unix time of the last successful vLLM scrape the derived metrics come from.",
+    ),
+)
+del E
+BY_NAME = {s.name: s for s in SPECS}

@@ -1,0 +1,110 @@
+"""`vllm-capacity report`: one snapshot for a person at a terminal (text) or for a script (JSON)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from datetime import UTC, datetime
+
+from vllm_capacity.agent import Snapshot
+from vllm_capacity.derive import EngineCapacity
+
+CONTEXTS = (2048, 4096, 8192)
+
+
+def _n(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "unknown"
+    return f"{value:,.{digits}f}"
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "unknown"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:,.2f} {unit}"
+    return f"{value:,.0f} B"
+
+
+def _pct(value: float | None) -> str:
+    return "unknown" if value is None else f"{value * 100:.1f} %"
+
+
+def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
+    cc = snap.cache_info.get((e.model_name, e.engine), {})
+    bpt = e.kv_bytes_per_token
+    lines = [
+        f"model {e.model_name} · engine {e.engine} · vLLM {snap.version or 'version unknown'} · "
+        f"metric schema {snap.schema} · cache dtype {cc.get('cache_dtype', 'unknown')}",
+        "",
+        "KV cache",
+        f"  capacity         {_n(e.capacity_tokens):>12} tokens"
+        + (f"   ({e.blocks:,} blocks x {e.block_size} tokens)" if e.blocks and e.block_size else ""),
+        f"  bytes per token  {_bytes(bpt):>12}"
+        + ("   (kv_cache_memory_bytes / capacity)" if bpt else "   (needs a fixed kv_cache_memory_bytes)"),
+        f"  used             {_n(e.used_tokens):>12} tokens   {_pct(e.usage_ratio)}",
+        f"  free             {_n(e.free_tokens):>12} tokens",
+        "",
+        "Concurrency: requests whose KV cache fits at once",
+        f"  {'context (tokens)':<28}{'max concurrency':>16}{'KV per request':>16}",
+    ]
+    rows: list[tuple[str, float | None, float | None]] = []
+    if e.max_model_len:
+        rows.append((f"max_model_len {e.max_model_len:,}", e.max_concurrency, e.max_model_len))
+    for ctx in CONTEXTS:
+        if e.max_model_len and ctx > e.max_model_len:
+            rows.append((f"{ctx:,}", None, None))
+        else:
+            rows.append((f"{ctx:,}", e.concurrency_at(ctx), ctx))
+    if e.mean_context_tokens:
+        rows.append(
+            (f"observed {e.mean_context_tokens:,.0f} (mean)", e.max_concurrency_observed, e.mean_context_tokens)
+        )
+    for label, conc, ctx in rows:
+        if conc is None and ctx is None:
+            lines.append(f"  {label:<28}{'-':>16}{'':>16}   longer than max_model_len")
+            continue
+        kv = _bytes(ctx * bpt) if (bpt and ctx) else "-"
+        lines.append(f"  {label:<28}{_n(conc, 2) + 'x':>16}{kv:>16}")
+    lines += [
+        "",
+        "Load",
+        f"  running          {_n(e.running):>12}   {_pct(e.utilization)} of max at max_model_len, "
+        f"{_pct(e.utilization_observed)} at observed context",
+        f"  waiting          {_n(e.waiting):>12}"
+        + (f"   ({_n(e.waiting_for_capacity)} for KV capacity)" if e.waiting_for_capacity is not None else ""),
+        f"  preemptions      {_n(snap.preemptions_total.get((e.model_name, e.engine))):>12}   (total)",
+    ]
+    return lines
+
+
+def render_text(snap: Snapshot, url: str) -> str:
+    when = datetime.fromtimestamp(snap.timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if snap.timestamp else ""
+    out = [f"vLLM capacity report: {url}  {when}".rstrip(), ""]
+    if not snap.engines:
+        out.append("vLLM answered, but reported no engine with KV-cache metrics.")
+    for i, e in enumerate(snap.engines):
+        if i:
+            out += ["", "-" * 72, ""]
+        out += _engine_text(e, snap)
+    return "\n".join(out) + "\n"
+
+
+def render_json(snap: Snapshot, url: str) -> str:
+    engines = []
+    for e in snap.engines:
+        d = dataclasses.asdict(e)
+        d["concurrency_at_context"] = {str(c): e.concurrency_at(c) for c in CONTEXTS}
+        d["preemptions_total"] = snap.preemptions_total.get((e.model_name, e.engine))
+        d["cache_config"] = dict(snap.cache_info.get((e.model_name, e.engine), {}))
+        engines.append(d)
+    doc = {
+        "vllm_url": url,
+        "up": snap.up,
+        "timestamp": snap.timestamp,
+        "schema": snap.schema,
+        "vllm_version": snap.version,
+        "engines": engines,
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,49 @@
+"""The sidecar's HTTP server (aiohttp): /metrics, /healthz, /readyz and a landing page at /."""
+
+from __future__ import annotations
+
+import html
+
+from aiohttp import web
+
+from vllm_capacity import __version__
+from vllm_capacity.agent import Agent
+from vllm_capacity.exposition import build_registry, render
+
+AGENT_KEY = web.AppKey("agent", Agent)
+
+
+def make_app(agent: Agent, *, process_metrics: bool = True) -> web.Application:
+    registry = build_registry(agent, process_metrics=process_metrics)
+
+    async def metrics(request: web.Request) -> web.Response:
+        body, content_type = render(registry, request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def healthz(_: web.Request) -> web.Response:
+        # Liveness of the sidecar itself; deliberately independent of vLLM so a vLLM outage never restarts us.
+        return web.Response(text="ok\n")
+
+    async def readyz(_: web.Request) -> web.Response:
+        if agent.ready:
+            return web.Response(text="ready\n")
+        return web.Response(status=503, text="not ready: no successful scrape of vLLM yet\n")
+
+    async def landing(_: web.Request) -> web.Response:
+        url = html.escape(agent.client.base_url)
+        page = f"""<!doctype html>
+<html><head><title>vllm-capacity</title></head>
+<body><h1>vllm-capacity {__version__}</h1>
+<p>KV-cache capacity and concurrency exporter for the vLLM server at <code>{url}</code>
+(vLLM {"up" if agent.snapshot.up else "down"}).</p>
+<ul><li><a href="metrics">/metrics</a></li><li><a href="healthz">/healthz</a></li>
+<li><a href="readyz">/readyz</a></li></ul></body></html>
+"""
+        return web.Response(text=page, content_type="text/html")
+
+    app = web.Application()
+    app[AGENT_KEY] = agent
+    app.add_routes(
+        [web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/", landing)]
+    )
+    return app

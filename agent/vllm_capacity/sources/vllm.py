@@ -1,0 +1,144 @@
+"""vLLM's HTTP API: ``/metrics`` every interval, ``/v1/models`` (max_model_len) and ``/version`` now and then.
+
+I/O only: bodies are handed to :mod:`vllm_capacity.sources.vllm_parse`. Every failure becomes a
+:class:`SourceError` whose ``reason`` is one of: ``connect``, ``timeout``, ``connection_error``, ``truncated``,
+``http_4xx``, ``http_5xx``, ``body_too_large``, ``not_metrics``, ``not_vllm``, ``empty_body``, ``parse_error``,
+``missing_max_model_len``, ``unauthorized``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+
+import httpx
+
+from vllm_capacity import __version__
+from vllm_capacity.sources import SourceError
+from vllm_capacity.sources.vllm_parse import VllmMetrics, parse_metrics
+
+DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+
+
+@dataclass(frozen=True)
+class ModelsInfo:
+    """From ``/v1/models``: max_model_len of each base model (LoRA adapter cards carry none)."""
+
+    max_model_len: dict[str, int]
+
+
+class VllmClient:
+    """An async keep-alive client for one vLLM server."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        api_key: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.max_body_bytes = max_body_bytes
+        self._api_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=httpx.Timeout(timeout),
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=2),
+            headers={"User-Agent": f"vllm-capacity/{__version__}"},
+            transport=transport,
+            follow_redirects=False,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    async def _get(self, path: str, *, headers: dict[str, str] | None = None, accept: str = "*/*") -> tuple[str, str]:
+        """GET ``path`` within one deadline for the whole exchange; returns (body, content-type)."""
+        url = self.base_url + path
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with self._client.stream("GET", path, headers={"Accept": accept, **(headers or {})}) as resp:
+                    if resp.status_code in (401, 403):
+                        raise SourceError("unauthorized", f"{url} answered {resp.status_code}: check --api-key-file")
+                    if resp.status_code >= 400:
+                        kind = "http_5xx" if resp.status_code >= 500 else "http_4xx"
+                        raise SourceError(kind, f"{url} answered HTTP {resp.status_code} {resp.reason_phrase}")
+                    declared = resp.headers.get("content-length")
+                    if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+                        raise SourceError(
+                            "body_too_large", f"{url} body is {declared} bytes, over the {self.max_body_bytes} cap"
+                        )
+                    chunks, size = [], 0
+                    async for chunk in resp.aiter_bytes():
+                        size += len(chunk)
+                        if size > self.max_body_bytes:
+                            raise SourceError(
+                                "body_too_large", f"{url} body exceeds the {self.max_body_bytes}-byte cap"
+                            )
+                        chunks.append(chunk)
+                    content_type = resp.headers.get("content-type", "")
+        except TimeoutError as err:
+            raise SourceError("timeout", f"{url} did not answer in full within {self.timeout:g}s") from err
+        except httpx.TimeoutException as err:
+            raise SourceError("timeout", f"{url} timed out after {self.timeout:g}s ({type(err).__name__})") from err
+        except httpx.ConnectError as err:
+            raise SourceError("connect", f"cannot connect to {url}: {err or type(err).__name__}") from err
+        except httpx.RemoteProtocolError as err:
+            raise SourceError("truncated", f"{url} closed the connection mid-response: {err}") from err
+        except httpx.HTTPError as err:
+            raise SourceError("connection_error", f"{url}: {type(err).__name__}: {err}") from err
+        body = b"".join(chunks)
+        try:
+            return body.decode("utf-8"), content_type
+        except UnicodeDecodeError as err:
+            raise SourceError("parse_error", f"{url} body is not UTF-8 text") from err
+
+    async def fetch_metrics_text(self) -> str:
+        text, content_type = await self._get("/metrics", accept="text/plain;version=0.0.4;q=1,*/*;q=0.1")
+        if "html" in content_type or "json" in content_type:
+            raise SourceError("not_metrics", f"{self.base_url}/metrics returned {content_type}, not metrics text")
+        return text
+
+    async def fetch_metrics(self) -> VllmMetrics:
+        return parse_metrics(await self.fetch_metrics_text())
+
+    async def fetch_models(self) -> ModelsInfo:
+        text, _ = await self._get("/v1/models", headers=self._api_headers, accept="application/json")
+        return parse_models(text, self.base_url)
+
+    async def fetch_version(self) -> str | None:
+        """vLLM's ``/version`` (``{"version": "0.10.2"}``); None when absent. Never raises."""
+        try:
+            text, _ = await self._get("/version", accept="application/json")
+            version = json.loads(text).get("version")
+        except (SourceError, ValueError, AttributeError):
+            return None
+        return str(version) if version else None
+
+
+def parse_models(text: str, base_url: str = "vLLM") -> ModelsInfo:
+    """Parse a ``/v1/models`` body into max_model_len per base model."""
+    try:
+        doc = json.loads(text)
+        cards = doc["data"]
+        if not isinstance(cards, list):
+            raise TypeError("data is not a list")
+    except (ValueError, KeyError, TypeError) as err:
+        raise SourceError("parse_error", f"{base_url}/v1/models is not an OpenAI model list: {err}") from err
+    found: dict[str, int] = {}
+    for card in cards:
+        if not isinstance(card, dict) or card.get("parent"):
+            continue  # LoRA adapter cards have a parent and no max_model_len
+        mml = card.get("max_model_len")
+        if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0:
+            found[str(card.get("id", ""))] = mml
+    if not found:
+        raise SourceError(
+            "missing_max_model_len",
+            f"{base_url}/v1/models lists no base model with max_model_len (vLLM < 0.5.0?): use --max-model-len",
+        )
+    return ModelsInfo(max_model_len=found)

