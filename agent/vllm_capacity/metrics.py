@@ -69,7 +69,7 @@ SPECS: tuple[MetricSpec, ...] = (
         "kv_cache_bytes_per_token",
         "gauge",
         (*E, "method"),
-        "KV-cache bytes per token per GPU rank. method=cache_config: cache_config_info kv_cache_memory_bytes / capacity.",
+        "KV-cache bytes per token per GPU rank. method=cache_config: cache_config_info kv_cache_memory_bytes/capacity.",
     ),
     _m("max_model_len_tokens", "gauge", E, "Longest request context vLLM accepts: /v1/models max_model_len."),
     _m(

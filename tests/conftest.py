@@ -1,0 +1,97 @@
+"""Shared test fixtures: fixture files, a loopback HTTP server that plays vLLM (well or badly), metric helpers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
+
+FIXTURES = Path(__file__).parent / "fixtures"
+VLLM_FIXTURES = FIXTURES / "vllm"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-golden", action="store_true", help="rewrite tests/fixtures/e2e-output.txt from the current output"
+    )
+
+
+def fixture_text(name: str) -> str:
+    return (VLLM_FIXTURES / name).read_text()
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of an exposition, keyed by (name, sorted labels), parsed by prometheus-client."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(text: str, name: str, **labels: str) -> float | None:
+    """The value of the one sample ``name`` whose labels include ``labels``; None when absent."""
+    found = [
+        v
+        for (n, lbls), v in samples(text).items()
+        if n == name and all(dict(lbls).get(k) == x for k, x in labels.items())
+    ]
+    assert len(found) <= 1, f"{name} {labels}: {len(found)} samples"
+    return found[0] if found else None
+
+
+@dataclass
+class FakeVllm:
+    """What the loopback "vLLM" answers. Tests change these fields between scrapes."""
+
+    metrics: str = ""
+    models: str = '{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":1024}]}'
+    version: str = '{"version":"0.32.0"}'
+    status: int = 200
+    content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+    delay: float = 0.0
+    truncate_to: int | None = None  # send a Content-Length for the whole body but only this many bytes
+    requests: list[str] = field(default_factory=list)
+    url: str = ""
+
+
+@pytest.fixture
+async def fake_vllm() -> AsyncIterator[FakeVllm]:
+    state = FakeVllm(metrics=fixture_text("v1-0.32.0-cpu-idle.prom"))
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        state.requests.append("/metrics")
+        if state.delay:
+            await asyncio.sleep(state.delay)
+        body = state.metrics.encode()
+        if state.truncate_to is not None:
+            resp = web.StreamResponse(status=200, headers={"Content-Type": state.content_type})
+            resp.content_length = len(body)
+            await resp.prepare(request)
+            await resp.write(body[: state.truncate_to])
+            request.transport.close()  # type: ignore[union-attr]
+            return resp
+        return web.Response(status=state.status, body=body, headers={"Content-Type": state.content_type})
+
+    async def models(_: web.Request) -> web.Response:
+        state.requests.append("/v1/models")
+        return web.Response(text=state.models, content_type="application/json")
+
+    async def version(_: web.Request) -> web.Response:
+        return web.Response(text=state.version, content_type="application/json")
+
+    app = web.Application()
+    app.add_routes([web.get("/metrics", metrics), web.get("/v1/models", models), web.get("/version", version)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    state.url = f"http://127.0.0.1:{port}"
+    yield state
+    await runner.cleanup()

@@ -1,0 +1,219 @@
+"""The agent against a loopback HTTP server playing vLLM: what is served, what vanishes, what is counted and logged."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+import structlog
+from aiohttp.test_utils import TestClient, TestServer
+
+from conftest import FakeVllm, fixture_text, value
+from vllm_capacity.agent import Agent
+from vllm_capacity.server import make_app
+from vllm_capacity.sources.vllm import VllmClient
+
+DERIVED = (
+    "vllm_capacity_kv_cache_capacity_tokens",
+    "vllm_capacity_kv_cache_used_tokens",
+    "vllm_capacity_kv_cache_free_tokens",
+    "vllm_capacity_kv_cache_usage_ratio",
+    "vllm_capacity_max_concurrency",
+    "vllm_capacity_max_model_len_tokens",
+    "vllm_capacity_requests_running",
+    "vllm_capacity_preemptions_total",
+    "vllm_capacity_vllm_info",
+)
+
+
+class Harness:
+    def __init__(self, agent: Agent, client: TestClient) -> None:
+        self.agent, self.http = agent, client
+
+    async def scrape(self) -> str:
+        resp = await self.http.get("/metrics")
+        assert resp.status == 200
+        return await resp.text()
+
+
+async def _harness(url: str, **client_kw: object) -> AsyncIterator[Harness]:
+    vllm = VllmClient(url, timeout=client_kw.pop("timeout", 2.0), **client_kw)  # type: ignore[arg-type]
+    agent = Agent(vllm, interval=0.1)
+    async with TestClient(TestServer(make_app(agent))) as http:
+        yield Harness(agent, http)
+    await vllm.aclose()
+
+
+@pytest.fixture
+async def h(fake_vllm: FakeVllm) -> AsyncIterator[Harness]:
+    async for harness in _harness(fake_vllm.url):
+        yield harness
+
+
+async def test_derived_series_vanish_while_vllm_fails_and_return(h: Harness, fake_vllm: FakeVllm) -> None:
+    await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_up") == 1
+    assert value(text, "vllm_capacity_kv_cache_capacity_tokens", model_name="tiny-llama", engine="0") == 4096
+    assert value(text, "vllm_capacity_max_concurrency", basis="max_model_len") == 4.0
+    assert value(text, "vllm_capacity_max_model_len_tokens") == 1024
+
+    fake_vllm.status = 500
+    await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_up") == 0
+    assert value(text, "vllm_capacity_source_up", source="vllm") == 0
+    assert value(text, "vllm_capacity_source_errors_total", source="vllm", reason="http_5xx") == 1
+    for name in DERIVED:
+        assert name not in text, f"{name} served while vLLM is failing"
+
+    fake_vllm.status = 200
+    await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_up") == 1
+    assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096
+    assert value(text, "vllm_capacity_source_errors_total", source="vllm", reason="http_5xx") == 1
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        (lambda f: setattr(f, "status", 500), "http_5xx"),
+        (lambda f: setattr(f, "status", 404), "http_4xx"),
+        (lambda f: setattr(f, "metrics", "<html><body>oops</body></html>\n"), "not_metrics"),
+        (lambda f: setattr(f, "content_type", "text/html; charset=utf-8"), "not_metrics"),
+        (lambda f: setattr(f, "metrics", "\x00\x01 garbage {{{ \n"), "not_vllm"),
+        (lambda f: setattr(f, "metrics", 'vllm:num_requests_running{engine="0"} x y z\n'), "parse_error"),
+        (lambda f: setattr(f, "truncate_to", 1000), "truncated"),
+        (lambda f: setattr(f, "delay", 0.5), "timeout"),
+        (lambda f: setattr(f, "metrics", "#" * 5000 + "\n"), "body_too_large"),
+    ],
+)
+async def test_bad_input_is_counted_logged_once_and_survived(fake_vllm: FakeVllm, setup, reason: str) -> None:
+    async for h in _harness(fake_vllm.url, timeout=0.3, max_body_bytes=4096 if reason == "body_too_large" else 2**25):
+        setup(fake_vllm)
+        with structlog.testing.capture_logs() as logs:
+            for _ in range(3):
+                await h.agent.cycle()
+        text = await h.scrape()
+        assert value(text, "vllm_capacity_up") == 0
+        assert value(text, "vllm_capacity_source_errors_total", source="vllm", reason=reason) == 3
+        failures = [e for e in logs if e["event"] == "source_failed"]
+        assert len(failures) == 1, failures  # logged once, with the cause
+        assert failures[0]["reason"] == reason and failures[0]["error"]
+        assert "kv_cache_capacity_tokens" not in text
+
+
+async def test_connection_refused_is_counted() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again at once: nothing listens there
+    async for h in _harness(f"http://127.0.0.1:{port}"):
+        await h.agent.cycle()
+        text = await h.scrape()
+        assert value(text, "vllm_capacity_source_errors_total", source="vllm", reason="connect") == 1
+        assert value(text, "vllm_capacity_up") == 0
+        resp = await h.http.get("/readyz")
+        assert resp.status == 503
+
+
+async def test_models_without_max_model_len(h: Harness, fake_vllm: FakeVllm) -> None:
+    fake_vllm.models = '{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":null}]}'
+    with structlog.testing.capture_logs() as logs:
+        await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_source_errors_total", source="vllm_models", reason="missing_max_model_len") == 1
+    assert value(text, "vllm_capacity_source_up", source="vllm_models") == 0
+    assert value(text, "vllm_capacity_up") == 1  # /metrics itself is fine
+    # vLLM >= 0.24 still tells max_model_len through kv_cache_size_tokens / kv_cache_max_concurrency
+    assert value(text, "vllm_capacity_max_model_len_tokens") == 1024
+    assert [e["reason"] for e in logs if e["event"] == "source_failed"] == ["missing_max_model_len"]
+
+
+async def test_max_model_len_override_used_when_models_unavailable(fake_vllm: FakeVllm) -> None:
+    fake_vllm.metrics = fixture_text("v1-0.10.2-dp2.prom")
+    fake_vllm.models = "not json"
+    vllm = VllmClient(fake_vllm.url, timeout=2)
+    agent = Agent(vllm, interval=0.1, max_model_len_override=32768)
+    snap = await agent.cycle()
+    await vllm.aclose()
+    assert [round(e.max_concurrency, 2) for e in snap.engines] == [1.30, 1.30]
+    assert agent.errors[("vllm_models", "parse_error")] == 1
+
+
+async def test_restart_refetches_models_and_counters_never_go_down(h: Harness, fake_vllm: FakeVllm) -> None:
+    saturated = fixture_text("v1-0.32.0-cpu-saturated.prom")
+    fake_vllm.metrics = saturated
+    await h.agent.cycle()
+    assert fake_vllm.requests.count("/v1/models") == 1
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_preemptions_total") == 82
+    await h.agent.cycle()
+    assert fake_vllm.requests.count("/v1/models") == 1  # not on every cycle
+
+    # vLLM restarts: new process start time, counters back near zero, smaller max_model_len
+    start = value(saturated, "process_start_time_seconds")
+    restarted = saturated.replace(
+        f"process_start_time_seconds {start!r}", f"process_start_time_seconds {start + 100!r}"
+    ).replace(
+        'vllm:num_preemptions_total{engine="0",model_name="tiny-llama"} 82.0',
+        'vllm:num_preemptions_total{engine="0",model_name="tiny-llama"} 2.0',
+    )
+    assert restarted != saturated
+    fake_vllm.metrics = restarted
+    fake_vllm.models = '{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":512}]}'
+    with structlog.testing.capture_logs() as logs:
+        await h.agent.cycle()
+    assert fake_vllm.requests.count("/v1/models") == 2
+    assert any(e["event"] == "vllm_restarted" for e in logs)
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_max_model_len_tokens") == 512
+    assert value(text, "vllm_capacity_preemptions_total") == 84  # 82 before the restart + 2 since
+
+
+async def test_models_refetched_after_vllm_comes_back(h: Harness, fake_vllm: FakeVllm) -> None:
+    await h.agent.cycle()
+    fake_vllm.status = 503
+    await h.agent.cycle()
+    fake_vllm.status = 200
+    await h.agent.cycle()
+    assert fake_vllm.requests.count("/v1/models") == 2
+
+
+async def test_http_endpoints(h: Harness) -> None:
+    assert (await h.http.get("/healthz")).status == 200
+    assert (await h.http.get("/readyz")).status == 503  # no successful cycle yet
+    await h.agent.cycle()
+    assert (await h.http.get("/readyz")).status == 200
+    page = await (await h.http.get("/")).text()
+    assert 'href="metrics"' in page
+    om = await h.http.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert om.headers["Content-Type"].startswith("application/openmetrics-text")
+    body = await om.text()
+    assert body.rstrip().endswith("# EOF")
+    assert "# TYPE vllm_capacity_vllm info" in body
+    plain = await h.http.get("/metrics")
+    assert plain.headers["Content-Type"].startswith("text/plain")
+
+
+async def test_a_crashing_cycle_does_not_kill_the_loop(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    import asyncio
+
+    calls = 0
+
+    async def boom() -> None:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("bug")
+
+    monkeypatch.setattr(h.agent, "cycle", boom)
+    stop = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        task = asyncio.create_task(h.agent.run(stop))
+        await asyncio.sleep(0.35)
+        stop.set()
+        await task
+    assert calls >= 3
+    assert any(e["event"] == "cycle_crashed" for e in logs)
+    assert (await h.http.get("/healthz")).status == 200

@@ -1,0 +1,204 @@
+"""The command line: flags and their environment twins, one-line errors, `serve` as a process, `report`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from conftest import FakeVllm, fixture_text, value
+from vllm_capacity import cli
+
+VLLM_CAPACITY = [sys.executable, "-m", "vllm_capacity"]
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*VLLM_CAPACITY, *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def _resolve(argv: list[str], environ: dict[str, str]) -> dict:
+    ns = cli.build_parser().parse_args(["serve", *argv])
+    return cli.resolve(ns, cli.SERVE_OPTIONS, environ)
+
+
+def test_defaults() -> None:
+    v = _resolve([], {})
+    assert v["vllm_url"] == "http://127.0.0.1:8000"
+    assert v["interval"] == 5.0
+    assert v["listen"] == ("0.0.0.0", 9790)
+    assert v["max_model_len"] is None
+
+
+def test_environment_twin_and_flag_precedence() -> None:
+    env = {"VLLM_CAPACITY_INTERVAL": "250ms", "VLLM_CAPACITY_VLLM_URL": "http://vllm:8000"}
+    assert _resolve([], env)["interval"] == 0.25
+    assert _resolve([], env)["vllm_url"] == "http://vllm:8000"
+    assert _resolve(["--interval", "1m"], env)["interval"] == 60.0
+
+
+def test_every_option_has_a_documented_twin() -> None:
+    help_text = cli.build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
+    for opt in cli.SERVE_OPTIONS:
+        assert opt.env.startswith("VLLM_CAPACITY_")
+        assert opt.env in help_text.replace("\n", " ").replace("  ", " ") or opt.env in help_text
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "message"),
+    [
+        (["serve", "--interval", "50ms"], {}, "--interval: '50ms' is below the minimum 100ms"),
+        (["serve", "--interval", "often"], {}, "--interval: 'often' is not a duration"),
+        (["serve"], {"VLLM_CAPACITY_INTERVAL": "0"}, "VLLM_CAPACITY_INTERVAL (environment): '0' is below"),
+        (["serve", "--vllm-url", "localhost:8000"], {}, "--vllm-url: 'localhost:8000' is not an http"),
+        (["serve", "--listen", "9790"], {}, "--listen: '9790' is not host:port"),
+        (["serve", "--max-model-len", "-5"], {}, "--max-model-len: '-5' is not a positive whole number"),
+        (["serve", "--log-format", "xml"], {}, "--log-format: 'xml' is not one of json, console"),
+        (["serve", "--api-key-file", "/nonexistent/key"], {}, "--api-key-file: cannot read /nonexistent/key"),
+        (["serve", "--bogus"], {}, "unrecognized arguments: --bogus"),
+        (["report", "--format", "yaml"], {}, "--format: 'yaml' is not one of text, json"),
+    ],
+)
+def test_invalid_input_exits_2_with_one_line(argv: list[str], env: dict[str, str], message: str) -> None:
+    result = _run(*argv, env={**os.environ, **env})
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0]
+
+
+def test_listen_address_in_use_is_a_clear_error() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = _run("serve", "--listen", f"127.0.0.1:{port}", "--vllm-url", "http://127.0.0.1:9")
+    assert result.returncode == 1
+    assert f"--listen 127.0.0.1:{port}" in result.stderr
+
+
+def test_version() -> None:
+    result = _run("--version")
+    assert result.returncode == 0 and result.stdout.startswith("vllm-capacity ")
+
+
+async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
+    """The real `vllm-capacity serve` process: JSON logs, /metrics, the API key never logged, clean SIGTERM."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    key = tmp_path / "key"
+    key.write_text("sk-very-secret-123\n")
+    env = {**os.environ, "VLLM_CAPACITY_VLLM_URL": fake_vllm.url, "VLLM_CAPACITY_API_KEY_FILE": str(key)}
+    proc = subprocess.Popen(
+        [*VLLM_CAPACITY, "serve", "--listen", f"127.0.0.1:{port}", "--interval", "100ms"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        text = ""
+        async with httpx.AsyncClient() as client:
+            for _ in range(100):
+                await asyncio.sleep(0.1)
+                try:
+                    text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+                except httpx.ConnectError:
+                    continue
+                if value(text, "vllm_capacity_up") == 1:
+                    break
+        assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096
+        assert value(text, "vllm_capacity_process_resident_memory_bytes") > 0
+        fake_vllm.metrics = fixture_text("v1-0.24-seed.prom")
+        await asyncio.sleep(0.5)
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+        assert value(text, "vllm_capacity_kv_cache_capacity_tokens", model_name="gemma-12b") == 208625
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 0
+    events = [json.loads(line) for line in stderr.splitlines()]
+    assert {"serving", "vllm_discovered", "stopping"} <= {e["event"] for e in events}
+    assert "sk-very-secret" not in stderr
+    assert next(e for e in events if e["event"] == "serving")["api_key"] == "set"
+
+
+def test_report_text_and_json(fake_vllm_thread: str) -> None:
+    text = _run("report", "--vllm-url", fake_vllm_thread)
+    assert text.returncode == 0, text.stderr
+    out = text.stdout
+    assert "capacity" in out and "4,096 tokens" in out and "(32 blocks x 128 tokens)" in out
+    assert "max_model_len 1,024" in out and "4.00x" in out
+    assert "longer than max_model_len" in out  # 2K/4K/8K exceed the tiny model's 1,024
+    js = _run("report", "--vllm-url", fake_vllm_thread, "--format", "json")
+    doc = json.loads(js.stdout)
+    (e,) = doc["engines"]
+    assert doc["schema"] == "v1-capacity" and doc["vllm_version"] == "0.32.0"
+    assert e["capacity_tokens"] == 4096 and e["max_concurrency"] == 4.0 and e["max_model_len"] == 1024
+    assert e["used_tokens"] == pytest.approx(4096 * 16 / 31)
+    assert e["running"] == 16 and e["waiting_for_capacity"] == 8
+
+
+def test_report_unreachable_vllm() -> None:
+    result = _run("report", "--vllm-url", "http://127.0.0.1:9", "--timeout", "1s")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        "vllm-capacity report: error: cannot read http://127.0.0.1:9/metrics (connect)"
+    ]
+
+
+@pytest.fixture
+def fake_vllm_thread():
+    """A fake vLLM on its own thread and loop, for tests that call blocking subprocesses."""
+    import threading
+
+    from aiohttp import web
+
+    ready = threading.Event()
+    holder: dict = {}
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+
+        async def metrics(_):
+            return web.Response(text=fixture_text("v1-0.32.0-cpu-saturated.prom"))
+
+        async def models(_):
+            return web.json_response({"object": "list", "data": [{"id": "tiny-llama", "max_model_len": 1024}]})
+
+        async def version(_):
+            return web.json_response({"version": "0.32.0"})
+
+        app = web.Application()
+        app.add_routes([web.get("/metrics", metrics), web.get("/v1/models", models), web.get("/version", version)])
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        holder["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        holder["loop"] = loop
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(10)
+    yield holder["url"]
+    holder["loop"].call_soon_threadsafe(holder["loop"].stop)
+    thread.join(10)
+    time.sleep(0)

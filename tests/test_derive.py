@@ -1,0 +1,109 @@
+"""Derivations: plain functions over plain data, checked against vLLM's own figures."""
+
+import pytest
+
+from conftest import fixture_text
+from vllm_capacity import derive
+from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_LEGACY, parse_metrics
+
+
+def test_seed_worked_example() -> None:
+    """The seed: 208,625 tokens at max_model_len 32,768 is vLLM's 'Maximum concurrency ... 6.37x'."""
+    (e,) = derive.derive_all(parse_metrics(fixture_text("v1-0.24-seed.prom")), {"gemma-12b": 32768}, None)
+    assert e.capacity_tokens == 208625
+    assert round(e.max_concurrency, 2) == 6.37
+    # "Real concurrency can be much higher": 208,625 / 4,000 and / 8,192
+    assert e.concurrency_at(4000) == pytest.approx(52.16, abs=0.01)
+    assert e.concurrency_at(8192) == pytest.approx(25.47, abs=0.01)
+    assert e.used_tokens == pytest.approx(0.4 * 208625)
+    assert e.free_tokens == pytest.approx(0.6 * 208625)
+    assert e.mean_context_tokens == pytest.approx(0.4 * 208625 / 20)
+    assert e.max_concurrency_observed == pytest.approx(50.0)
+    assert e.utilization == pytest.approx(20 / 6.366729736328125)
+    assert e.utilization_observed == pytest.approx(20 / 50)
+    assert e.waiting_for_capacity == 4.0
+
+
+def test_v0_formula_matches_vllm_log() -> None:
+    """vLLM issue #12330: '# GPU blocks: 5691' and 'Maximum concurrency for 8192 tokens per request: 11.12x'."""
+    (e,) = derive.derive_all(parse_metrics(fixture_text("v0-0.6.6-multiprocess.prom")), {}, 8192)
+    assert e.capacity_tokens == 5691 * 16
+    assert f"{e.max_concurrency:.2f}" == "11.12"
+
+
+def test_data_parallel_blocks_are_split_per_engine() -> None:
+    """Qwen3-14B 0.10.2: 'GPU KV cache size: 42,656 tokens', 'Maximum concurrency for 32,768 ...: 1.30x'."""
+    engines = derive.derive_all(parse_metrics(fixture_text("v1-0.10.2-dp2.prom")), {"qwen3-14b": 32768}, None)
+    assert [e.capacity_tokens for e in engines] == [42656, 42656]
+    assert [f"{e.max_concurrency:.2f}" for e in engines] == ["1.30", "1.30"]
+    assert engines[1].mean_context_tokens is None  # idle engine: unknown, not 0
+    assert engines[1].max_concurrency_observed is None
+
+
+def test_unknown_capacity_stays_unknown() -> None:
+    (e,) = derive.derive_all(parse_metrics(fixture_text("v1-0.8.5-legacy.prom")), {}, None)
+    assert e.capacity_tokens is None
+    assert e.used_tokens is None and e.free_tokens is None and e.max_concurrency is None
+    assert e.max_model_len is None
+    assert e.usage_ratio == 0.125  # what vLLM does report is still there
+
+
+@pytest.mark.parametrize(
+    ("schema", "blocks", "block_size", "max_model_len", "expected"),
+    [
+        (SCHEMA_V0, 1952, 16, 20000, 1.56),  # vLLM issue #10517: '# GPU blocks: 1952', '20000 ...: 1.56x'
+        (SCHEMA_V1_LEGACY, 1381, 16, 2048, 10.79),  # vLLM PR #12569: '# GPU blocks: 1381', '2048 ...: 10.79x'
+        (SCHEMA_V1, 2666, 16, 32768, 1.30),  # LMCache issue #1739
+        (SCHEMA_V1, 100, 16, 1000, 1.59),  # ceil(1000/16) = 63 blocks a request: 100 / 63, not 1.60
+    ],
+)
+def test_max_concurrency_formulas(schema: str, blocks: int, block_size: int, max_model_len: int, expected: float):
+    got = derive.max_concurrency_at_max_model_len(
+        reported=None, blocks=blocks, block_size=block_size, max_model_len=max_model_len, schema=schema
+    )
+    assert round(got, 2) == expected
+
+
+def test_reported_concurrency_wins() -> None:
+    got = derive.max_concurrency_at_max_model_len(
+        reported=4.0, blocks=10, block_size=16, max_model_len=1000, schema=SCHEMA_V1
+    )
+    assert got == 4.0
+
+
+def test_blocks_per_engine() -> None:
+    assert derive.blocks_per_engine(5332, 2, SCHEMA_V1) == 2666
+    assert derive.blocks_per_engine(5691, 1, SCHEMA_V0) == 5691
+    assert derive.blocks_per_engine(None, 2, SCHEMA_V1) is None
+
+
+def test_usage_is_clamped_to_capacity() -> None:
+    assert derive.used_tokens(1.02, 1000) == 1000
+    assert derive.used_tokens(-0.1, 1000) == 0
+
+
+def test_bytes_per_token_from_fixed_kv_budget() -> None:
+    # the tiny model: 2 layers x 2 KV heads x 32 head_dim x 2 (K, V) x 2 bytes = 512 B per token, 1 GiB budget
+    assert derive.kv_bytes_per_token(2**30, 2**21, blocks_overridden=False) == 512
+    assert derive.kv_bytes_per_token(2**30, 4096, blocks_overridden=True) is None
+    assert derive.kv_bytes_per_token(None, 4096, blocks_overridden=False) is None
+
+
+def test_max_model_len_from_cache_config() -> None:
+    m = parse_metrics(fixture_text("v1-0.32.0-cpu-idle.prom"))
+    assert derive.max_model_len_from_cache_config(m.engines[0]) == 1024
+    (e,) = derive.derive_all(m, {}, None)
+    assert e.max_model_len == 1024
+
+
+@pytest.mark.parametrize(
+    ("total", "previous", "raw", "restarted", "expected"),
+    [
+        (None, None, 44.0, False, 44.0),  # first reading: vLLM's own value
+        (44.0, 44.0, 50.0, False, 50.0),
+        (50.0, 50.0, 3.0, False, 53.0),  # counter went down: reset, all 3 are new
+        (50.0, 50.0, 60.0, True, 110.0),  # restart seen otherwise: the whole reading is new
+    ],
+)
+def test_counter_carried_across_restarts(total, previous, raw, restarted, expected) -> None:
+    assert derive.accumulate_counter(total, previous, raw, restarted) == expected

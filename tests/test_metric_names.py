@@ -1,0 +1,47 @@
+"""The metric catalogue follows Prometheus naming conventions, and the README documents exactly it."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from vllm_capacity.metrics import SPECS
+
+UNIT_SUFFIXES = ("_bytes", "_seconds", "_tokens", "_ratio", "_total", "_info", "_celsius", "_watts", "_hertz")
+UNITLESS = {  # counts and states without a base unit
+    "vllm_capacity_up",
+    "vllm_capacity_source_up",
+    "vllm_capacity_kv_cache_blocks",
+    "vllm_capacity_max_concurrency",
+    "vllm_capacity_requests_running",
+    "vllm_capacity_requests_waiting",
+    "vllm_capacity_requests_waiting_for_capacity",
+    "vllm_capacity_requests_swapped",
+    "vllm_capacity_kv_cache_bytes_per_token",  # a per-token unit: the name issue 3 fixed for the seed's 21.7 KiB
+}
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
+def test_name_conventions(spec) -> None:
+    assert re.fullmatch(r"vllm_capacity_[a-z0-9_]+", spec.name), "prefix, snake_case, no colons"
+    assert spec.name.endswith("_total") == (spec.kind == "counter"), "_total exactly on counters"
+    assert spec.name.endswith("_info") == (spec.kind == "info"), "_info exactly on info metrics"
+    assert spec.name.endswith(UNIT_SUFFIXES) or spec.name in UNITLESS, "base-unit suffix"
+    assert not re.search(r"_(percent|perc|ms|milliseconds|kb|mb|gb|kib|mib|gib)(_|$)", spec.name)
+    assert len(spec.help) > 30 and spec.help.endswith("."), "HELP says where the value comes from"
+    assert not {"type", "cluster", "env", "job", "instance"} & set(spec.all_labels)
+
+
+def test_names_unique() -> None:
+    names = [s.name for s in SPECS]
+    assert len(names) == len(set(names))
+
+
+def test_readme_metrics_table_matches_catalogue() -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    documented = set(re.findall(r"^\| `(vllm_capacity_[a-z0-9_]+)`", readme, re.MULTILINE))
+    assert documented == {s.name for s in SPECS}
+    for spec in SPECS:
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{spec.name}`"))
+        for label in spec.all_labels:
+            assert f"`{label}`" in row, f"README row of {spec.name} lacks label {label}"

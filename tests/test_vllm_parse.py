@@ -1,0 +1,129 @@
+"""Parsing real exposition text of every metric generation (captures of the real 0.32.0 server, and the
+older generations transcribed from ../shared/reference/vllm-metrics.md)."""
+
+import pytest
+
+from conftest import fixture_text
+from vllm_capacity.sources import SourceError
+from vllm_capacity.sources.vllm_parse import (
+    SCHEMA_V0,
+    SCHEMA_V1,
+    SCHEMA_V1_CAPACITY,
+    SCHEMA_V1_LEGACY,
+    filter_wanted,
+    parse_metrics,
+)
+
+
+def test_current_v1_capture() -> None:
+    m = parse_metrics(fixture_text("v1-0.32.0-cpu-saturated.prom"))
+    assert m.schema == SCHEMA_V1_CAPACITY
+    assert m.dp_engines == 1
+    (e,) = m.engines
+    assert (e.model_name, e.engine) == ("tiny-llama", "0")
+    assert e.running == 16.0
+    assert e.waiting == 8.0
+    assert e.waiting_by_reason == {"capacity": 8.0, "deferred": 0.0}
+    assert e.kv_cache_usage == pytest.approx(16 / 31)
+    assert e.preemptions_total == 82.0
+    cc = e.cache_config
+    assert cc is not None
+    assert (cc.block_size, cc.num_gpu_blocks, cc.kv_cache_size_tokens) == (128, 32, 4096)
+    assert cc.kv_cache_max_concurrency == 4.0
+    assert cc.num_gpu_blocks_override == 32
+    assert cc.enable_prefix_caching is True
+    assert cc.cache_dtype == "auto"
+    assert "num_cpu_blocks" not in cc.labels  # "None" means unset: dropped
+    assert m.process_start_time_seconds is not None
+
+
+def test_legacy_v0_multiprocess() -> None:
+    m = parse_metrics(fixture_text("v0-0.6.6-multiprocess.prom"))
+    assert m.schema == SCHEMA_V0
+    (e,) = m.engines
+    assert e.engine == "0"  # V0 has no engine label
+    assert e.kv_cache_usage == 0.75  # from gpu_cache_usage_perc
+    assert e.swapped == 1.0
+    assert e.cache_config is not None and e.cache_config.num_gpu_blocks == 5691
+    assert e.waiting_for_capacity is None  # V0 gives no reason
+    assert m.process_start_time_seconds is None
+
+
+def test_v1_0_8_cache_config_none() -> None:
+    m = parse_metrics(fixture_text("v1-0.8.5-legacy.prom"))
+    assert m.schema == SCHEMA_V1_LEGACY
+    (e,) = m.engines
+    assert e.kv_cache_usage == 0.125
+    assert e.cache_config is not None  # applies to the engine although it has no engine label
+    assert e.cache_config.num_gpu_blocks is None
+    assert e.cache_config.block_size == 16
+
+
+def test_v1_data_parallel_engines() -> None:
+    m = parse_metrics(fixture_text("v1-0.10.2-dp2.prom"))
+    assert m.schema == SCHEMA_V1
+    assert m.dp_engines == 2
+    assert [(e.engine, e.running) for e in m.engines] == [("0", 4.0), ("1", 0.0)]
+    assert all(e.cache_config and e.cache_config.num_gpu_blocks == 5332 for e in m.engines)
+
+
+def test_prefers_kv_cache_usage_over_deprecated_name() -> None:
+    text = fixture_text("v1-0.10.2-dp2.prom").replace(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="qwen3-14b"} 0.5',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="qwen3-14b"} 0.25',
+    )
+    assert parse_metrics(text).engines[0].kv_cache_usage == 0.25
+
+
+def test_label_order_does_not_matter() -> None:
+    text = fixture_text("v1-0.24-seed.prom").replace(
+        '{engine="0",model_name="gemma-12b"} 20.0', '{model_name="gemma-12b",engine="0"} 20.0'
+    )
+    assert parse_metrics(text).engines[0].running == 20.0
+
+
+def test_created_and_histograms_are_dropped_before_parsing() -> None:
+    kept = filter_wanted(fixture_text("v1-0.32.0-cpu-idle.prom"))
+    assert "_created" not in kept
+    assert "_bucket" not in kept
+    assert "vllm:kv_cache_usage_perc{" in kept
+    assert "# TYPE vllm:num_preemptions_total counter" in kept
+    assert len(kept) < len(fixture_text("v1-0.32.0-cpu-idle.prom")) / 10
+
+
+def test_multiple_models_and_engines_are_kept_apart() -> None:
+    base = fixture_text("v1-0.24-seed.prom")
+    extra = "\n".join(
+        line.replace('model_name="gemma-12b"', 'model_name="other"')
+        for line in base.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    )
+    m = parse_metrics(base + extra + "\n")
+    assert [(e.model_name, e.running) for e in m.engines] == [("gemma-12b", 20.0), ("other", 20.0)]
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("", "empty_body"),
+        ("<!DOCTYPE html><html><body>502 Bad Gateway</body></html>\n", "not_metrics"),
+        ('{"detail":"Not Found"}\n', "not_metrics"),
+        ("# HELP up x\n# TYPE up gauge\nup 1\n", "not_vllm"),
+        ('vllm:num_requests_running{engine="0",model_name="m"} 1.0\nvllm:kv_cache_usage_perc{engi', "truncated"),
+        ('vllm:num_requests_running{engine="0",model_name="m"} one\n', "parse_error"),
+        ('vllm:num_requests_running{engine="0",model_name="m} 1\n', "parse_error"),
+    ],
+)
+def test_bad_bodies_raise_with_reason(body: str, reason: str) -> None:
+    with pytest.raises(SourceError) as err:
+        parse_metrics(body)
+    assert err.value.reason == reason
+    assert str(err.value)
+
+
+def test_nan_values_are_unknown_not_zero() -> None:
+    text = fixture_text("v1-0.24-seed.prom").replace(
+        'vllm:kv_cache_usage_perc{engine="0",model_name="gemma-12b"} 0.4',
+        'vllm:kv_cache_usage_perc{engine="0",model_name="gemma-12b"} NaN',
+    )
+    assert parse_metrics(text).engines[0].kv_cache_usage is None
