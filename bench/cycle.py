@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import re
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -112,7 +111,7 @@ async def bench_rss(seconds: float) -> None:
     await asyncio.sleep(max(seconds * 3, 5))
     if proc.returncode is not None:
         raise SystemExit(f"the agent exited with {proc.returncode}")
-    status = Path(f"/proc/{proc.pid}/status").read_text()
+    status = await asyncio.to_thread(Path(f"/proc/{proc.pid}/status").read_text)
     proc.terminate()
     await proc.wait()
     await runner.cleanup()

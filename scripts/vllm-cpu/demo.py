@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
+
 import lab
 
 ROOT = Path(__file__).resolve().parents[2]
