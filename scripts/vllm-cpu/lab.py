@@ -177,7 +177,12 @@ def drive_load(url: str, *, parallel: int, max_tokens: int, rounds: int = 1, pro
                 "ignore_eos": True,
             }
             try:
-                r = client.post(url + "/v1/completions", json=body)
+                try:
+                    r = client.post(url + "/v1/completions", json=body)
+                except httpx.RemoteProtocolError:
+                    # uvicorn closes keep-alive connections idle for 5 s; a pooled one can be closed under us
+                    # before the request went out. Once more on a fresh connection.
+                    r = client.post(url + "/v1/completions", json=body)
                 r.raise_for_status()
                 with lock:
                     results.append(r.json()["usage"]["completion_tokens"])
