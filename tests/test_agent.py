@@ -38,7 +38,7 @@ class Harness:
 
 
 async def _harness(url: str, **client_kw: object) -> AsyncIterator[Harness]:
-    vllm = VllmClient(url, timeout=client_kw.pop("timeout", 2.0), **client_kw)  # type: ignore[arg-type]
+    vllm = VllmClient(url, timeout=client_kw.pop("timeout", 10.0), **client_kw)  # type: ignore[arg-type]
     agent = Agent(vllm, interval=0.1)
     async with TestClient(TestServer(make_app(agent))) as http:
         yield Harness(agent, http)
@@ -86,12 +86,15 @@ async def test_derived_series_vanish_while_vllm_fails_and_return(h: Harness, fak
         (lambda f: setattr(f, "metrics", "\x00\x01 garbage {{{ \n"), "not_vllm"),
         (lambda f: setattr(f, "metrics", 'vllm:num_requests_running{engine="0"} x y z\n'), "parse_error"),
         (lambda f: setattr(f, "truncate_to", 1000), "truncated"),
-        (lambda f: setattr(f, "delay", 0.5), "timeout"),
+        (lambda f: setattr(f, "delay", 3.0), "timeout"),
         (lambda f: setattr(f, "metrics", "#" * 5000 + "\n"), "body_too_large"),
     ],
 )
 async def test_bad_input_is_counted_logged_once_and_survived(fake_vllm: FakeVllm, setup, reason: str) -> None:
-    async for h in _harness(fake_vllm.url, timeout=0.3, max_body_bytes=4096 if reason == "body_too_large" else 2**25):
+    timeout = 0.5 if reason == "timeout" else 10.0  # only the slow-server case needs a short deadline
+    async for h in _harness(
+        fake_vllm.url, timeout=timeout, max_body_bytes=4096 if reason == "body_too_large" else 2**25
+    ):
         setup(fake_vllm)
         with structlog.testing.capture_logs() as logs:
             for _ in range(3):

@@ -127,3 +127,27 @@ def test_nan_values_are_unknown_not_zero() -> None:
         'vllm:kv_cache_usage_perc{engine="0",model_name="gemma-12b"} NaN',
     )
     assert parse_metrics(text).engines[0].kv_cache_usage is None
+
+
+@pytest.mark.parametrize(
+    ("fixture", "itl"),
+    [
+        ("v1-0.32.0-cpu-idle.prom", "vllm:inter_token_latency_seconds"),
+        ("v0-0.6.6-multiprocess.prom", None),  # its fixture carries only the TTFT histogram
+        ("v1-0.8.5-legacy.prom", None),
+    ],
+)
+def test_latency_histogram_name_is_recognised(fixture: str, itl: str | None) -> None:
+    assert parse_metrics(fixture_text(fixture)).itl_metric == itl
+
+
+def test_older_latency_name_is_recognised_from_help_and_type_alone() -> None:
+    text = fixture_text("v1-0.8.5-legacy.prom") + (
+        "# HELP vllm:time_per_output_token_seconds Histogram of time per output token in seconds.\n"
+        "# TYPE vllm:time_per_output_token_seconds histogram\n"
+        'vllm:time_per_output_token_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen2.5-7B-Instruct"} 3.0\n'
+        'vllm:time_per_output_token_seconds_count{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 3.0\n'
+        'vllm:time_per_output_token_seconds_sum{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 0.3\n'
+    )
+    assert "_bucket" not in filter_wanted(text)
+    assert parse_metrics(text).itl_metric == "vllm:time_per_output_token_seconds"

@@ -43,6 +43,7 @@ class Snapshot:
     timestamp: float | None = None
     schema: str | None = None
     version: str | None = None
+    itl_metric: str | None = None
     engines: tuple[EngineCapacity, ...] = ()
     cache_info: Mapping[EngineKey, Mapping[str, str]] = field(default_factory=dict)
     preemptions_total: Mapping[EngineKey, float] = field(default_factory=dict)
@@ -148,6 +149,7 @@ class Agent:
             timestamp=self.clock(),
             schema=metrics.schema,
             version=self._version,
+            itl_metric=metrics.itl_metric,
             engines=engines,
             cache_info={
                 (e.model_name, e.engine): dict(e.cache_config.labels) for e in metrics.engines if e.cache_config

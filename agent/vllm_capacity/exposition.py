@@ -100,6 +100,7 @@ class AgentCollector(Collector):
                 {
                     "schema": snap.schema or "",
                     "version": snap.version or "",
+                    "itl_metric": snap.itl_metric or "",
                     "block_size": cc.get("block_size", ""),
                     "cache_dtype": cc.get("cache_dtype", ""),
                     "gpu_memory_utilization": cc.get("gpu_memory_utilization", ""),

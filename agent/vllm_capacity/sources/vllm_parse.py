@@ -34,6 +34,9 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 PROCESS_START = "process_start_time_seconds"
+# Inter-token latency histograms: the newer name (V0 and V1 >= 0.10.2) and the older one (removed in V1 0.15).
+ITL = "vllm:inter_token_latency_seconds"
+TPOT = "vllm:time_per_output_token_seconds"
 
 #: Sample names (as they appear on the wire) the agent reads; everything else is dropped before parsing.
 WANTED = (
@@ -48,9 +51,16 @@ WANTED = (
     CACHE_CONFIG,
     PROCESS_START,
 )
+#: Families recognised by their HELP/TYPE lines alone (their samples are dropped): which latency name is served.
+PRESENCE_ONLY = (ITL, TPOT)
 _PER_ENGINE = {KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, PREEMPTIONS, GENERATION_TOKENS}
 _WANTED_LINES = re.compile(
-    r"^(?:# (?:HELP|TYPE) )?(?:" + "|".join(re.escape(n) for n in WANTED) + r")[ \t{].*$", re.MULTILINE
+    r"^(?:(?:# (?:HELP|TYPE) )?(?:"
+    + "|".join(re.escape(n) for n in WANTED)
+    + r")[ \t{]|# (?:HELP|TYPE) (?:"
+    + "|".join(re.escape(n) for n in PRESENCE_ONLY)
+    + r") ).*$",
+    re.MULTILINE,
 )
 _V1_RUNNING_HELP = "Number of requests in model execution batches"
 
@@ -154,10 +164,12 @@ class VllmMetrics:
     #: Number of engines with a cache_config_info series: the data-parallel size ``num_gpu_blocks`` is summed over.
     dp_engines: int
     process_start_time_seconds: float | None = None
+    #: The inter-token latency histogram this server exposes (the name changed in 0.10.2), or None.
+    itl_metric: str | None = None
 
 
 def filter_wanted(text: str) -> str:
-    """Keep only the HELP, TYPE and sample lines of the families in :data:`WANTED`."""
+    """Keep the HELP, TYPE and sample lines of :data:`WANTED`, and the HELP/TYPE lines of :data:`PRESENCE_ONLY`."""
     return "\n".join(m.group(0) for m in _WANTED_LINES.finditer(text)) + "\n"
 
 
@@ -184,7 +196,10 @@ def parse_metrics(text: str) -> VllmMetrics:
     seen: set[str] = set()
     process_start: float | None = None
 
+    latency_families: set[str] = set()
     for family in families:
+        if family.name in PRESENCE_ONLY:
+            latency_families.add(family.name)
         if family.name == RUNNING:
             running_help = family.documentation
         for sample in family.samples:
@@ -248,4 +263,5 @@ def parse_metrics(text: str) -> VllmMetrics:
         engines=tuple(engines),
         dp_engines=max(1, len(cache_configs)),
         process_start_time_seconds=process_start,
+        itl_metric=next((n for n in PRESENCE_ONLY if n in latency_families), None),
     )
