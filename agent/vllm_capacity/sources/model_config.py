@@ -1,0 +1,198 @@
+"""Model geometry from a Hugging Face ``config.json``, and weight sizes from safetensors headers.
+
+I/O at the edges (reading files), plain data out. What the code does not understand raises
+:class:`GeometryError` naming the field it could not interpret; nothing is guessed silently.
+
+Layer kinds: ``full`` (full attention), ``sliding`` (sliding-window attention), ``mla`` (multi-head latent
+attention: one latent vector per token), ``mamba`` / ``linear`` (per-request state instead of per-token KV),
+``shared`` (reuses an earlier layer's KV), ``none`` (no cache, e.g. an MLP-only layer of a hybrid pattern).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KV_KINDS = ("full", "sliding", "mla")  # kinds that hold per-token KV of their own
+
+_LAYER_TYPE_NAMES = {
+    "full_attention": "full",
+    "attention": "full",
+    "global": "full",
+    "sliding_attention": "sliding",
+    "sliding_window": "sliding",
+    "local": "sliding",
+    "linear_attention": "linear",
+    "mamba": "mamba",
+    "mamba2": "mamba",
+}
+
+# safetensors dtype names -> bytes per element
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+    "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1,
+}  # fmt: skip
+
+
+class GeometryError(ValueError):
+    """The config says something the planner does not understand; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Geometry:
+    architecture: str
+    num_layers: int
+    num_kv_heads: int  # total, before tensor parallelism (1 for MLA)
+    head_dim: int  # per KV head; for MLA the latent width kv_lora_rank + qk_rope_head_dim
+    dtype: str | None  # the model's dtype (torch_dtype), the KV dtype when --kv-cache-dtype is auto
+    layer_kinds: tuple[str, ...]
+    sliding_window: int | None = None
+
+    @property
+    def kv_layers(self) -> int:
+        return sum(kind in KV_KINDS for kind in self.layer_kinds)
+
+    @property
+    def uniform(self) -> bool:
+        """One kind of KV layer and nothing else that holds cache: vLLM's single-group case."""
+        kinds = {k for k in self.layer_kinds if k != "none"}
+        return kinds in ({"full"}, {"mla"})
+
+
+def _opt_int(cfg: dict[str, Any], key: str) -> int | None:
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise GeometryError(key, f"{value!r} is not a positive integer")
+    return value
+
+
+def _int(cfg: dict[str, Any], key: str) -> int:
+    value = _opt_int(cfg, key)
+    if value is None:
+        raise GeometryError(key, "missing from config.json")
+    return value
+
+
+def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int | None]:
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False:
+        window = None  # Qwen2/2.5 carry a window they do not use
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
+        raise GeometryError("sliding_window", f"{window!r} is not a positive integer or null")
+
+    if cfg.get("layer_types") is not None:
+        types = cfg["layer_types"]
+        if not isinstance(types, list) or len(types) != num_layers:
+            raise GeometryError("layer_types", f"expected a list of {num_layers} layer types")
+        kinds = []
+        for i, t in enumerate(types):
+            if t not in _LAYER_TYPE_NAMES:
+                raise GeometryError(f"layer_types[{i}]", f"unknown layer type {t!r}")
+            kinds.append(_LAYER_TYPE_NAMES[t])
+        return kinds, window
+    if cfg.get("hybrid_override_pattern") is not None:  # Nemotron-H: M = Mamba, * = attention, - = MLP
+        pattern = cfg["hybrid_override_pattern"]
+        mapping = {"M": "mamba", "*": "full", "-": "none", "E": "none"}
+        if not isinstance(pattern, str) or len(pattern) != num_layers or set(pattern) - set(mapping):
+            raise GeometryError("hybrid_override_pattern", f"{pattern!r} is not {num_layers} of M, *, -")
+        return [mapping[c] for c in pattern], window
+    if cfg.get("layers_block_type") is not None:  # Jamba, Granite-4.0-H
+        types = cfg["layers_block_type"]
+        if not isinstance(types, list) or len(types) != num_layers or set(types) - {"mamba", "attention"}:
+            raise GeometryError("layers_block_type", f"expected {num_layers} of 'mamba' / 'attention'")
+        return [_LAYER_TYPE_NAMES[t] for t in types], window
+    if cfg.get("full_attention_interval") is not None:  # Qwen3-Next / 3.5: every k-th layer is full attention
+        k = _int(cfg, "full_attention_interval")
+        return ["full" if (i + 1) % k == 0 else "linear" for i in range(num_layers)], window
+    if window is not None and cfg.get("sliding_window_pattern") is not None:  # Gemma 3: every n-th is global
+        n = _int(cfg, "sliding_window_pattern")
+        return ["full" if (i + 1) % n == 0 else "sliding" for i in range(num_layers)], window
+    if window is not None and cfg.get("model_type") == "gemma2":  # Gemma 2 alternates, sliding first
+        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)], window
+    if window is not None:  # Mistral v0.1, Phi-3: every layer slides
+        return ["sliding"] * num_layers, window
+    return ["full"] * num_layers, None
+
+
+def parse_config(doc: dict[str, Any]) -> Geometry:
+    """Geometry from a config.json document (multimodal models: its ``text_config``)."""
+    if not isinstance(doc, dict):
+        raise GeometryError("config.json", "is not a JSON object")
+    cfg = dict(doc)
+    if isinstance(doc.get("text_config"), dict):
+        cfg = {**doc, **doc["text_config"]}
+    architecture = (cfg.get("architectures") or [cfg.get("model_type") or "unknown"])[0]
+    num_layers = _int(cfg, "num_hidden_layers")
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or doc.get("torch_dtype") or doc.get("dtype")
+
+    if cfg.get("kv_lora_rank") is not None:  # MLA (DeepSeek V2/V3): one latent vector per token and layer
+        rank = _int(cfg, "kv_lora_rank")
+        rope = _int(cfg, "qk_rope_head_dim")
+        return Geometry(str(architecture), num_layers, 1, rank + rope, dtype, ("mla",) * num_layers)
+
+    heads = _int(cfg, "num_attention_heads")
+    kv_heads = _opt_int(cfg, "num_key_value_heads") or heads
+    head_dim = _opt_int(cfg, "head_dim")
+    if head_dim is None:
+        hidden = _int(cfg, "hidden_size")
+        if hidden % heads:
+            raise GeometryError("head_dim", f"missing, and hidden_size {hidden} is not a multiple of {heads} heads")
+        head_dim = hidden // heads
+    kinds, window = _layer_kinds(cfg, num_layers)
+    shared = cfg.get("num_kv_shared_layers") or 0
+    if shared:  # Gemma 3n / 4: the last layers reuse earlier layers' KV
+        if not isinstance(shared, int) or shared >= num_layers:
+            raise GeometryError("num_kv_shared_layers", f"{shared!r} is not a count below {num_layers}")
+        kinds = kinds[: num_layers - shared] + ["shared"] * shared
+    return Geometry(str(architecture), num_layers, kv_heads, head_dim, dtype, tuple(kinds), window)
+
+
+def load_config(path: Path) -> Geometry:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except OSError as err:
+        raise GeometryError(str(path), f"cannot read: {err.strerror}") from err
+    except ValueError as err:
+        raise GeometryError(str(path), f"is not JSON: {err}") from err
+    return parse_config(doc)
+
+
+def safetensors_bytes(path: Path) -> int:
+    """Bytes of the tensors in one .safetensors file, from its header alone (the tensor data is never read)."""
+    with Path(path).open("rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise GeometryError(str(path), "too short for a safetensors header")
+        (length,) = struct.unpack("<Q", raw)
+        if length > 100 * 2**20:
+            raise GeometryError(str(path), f"header of {length} bytes: not a safetensors file")
+        try:
+            header = json.loads(f.read(length))
+        except ValueError as err:
+            raise GeometryError(str(path), f"header is not JSON: {err}") from err
+    total = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = info.get("dtype")
+        if dtype not in SAFETENSORS_DTYPE_BYTES:
+            raise GeometryError(f"{path}:{name}", f"unknown tensor dtype {dtype!r}")
+        total += math.prod(info.get("shape", [])) * SAFETENSORS_DTYPE_BYTES[dtype]
+    return total
+
+
+def model_dir_weights_bytes(directory: Path) -> int:
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise GeometryError(str(directory), "has no *.safetensors files")
+    return sum(safetensors_bytes(f) for f in files)

@@ -1,0 +1,354 @@
+"""The capacity model against vLLM's own figures: the seed's worked example and the real startup logs in
+../shared/cases/capacity-dev.json, with each model's geometry written as a Hugging Face config.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_capacity.capacity import (
+    ImpossiblePlan,
+    MemoryBudget,
+    NotModelled,
+    observed_bytes_per_token,
+    parse_version,
+    plan_kv,
+)
+from vllm_capacity.sources.model_config import GeometryError, load_config, model_dir_weights_bytes, parse_config
+
+GiB = 2**30
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+CASES = {c["id"]: c for c in json.loads((SHARED / "cases" / "capacity-dev.json").read_text())}
+GEOMETRY = json.loads((SHARED / "cases" / "model-geometry.json").read_text())
+
+
+def test_seed_worked_example() -> None:
+    """4.31 GiB / 208,625 tokens = 21.7 KiB per token; 208,625 / 32,768 = 6.37x."""
+    per_token = observed_bytes_per_token(4.31 * GiB, 208_625)
+    assert f"{per_token / 1024:.1f}" == "21.7"
+    assert f"{208_625 / 32_768:.2f}" == "6.37"
+    # and the seed's "1K tokens ~ 21 MiB, 8K ~ 173 MiB, 32K ~ 693 MiB"
+    assert [round(per_token * n / 2**20) for n in (1000, 8000, 32000)] == [21, 169, 677]
+
+
+def _hf_config(geometry_key: str, **overrides: object) -> dict:
+    """A config.json in Hugging Face's own format from the geometry table."""
+    (key,) = [k for k in GEOMETRY if k.startswith(geometry_key)]
+    g = GEOMETRY[key]
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "num_hidden_layers": g["num_hidden_layers"],
+        "num_attention_heads": g["num_attention_heads"],
+        "num_key_value_heads": g["num_key_value_heads"],
+        "head_dim": g["head_dim"],
+        "hidden_size": g["hidden_size"],
+        "torch_dtype": "bfloat16",
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+# case id -> (geometry key, vLLM version rules, engine, extra config.json fields)
+REPRODUCED = {
+    "lmcache-faq-llama31-70b-tp4-h100": ("meta-llama/Llama-3.1-70B-Instruct", None, None, {}),
+    "llmd-h100-mistral-small-3.2-24b": ("mistralai/Mistral-Small-3.2-24B", "0.11.0", None, {}),
+    "qwen2.5-1.5b-t4-v0.7.2": (
+        "Qwen/Qwen2.5-1.5B-Instruct",
+        "0.7.2",
+        "v0",
+        {"torch_dtype": "float16", "sliding_window": 32768, "use_sliding_window": False},
+    ),
+    "lmcache-faq-qwen3-8b": ("Qwen/Qwen3-8B", None, None, {}),
+    "l40s-qwen3-235b-2507-fp8-tp4-ep": ("Qwen/Qwen3-235B-A22B", "0.10.2", None, {}),
+    "phi-4-bnb4-a100-unsloth-v0.8.2": ("microsoft/phi-4", "0.8.2", "v0", {}),
+}
+# Cases the planner cannot reproduce, and why (also listed in the README).
+NOT_REPRODUCED = {
+    "vllm-pr12569-llama31-70b-w8a8": "no KV memory in the log (its block-count concurrency is in test_derive)",
+    "vllm-issue19996-llama31-8b-h100-eagle": "an EAGLE draft layer shares the KV pool: 33 layers, not the model's 32",
+    "llmd-h100-qwen3-0.6b": "the log gives neither a token count nor a concurrency to compare",
+    "llmd-h100-gpt-oss-120b": "nothing to compare, and sliding/full hybrid groups are not modelled",
+    "granite-4.0-h-1b-gmu0.6": "hybrid Mamba model: not modelled, and no geometry in the table",
+    "gemma-4-26b-a4b-fp8-l40s": "no geometry for the checkpoint",
+    "gemma-4-e2b-qat-w4a16-t4": "no geometry; shared-KV sliding hybrid not modelled",
+    "myoceane-blog-gemma-4-26b-a4b-a100-eager": "no geometry, and nothing logged to compare",
+    "vllm-issue31903-deepseek-v3.2-tp8-pp4": "no KV memory in the log",
+    "rwlove-qwen3.6-35b-a3b-dgx-spark-mml131072": "hybrid Gated-DeltaNet model, and no KV memory in the log",
+    "vllm-issue40691-qwen3.5-27b-h20-v0.19": "hybrid Gated-DeltaNet model, and no KV memory in the log",
+}
+
+
+def test_every_case_is_accounted_for() -> None:
+    assert set(REPRODUCED) | set(NOT_REPRODUCED) == set(CASES)
+    assert not set(REPRODUCED) & set(NOT_REPRODUCED)
+
+
+@pytest.mark.parametrize("case_id", sorted(REPRODUCED))
+def test_plan_reproduces_vllms_logged_figures(case_id: str, tmp_path: Path) -> None:
+    case = CASES[case_id]
+    geometry_key, version, engine, extra = REPRODUCED[case_id]
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(_hf_config(geometry_key, **extra)))
+    plan = plan_kv(
+        load_config(config),
+        kv_cache_memory_bytes=int(case["kv_cache_memory_gib"] * GiB),
+        max_model_len=case["max_concurrency_at_len"] or case["max_model_len"],
+        tp=case["tp"],
+        block_size=case["block_size"] or 16,
+        version=parse_version(version) if version else (0, 33, 0),
+        engine=engine,
+    )
+    if case["bytes_per_token_formula"]:
+        assert plan.kv_bytes_per_token == case["bytes_per_token_formula"]
+    # within 1 %: the logged GiB is rounded to 2 decimals, everything else is exact
+    if case["kv_cache_tokens"]:
+        assert plan.kv_cache_tokens == pytest.approx(case["kv_cache_tokens"], rel=0.01)
+    if case["num_gpu_blocks"]:
+        assert plan.num_gpu_blocks == pytest.approx(case["num_gpu_blocks"], rel=0.01)
+    assert plan.max_concurrency == pytest.approx(case["max_concurrency"], rel=0.01)
+
+
+@pytest.mark.parametrize("case_id", sorted(NOT_REPRODUCED))
+def test_cases_not_reproduced_lack_what_the_reason_says(case_id: str) -> None:
+    case, reason = CASES[case_id], NOT_REPRODUCED[case_id]
+    if "no KV memory" in reason:
+        assert case["kv_cache_memory_gib"] is None
+    if "nothing" in reason:
+        assert case["kv_cache_tokens"] is None and case["max_concurrency"] is None
+    if "no geometry" in reason:
+        entry = GEOMETRY[NO_GEOMETRY[case_id]]
+        assert entry["num_hidden_layers"] is None and entry["num_key_value_heads"] is None
+
+
+# the geometry-table entry (empty) of each case whose reason is "no geometry"
+NO_GEOMETRY = {
+    "granite-4.0-h-1b-gmu0.6": "ibm-granite/granite-4.0-h-1b",
+    "gemma-4-26b-a4b-fp8-l40s": "google/gemma-4-E2B / gemma-4-26B-A4B / gemma-4-31B",
+    "gemma-4-e2b-qat-w4a16-t4": "google/gemma-4-E2B / gemma-4-26B-A4B / gemma-4-31B",
+    "myoceane-blog-gemma-4-26b-a4b-a100-eager": "google/gemma-4-E2B / gemma-4-26B-A4B / gemma-4-31B",
+}
+
+
+def test_eagle_case_matches_once_the_draft_layer_is_counted() -> None:
+    """The reason given for the EAGLE case holds: with 33 layers the plan agrees with the log."""
+    case = CASES["vllm-issue19996-llama31-8b-h100-eagle"]
+    geometry = parse_config(_hf_config("meta-llama/Llama-3.1-8B-Instruct", num_hidden_layers=33))
+    plan = plan_kv(geometry, kv_cache_memory_bytes=int(51.63 * GiB), max_model_len=131072, version=(0, 9, 1))
+    assert plan.kv_cache_tokens == pytest.approx(case["kv_cache_tokens"], rel=0.01)
+    assert plan.max_concurrency == pytest.approx(case["max_concurrency"], rel=0.01)
+
+
+# -- geometry of each architecture family, from config files in Hugging Face's format ------------------------------
+
+
+def test_dense_gqa_and_head_dim_from_hidden_size() -> None:
+    g = parse_config(
+        {
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "hidden_size": 4096,
+            "torch_dtype": "bfloat16",
+        }
+    )
+    assert (g.num_kv_heads, g.head_dim, g.kv_layers, g.uniform) == (8, 128, 32, True)
+
+
+def test_multimodal_text_config() -> None:
+    g = parse_config(
+        {
+            "architectures": ["LlavaNextForConditionalGeneration"],
+            "torch_dtype": "float16",
+            "text_config": {
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "hidden_size": 4096,
+            },
+        }
+    )
+    assert (g.architecture, g.kv_layers, g.head_dim, g.dtype) == (
+        "LlavaNextForConditionalGeneration",
+        32,
+        128,
+        "float16",
+    )
+
+
+def test_mla_latent() -> None:
+    g = parse_config(
+        {
+            "num_hidden_layers": 61,
+            "num_attention_heads": 128,
+            "kv_lora_rank": 512,
+            "qk_rope_head_dim": 64,
+            "torch_dtype": "bfloat16",
+        }
+    )
+    plan = plan_kv(g, kv_cache_memory_bytes=10 * GiB, max_model_len=8192)
+    assert plan.kv_bytes_per_token == 61 * 576 * 2  # 70,272: DeepSeek-V3's figure in the geometry table
+    fp8 = plan_kv(g, kv_cache_memory_bytes=10 * GiB, max_model_len=8192, kv_cache_dtype="fp8")
+    assert fp8.kv_bytes_per_token == 35_136
+
+
+def test_sliding_window_patterns() -> None:
+    gemma3 = parse_config(
+        {
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 62,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 16,
+            "head_dim": 128,
+            "sliding_window": 1024,
+            "sliding_window_pattern": 6,
+        }
+    )
+    assert gemma3.layer_kinds.count("full") == 10 and gemma3.layer_kinds.count("sliding") == 52
+    gemma2 = parse_config(
+        {
+            "model_type": "gemma2",
+            "num_hidden_layers": 42,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 8,
+            "head_dim": 256,
+            "sliding_window": 4096,
+        }
+    )
+    assert gemma2.layer_kinds[:2] == ("sliding", "full") and gemma2.layer_kinds.count("full") == 21
+    gpt_oss = parse_config(
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 64,
+            "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+        }
+    )
+    assert gpt_oss.layer_kinds == ("sliding", "full", "sliding", "full")
+    with pytest.raises(NotModelled, match="hybrid KV-cache groups"):
+        plan_kv(gpt_oss, kv_cache_memory_bytes=GiB, max_model_len=4096, kv_cache_dtype="bfloat16")
+
+
+def test_hybrid_state_layers_and_shared_kv() -> None:
+    nemotron = parse_config(
+        {
+            "num_hidden_layers": 6,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "hybrid_override_pattern": "M-M*-M",
+        }
+    )
+    assert nemotron.layer_kinds == ("mamba", "none", "mamba", "full", "none", "mamba")
+    qwen_next = parse_config(
+        {
+            "num_hidden_layers": 8,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "full_attention_interval": 4,
+        }
+    )
+    assert qwen_next.layer_kinds.count("full") == 2 and qwen_next.layer_kinds.count("linear") == 6
+    granite = parse_config(
+        {
+            "num_hidden_layers": 3,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "layers_block_type": ["mamba", "attention", "mamba"],
+        }
+    )
+    assert granite.kv_layers == 1 and not granite.uniform
+    gemma3n = parse_config(
+        {
+            "num_hidden_layers": 6,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "num_kv_shared_layers": 2,
+        }
+    )
+    assert gemma3n.layer_kinds[-2:] == ("shared", "shared") and gemma3n.kv_layers == 4
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"num_attention_heads": 8}, "num_hidden_layers"),
+        ({"num_hidden_layers": 2, "num_attention_heads": 8}, "hidden_size"),
+        (
+            {"num_hidden_layers": 2, "num_attention_heads": 8, "head_dim": 64, "layer_types": ["full_attention", "x"]},
+            "layer_types[1]",
+        ),
+        ({"num_hidden_layers": "many", "num_attention_heads": 8}, "num_hidden_layers"),
+        ({"num_hidden_layers": 2, "kv_lora_rank": 512}, "qk_rope_head_dim"),
+    ],
+)
+def test_what_is_not_understood_is_named(config: dict, field: str) -> None:
+    with pytest.raises(GeometryError) as err:
+        parse_config(config)
+    assert err.value.field == field
+
+
+def test_kv_dtypes_and_tensor_parallel_replication() -> None:
+    g = parse_config(
+        {
+            "num_hidden_layers": 10,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "head_dim": 128,
+            "torch_dtype": "bfloat16",
+        }
+    )
+    bf16 = plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096)
+    assert bf16.kv_bytes_per_token == 2 * 10 * 4 * 128 * 2
+    for dtype in ("fp8", "fp8_e4m3", "fp8_e5m2", "int8"):
+        assert (
+            plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096, kv_cache_dtype=dtype).kv_bytes_per_token
+            == bf16.kv_bytes_per_token // 2
+        )
+    assert plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096, tp=2).kv_bytes_per_token == 2 * 10 * 2 * 128 * 2
+    # TP 8 > 4 KV heads: heads are replicated, one per GPU
+    assert plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096, tp=8).kv_bytes_per_token == 2 * 10 * 1 * 128 * 2
+    assert plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096, pp=2).kv_layers_per_rank == 5
+    no_dtype = parse_config({"num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 8})
+    with pytest.raises(ValueError, match="no torch_dtype"):
+        plan_kv(no_dtype, kv_cache_memory_bytes=GiB, max_model_len=64)
+
+
+def test_impossible_plans_say_so_with_numbers() -> None:
+    g = parse_config(
+        {
+            "num_hidden_layers": 80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "torch_dtype": "bfloat16",
+        }
+    )
+    with pytest.raises(ImpossiblePlan, match=r"needs 40.00 GiB of KV cache per GPU, more than the 1.00 GiB"):
+        plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=131072)
+    budget = MemoryBudget(80 * GiB, 0.9, weights_bytes=140 * GiB, activation_bytes=0, cuda_graph_bytes=0)
+    with pytest.raises(ImpossiblePlan, match=r"weights 140.00 GiB .* exceed the budget of 72.00 GiB"):
+        budget.check()
+
+
+def test_weights_from_safetensors_headers(tmp_path: Path) -> None:
+    import struct
+
+    header = {
+        "a": {"dtype": "BF16", "shape": [4, 8], "data_offsets": [0, 64]},
+        "b": {"dtype": "F32", "shape": [3], "data_offsets": [64, 76]},
+        "__metadata__": {"format": "pt"},
+    }
+    raw = json.dumps(header).encode()
+    (tmp_path / "model-00001-of-00002.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 76)
+    (tmp_path / "model-00002-of-00002.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * 76)
+    assert model_dir_weights_bytes(tmp_path) == 2 * (4 * 8 * 2 + 3 * 4)
+    (tmp_path / "bad.safetensors").write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00{nope")
+    with pytest.raises(GeometryError, match="header is not JSON"):
+        model_dir_weights_bytes(tmp_path)
