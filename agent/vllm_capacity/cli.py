@@ -157,6 +157,58 @@ def resolve(ns: argparse.Namespace, options: Sequence[Option], environ: dict[str
     return values
 
 
+def _memory(text: str) -> int:
+    return parse_size(text)
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise ValueError(f"{text!r} is not in (0, 1]")
+    return value
+
+
+def _version(text: str) -> tuple[int, int, int]:
+    from vllm_capacity.capacity import parse_version
+
+    return parse_version(text)
+
+
+def _path(text: str) -> Path:
+    path = Path(text)
+    if not path.exists():
+        raise ValueError(f"{text} does not exist")
+    return path
+
+
+PLAN_OPTIONS = (
+    Option("--model-config", _path, None, "the model's config.json"),
+    Option("--model-dir", _path, None, "the model's directory: config.json and *.safetensors (weights from headers)"),
+    Option("--tp", _positive_int, "1", "tensor-parallel size"),
+    Option("--pp", _positive_int, "1", "pipeline-parallel size"),
+    Option(
+        "--kv-cache-dtype",
+        _choice("auto", "bfloat16", "float16", "half", "float32", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "int8"),
+        "auto",
+        "KV cache dtype; auto follows the model's dtype",
+    ),
+    Option("--block-size", _positive_int, "16", "tokens per KV block (vLLM's CUDA default is 16)"),
+    Option("--max-model-len", _positive_int, None, "context length to plan for (default: max_position_embeddings)"),
+    Option("--vllm-version", _version, "0.33.0", "whose sizing rules to apply (e.g. 0.10.2)"),
+    Option("--engine", _choice("v0", "v1"), None, "v0 or v1 (default: v0 before 0.8, else v1)"),
+    Option("--kv-cache-memory", _memory, None, "KV memory per GPU as vLLM logs it ('Available KV cache memory')"),
+    Option("--gpu-memory", _memory, None, "memory of one GPU (e.g. 80GiB), to plan from the whole budget"),
+    Option("--gpu-memory-utilization", _fraction, "0.9", "vLLM's --gpu-memory-utilization"),
+    Option("--weights-memory", _memory, None, "weights per GPU (default: from --model-dir's safetensors headers)"),
+    Option("--activation-memory", _memory, "0", "activation peak per GPU, from vLLM's profile"),
+    Option("--cuda-graph-memory", _memory, "0", "CUDA graph memory per GPU"),
+    Option("--format", _choice("text", "json"), "text", "text for people, json for scripts"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vllm-capacity", description="KV-cache capacity and concurrency exporter for vLLM.")
     parser.add_argument("--version", action="version", version=f"vllm-capacity {__version__}")
@@ -165,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, SERVE_OPTIONS)
     report = sub.add_parser("report", help="print one capacity snapshot of a vLLM server")
     _add(report, REPORT_OPTIONS)
+    plan = sub.add_parser("plan", help="vLLM's capacity math offline, from a model's config.json")
+    _add(plan, PLAN_OPTIONS)
     return parser
 
 
@@ -247,14 +301,69 @@ async def _report(values: dict[str, Any]) -> int:
     return 0
 
 
+def _plan(values: dict[str, Any]) -> int:
+    from vllm_capacity import plan as planning
+    from vllm_capacity.capacity import ImpossiblePlan, MemoryBudget, NotModelled, plan_kv
+    from vllm_capacity.sources.model_config import GeometryError, load_config, model_dir_weights_bytes
+
+    if (values["model_config"] is None) == (values["model_dir"] is None):
+        raise UsageError("give one of --model-config or --model-dir")
+    if (values["kv_cache_memory"] is None) == (values["gpu_memory"] is None):
+        raise UsageError("give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)")
+    try:
+        config = values["model_config"] or values["model_dir"] / "config.json"
+        geometry = load_config(config)
+        budget = None
+        if values["gpu_memory"] is not None:
+            weights = values["weights_memory"]
+            if weights is None:
+                if values["model_dir"] is None:
+                    raise UsageError("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
+                weights = model_dir_weights_bytes(values["model_dir"]) // (values["tp"] * values["pp"])
+            budget = MemoryBudget(
+                values["gpu_memory"],
+                values["gpu_memory_utilization"],
+                weights,
+                values["activation_memory"],
+                values["cuda_graph_memory"],
+            )
+            budget.check()
+        max_model_len = values["max_model_len"] or geometry.max_position_embeddings
+        if not max_model_len:
+            raise UsageError("config.json has no max_position_embeddings: give --max-model-len")
+        kwargs = {
+            "kv_cache_memory_bytes": values["kv_cache_memory"] if budget is None else budget.kv_cache_bytes,
+            "max_model_len": max_model_len,
+            "tp": values["tp"],
+            "pp": values["pp"],
+            "kv_cache_dtype": values["kv_cache_dtype"],
+            "block_size": values["block_size"],
+            "version": values["vllm_version"],
+            "engine": values["engine"],
+        }
+        result = plan_kv(geometry, **kwargs)
+    except (GeometryError, NotModelled, ImpossiblePlan, ValueError) as err:
+        if isinstance(err, UsageError):
+            raise
+        print(f"vllm-capacity plan: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    if values["format"] == "json":
+        sys.stdout.write(planning.render_json(result, geometry, kwargs, budget))
+    else:
+        sys.stdout.write(planning.render_text(result, geometry, kwargs, budget, values["tp"]))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
     from vllm_capacity import log
 
     parser = build_parser()
     ns = parser.parse_args(argv)
-    options = SERVE_OPTIONS if ns.command == "serve" else REPORT_OPTIONS
+    options = {"serve": SERVE_OPTIONS, "report": REPORT_OPTIONS, "plan": PLAN_OPTIONS}[ns.command]
     try:
         values = resolve(ns, options, dict(os.environ if environ is None else environ))
+        if ns.command == "plan":
+            return _plan(values)
     except UsageError as err:
         print(f"vllm-capacity {ns.command}: error: {err}", file=sys.stderr)
         return 2

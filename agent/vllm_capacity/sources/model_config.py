@@ -55,6 +55,7 @@ class Geometry:
     dtype: str | None  # the model's dtype (torch_dtype), the KV dtype when --kv-cache-dtype is auto
     layer_kinds: tuple[str, ...]
     sliding_window: int | None = None
+    max_position_embeddings: int | None = None  # vLLM's default max_model_len
 
     @property
     def kv_layers(self) -> int:
@@ -138,7 +139,9 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
     if cfg.get("kv_lora_rank") is not None:  # MLA (DeepSeek V2/V3): one latent vector per token and layer
         rank = _int(cfg, "kv_lora_rank")
         rope = _int(cfg, "qk_rope_head_dim")
-        return Geometry(str(architecture), num_layers, 1, rank + rope, dtype, ("mla",) * num_layers)
+        return Geometry(
+            str(architecture), num_layers, 1, rank + rope, dtype, ("mla",) * num_layers, None, _max_pos(cfg)
+        )
 
     heads = _int(cfg, "num_attention_heads")
     kv_heads = _opt_int(cfg, "num_key_value_heads") or heads
@@ -154,7 +157,12 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         if not isinstance(shared, int) or shared >= num_layers:
             raise GeometryError("num_kv_shared_layers", f"{shared!r} is not a count below {num_layers}")
         kinds = kinds[: num_layers - shared] + ["shared"] * shared
-    return Geometry(str(architecture), num_layers, kv_heads, head_dim, dtype, tuple(kinds), window)
+    return Geometry(str(architecture), num_layers, kv_heads, head_dim, dtype, tuple(kinds), window, _max_pos(cfg))
+
+
+def _max_pos(cfg: dict[str, Any]) -> int | None:
+    value = cfg.get("max_position_embeddings")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def load_config(path: Path) -> Geometry:

@@ -1,0 +1,114 @@
+"""`vllm-capacity plan`: vLLM's capacity math offline, from a model's config.json, rendered for people or scripts."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, replace
+
+from vllm_capacity.capacity import KvPlan, MemoryBudget, kv_dtype_bytes, plan_kv
+from vllm_capacity.report import CONTEXTS, _bytes
+from vllm_capacity.sources.model_config import Geometry
+
+GiB = 2**30
+
+
+def budget_picture(budget: MemoryBudget, kv_bytes: int, width: int = 46) -> list[str]:
+    """The seed's picture: the GPU's memory as a stack of what it holds."""
+    rows = [
+        ("Model weights", budget.weights_bytes),
+        ("Activation peak", budget.activation_bytes),
+        ("CUDA graphs", budget.cuda_graph_bytes),
+        ("KV cache", kv_bytes),
+    ]
+    total = budget.gpu_memory_bytes
+    lines = [
+        f"GPU memory per GPU: {_bytes(total)} x gpu_memory_utilization {budget.gpu_memory_utilization:g} = "
+        f"{_bytes(budget.budget_bytes)}",
+        "+" + "-" * width + "+",
+    ]
+    for name, size in rows:
+        if size:
+            lines.append(f"| {name:<19}{_bytes(size):>14}{size / total * 100:>9.1f} % |")
+    lines.append("+" + "-" * width + "+")
+    outside = total - budget.budget_bytes
+    lines.append(f"| {'Outside the budget':<19}{_bytes(outside):>14}{outside / total * 100:>9.1f} % |")
+    lines.append("+" + "-" * width + "+")
+    return lines
+
+
+def what_if(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget | None) -> list[str]:
+    lines = []
+    half = plan.max_model_len // 2
+    if half >= plan.block_size:
+        smaller = plan_kv(geometry, **{**kwargs, "max_model_len": half})
+        lines.append(
+            f"  max_model_len {half:,} instead of {plan.max_model_len:,}: max concurrency "
+            f"{smaller.max_concurrency:.2f}x (the KV cache holds the same {smaller.kv_cache_tokens:,} tokens)"
+        )
+    if budget is not None and budget.gpu_memory_utilization < 0.95:
+        more = replace(budget, gpu_memory_utilization=min(0.95, budget.gpu_memory_utilization + 0.05))
+        bigger = plan_kv(geometry, **{**kwargs, "kv_cache_memory_bytes": more.kv_cache_bytes})
+        lines.append(
+            f"  gpu_memory_utilization {more.gpu_memory_utilization:g}: +{_bytes(more.kv_cache_bytes - budget.kv_cache_bytes)}"
+            f" of KV cache, {bigger.kv_cache_tokens:,} tokens, {bigger.max_concurrency:.2f}x"
+        )
+    return lines
+
+
+def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget | None, tp: int) -> str:
+    kv_heads = 1 if "mla" in geometry.layer_kinds else max(1, geometry.num_kv_heads // tp)
+    lines = [
+        f"Plan for {geometry.architecture}: TP {kwargs['tp']}, PP {kwargs['pp']}, KV dtype {kwargs['kv_cache_dtype']}"
+        f" (model {geometry.dtype}), block size {plan.block_size}, rules: {plan.rules}",
+        "",
+    ]
+    if budget is not None:
+        lines += [*budget_picture(budget, plan.kv_cache_memory_bytes), ""]
+    per_token = plan.kv_bytes_per_token
+    dtype_bytes = kv_dtype_bytes(kwargs["kv_cache_dtype"], geometry.dtype)
+    shape = (
+        f"{plan.kv_layers_per_rank} layers x latent {geometry.head_dim} x {dtype_bytes} B"
+        if "mla" in geometry.layer_kinds
+        else f"K and V x {plan.kv_layers_per_rank} layers x {kv_heads} KV heads x {geometry.head_dim} x {dtype_bytes} B"
+    )
+    lines += [
+        "KV cache per GPU",
+        f"  memory             {_bytes(plan.kv_cache_memory_bytes):>14}",
+        f"  bytes per token    {_bytes(per_token):>14}   ({shape})",
+        f"  blocks             {plan.num_gpu_blocks:>14,}   of {plan.block_size} tokens",
+        f"  capacity           {plan.kv_cache_tokens:>14,} tokens",
+        f"  max concurrency    {plan.max_concurrency:>13.2f}x   at max_model_len {plan.max_model_len:,}",
+        "",
+        "Concurrency at other context lengths",
+    ]
+    for ctx in CONTEXTS + (32768,):
+        if ctx < plan.max_model_len:
+            lines.append(f"  {ctx:>8,} tokens   {plan.concurrency_at(ctx):>9.2f}x   {_bytes(ctx * per_token):>12} each")
+    lines += ["", "What would change it", *what_if(plan, geometry, kwargs, budget)]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget | None) -> str:
+    doc = {
+        "kv_bytes_per_token": plan.kv_bytes_per_token,
+        "num_gpu_blocks": plan.num_gpu_blocks,
+        "kv_cache_tokens": plan.kv_cache_tokens,
+        "max_concurrency": plan.max_concurrency,
+        "max_model_len": plan.max_model_len,
+        "block_size": plan.block_size,
+        "kv_layers_per_rank": plan.kv_layers_per_rank,
+        "rules": plan.rules,
+        "concurrency_at_context": {str(c): plan.concurrency_at(c) for c in CONTEXTS if c <= plan.max_model_len},
+        "memory_budget": {
+            "gpu_memory_bytes": budget.gpu_memory_bytes if budget else None,
+            "gpu_memory_utilization": budget.gpu_memory_utilization if budget else None,
+            "budget_bytes": budget.budget_bytes if budget else None,
+            "weights_bytes": budget.weights_bytes if budget else None,
+            "activation_bytes": budget.activation_bytes if budget else None,
+            "cuda_graph_bytes": budget.cuda_graph_bytes if budget else None,
+            "kv_cache_bytes": plan.kv_cache_memory_bytes,
+        },
+        "geometry": asdict(geometry),
+        "inputs": {k: v for k, v in kwargs.items() if k != "kv_cache_memory_bytes"},
+    }
+    return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,143 @@
+"""vLLM's startup log: the memory figures it prints, for every version's line formats.
+
+``parse_line`` is pure (one line in, the figures it carries out); :class:`StartupFigures` accumulates them, a new
+start of vLLM clearing the old; :class:`LogFollower` reads a log file that vLLM writes to a shared volume,
+surviving rotation and truncation. Formats: ``../shared/reference/vllm-startup-logs.md`` (GB that are GiB,
+thousands separators, V0's multi-line profiling output, per-worker lines under TP, ANSI colour, process prefixes).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+GiB = 2**30
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+_ENGINE = re.compile(r"\((?:[A-Za-z]*Engine[A-Za-z]*_?(?:DP)?|[^)]*\bDP)(\d+)[^)]*pid=\d+\)")
+
+# name -> regex; the first group is the value. GiB figures are bytes / 2**30 even where vLLM writes "GB".
+_PATTERNS: dict[str, re.Pattern[str]] = {
+    "weights_gib": re.compile(
+        rf"(?:Loading model weights|Model loading) took {_NUM} ?(?:GB|GiB)|model weights take {_NUM} ?GiB"
+    ),
+    "kv_cache_memory_gib": re.compile(
+        rf"Available KV cache memory: {_NUM} ?GiB"
+        rf"|the rest of the memory reserved for KV Cache is {_NUM} ?GiB"
+        rf"|kv_cache_size={_NUM}GiB"
+        rf"|reserved {_NUM} ?GiB memory for KV Cache as specified by kv_cache_memory_bytes"
+        rf"|(?:Explicitly|Auto) set \({_NUM}/[0-9.]+\) GiB for KV cache"  # the CPU backend
+    ),
+    "kv_cache_tokens": re.compile(rf"KV cache size: {_NUM} tokens"),
+    "max_concurrency": re.compile(rf"Maximum concurrency for {_NUM} tokens per request: {_NUM}x"),
+    "num_gpu_blocks": re.compile(rf"\b(?:GPU|cuda|xpu|hpu|tpu|npu) blocks: {_NUM}"),  # not the CPU swap blocks
+    "cuda_graph_gib": re.compile(rf"Graph capturing finished in [0-9.]+ secs, took {_NUM} ?GiB"),
+    "activation_peak_gib": re.compile(
+        rf"PyTorch activation peak memory takes {_NUM} ?GiB|torch peak memory increase: {_NUM} ?GiB"
+    ),
+    "max_model_len": re.compile(rf"Using max model len {_NUM}"),
+}
+# Printed once per start by the API server, before any engine figure (engine cores print theirs later).
+_NEW_START = re.compile(r"non-default args:|vLLM API server version")
+
+
+def _number(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+def parse_line(line: str) -> tuple[str, dict[str, float]]:
+    """The engine index (from a ``(EngineCore_DP1 pid=..)`` prefix, else "0") and the figures one line carries."""
+    line = _ANSI.sub("", line)
+    m = _ENGINE.search(line)
+    engine = m[1] if m else "0"
+    found: dict[str, float] = {}
+    for name, pattern in _PATTERNS.items():
+        hit = pattern.search(line)
+        if not hit:
+            continue
+        groups = [g for g in hit.groups() if g is not None]
+        if name == "max_concurrency":
+            found["max_model_len"] = _number(groups[0])
+            found["max_concurrency"] = _number(groups[1])
+        else:
+            found[name] = _number(groups[0])
+    return engine, found
+
+
+@dataclass
+class EngineFigures:
+    """What the latest start of vLLM logged for one engine; per GPU rank where vLLM logs per rank."""
+
+    weights_bytes: float | None = None
+    kv_cache_memory_bytes: float | None = None
+    kv_cache_tokens: int | None = None
+    max_concurrency: float | None = None
+    max_model_len: int | None = None
+    num_gpu_blocks: int | None = None
+    cuda_graph_bytes: float | None = None
+    activation_peak_bytes: float | None = None
+
+    @property
+    def kv_bytes_per_token(self) -> float | None:
+        """'Available KV cache memory' / 'KV cache size' tokens: the seed's 21.7 KiB figure."""
+        if not self.kv_cache_memory_bytes or not self.kv_cache_tokens:
+            return None
+        return self.kv_cache_memory_bytes / self.kv_cache_tokens
+
+
+@dataclass
+class StartupFigures:
+    engines: dict[str, EngineFigures] = field(default_factory=dict)
+    starts: int = 0
+
+    def feed(self, line: str) -> None:
+        if _NEW_START.search(line):
+            self.engines.clear()  # a new start of vLLM: the old figures no longer describe it
+            self.starts += 1
+            return
+        engine, found = parse_line(line)
+        if not found:
+            return
+        fig = self.engines.setdefault(engine, EngineFigures())
+        for name, value in found.items():
+            if name.endswith("_gib"):
+                attr = name.removesuffix("_gib") + "_bytes"
+                value_bytes = value * GiB
+                current = getattr(fig, attr)
+                # under TP every worker logs its own figure: keep the smallest, as vLLM sizes every rank to it
+                if attr == "kv_cache_memory_bytes" and current is not None:
+                    value_bytes = min(current, value_bytes)
+                setattr(fig, attr, value_bytes)
+            elif name in ("kv_cache_tokens", "num_gpu_blocks", "max_model_len"):
+                setattr(fig, name, int(value))
+            else:
+                setattr(fig, name, value)
+
+
+class LogFollower:
+    """Reads what was appended to a log file since the last call; starts over after rotation or truncation."""
+
+    def __init__(self, path: Path, *, max_read: int = 8 * 2**20) -> None:
+        self.path = Path(path)
+        self.max_read = max_read
+        self._inode: int | None = None
+        self._offset = 0
+        self._partial = b""
+
+    def read_lines(self) -> list[str]:
+        """New complete lines. Raises OSError when the file cannot be read (missing, no permission)."""
+        st = os.stat(self.path)
+        if st.st_ino != self._inode or st.st_size < self._offset:  # rotated, or truncated in place
+            self._inode, self._offset, self._partial = st.st_ino, 0, b""
+        if st.st_size == self._offset:
+            return []
+        with self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read(self.max_read)
+        self._offset += len(data)
+        data = self._partial + data
+        lines = data.split(b"\n")
+        self._partial = lines.pop()  # an unfinished last line waits for its end
+        return [ln.decode("utf-8", errors="replace") for ln in lines]

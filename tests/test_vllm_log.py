@@ -1,0 +1,144 @@
+"""vLLM startup-log lines of every version (verbatim excerpts from ../shared/reference/vllm-startup-logs.md and
+../shared/cases/capacity-dev.json), and the real CPU server's own log; following a log through rotation."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import VLLM_FIXTURES
+
+from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures, parse_line
+
+GiB = 2**30
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+
+def figures(text: str) -> StartupFigures:
+    s = StartupFigures()
+    for line in text.splitlines():
+        s.feed(line)
+    return s
+
+
+V0_066 = """\
+INFO 01-13 11:35:21 model_runner.py:1099] Loading model weights took 14.9595 GB
+INFO 01-13 11:35:23 worker.py:241] Memory profiling takes 1.32 seconds
+INFO 01-13 11:35:23 worker.py:241] the current vLLM instance can use total_gpu_memory (39.50GiB) x gpu_memory_utilization (0.90) = 35.55GiB
+INFO 01-13 11:35:23 worker.py:241] model weights take 14.96GiB; non_torch_memory takes 0.10GiB; PyTorch activation peak memory takes 9.37GiB; the rest of the memory reserved for KV Cache is 11.12GiB.
+INFO 01-13 11:35:23 gpu_executor.py:76] # GPU blocks: 5691, # CPU blocks: 2048
+INFO 01-13 11:35:23 gpu_executor.py:80] Maximum concurrency for 8192 tokens per request: 11.12x
+"""  # noqa: E501
+
+V0_064 = """\
+Loading model weights took 14.9888 GB
+Memory profiling results: total_gpu_memory=23.58GiB initial_memory_usage=15.34GiB peak_torch_memory=17.06GiB memory_usage_post_profile=15.35GiB non_torch_memory=0.35GiB kv_cache_size=3.81GiB gpu_memory_utilization=0.90
+GPU blocks: 1952, # CPU blocks: 2048
+Maximum concurrency for 20000 tokens per request: 1.56x
+"""  # noqa: E501
+
+V1_0102 = """\
+(EngineCore_DP0 pid=1133552) INFO 10-03 16:22:17 [gpu_worker.py:298] Available KV cache memory: 6.51 GiB
+(EngineCore_DP0 pid=1133552) INFO 10-03 16:22:17 [kv_cache_utils.py:864] GPU KV cache size: 42,656 tokens
+(EngineCore_DP0 pid=1133552) INFO 10-03 16:22:17 [kv_cache_utils.py:868] Maximum concurrency for 32,768 tokens per request: 1.30x
+"""  # noqa: E501
+
+V1_033 = """\
+\x1b[1;36m(EngineCore_DP1 pid=123)\x1b[0;0m INFO 11-02 10:00:00 [gpu_model_runner.py:3000] Model loading took 15.0 GiB memory and 12.345678 seconds
+(EngineCore_DP1 pid=123) INFO 11-02 10:00:09 [gpu_model_runner.py:4000] Graph capturing finished in 7 secs, took 0.78 GiB
+(EngineCore_DP1 pid=123) INFO 11-02 10:00:09 [gpu_worker.py:400] Available KV cache memory: 4.31 GiB
+(EngineCore_DP1 pid=123) INFO 11-02 10:00:09 [kv_cache_utils.py:1147] GPU KV cache size: 208,625 tokens, Maximum concurrency for 32,768 tokens per request: 6.37x
+"""  # noqa: E501
+
+
+def test_v0_multi_line_profiling_output() -> None:
+    (e,) = figures(V0_066).engines.values()
+    assert e.weights_bytes == pytest.approx(14.96 * GiB)  # the profile's figure, after the loader's 14.9595 "GB"
+    assert e.activation_peak_bytes == pytest.approx(9.37 * GiB)
+    assert e.kv_cache_memory_bytes == pytest.approx(11.12 * GiB)
+    assert (e.num_gpu_blocks, e.max_model_len, e.max_concurrency) == (5691, 8192, 11.12)
+    assert e.kv_cache_tokens is None  # V0 prints blocks, not tokens
+
+
+def test_v0_064_profile_and_gb_that_is_gib() -> None:
+    (e,) = figures(V0_064).engines.values()
+    assert e.weights_bytes == pytest.approx(14.9888 * GiB)
+    assert e.kv_cache_memory_bytes == pytest.approx(3.81 * GiB)
+    assert (e.num_gpu_blocks, e.max_model_len, e.max_concurrency) == (1952, 20000, 1.56)
+
+
+def test_v1_thousands_separators() -> None:
+    (e,) = figures(V1_0102).engines.values()
+    assert (e.kv_cache_tokens, e.max_model_len, e.max_concurrency) == (42656, 32768, 1.30)
+    assert e.kv_bytes_per_token == pytest.approx(6.51 * GiB / 42656)
+
+
+def test_v1_one_line_capacity_ansi_and_data_parallel_prefix() -> None:
+    s = figures(V1_033)
+    assert list(s.engines) == ["1"]
+    e = s.engines["1"]
+    assert e.weights_bytes == pytest.approx(15.0 * GiB)
+    assert e.cuda_graph_bytes == pytest.approx(0.78 * GiB)
+    assert (e.kv_cache_tokens, e.max_model_len, e.max_concurrency) == (208625, 32768, 6.37)
+    assert f"{e.kv_bytes_per_token / 1024:.1f}" == "21.7"  # the seed's figure
+
+
+def test_tensor_parallel_workers_each_log_their_budget() -> None:
+    text = (
+        "(VllmWorker TP0 pid=1) INFO [gpu_worker.py:232] Available KV cache memory: 10.70 GiB\n"
+        "(VllmWorker TP1 pid=2) INFO [gpu_worker.py:232] Available KV cache memory: 10.65 GiB\n"
+    )
+    (e,) = figures(text).engines.values()
+    assert e.kv_cache_memory_bytes == pytest.approx(10.65 * GiB)  # every rank is sized to the smallest
+
+
+def test_verbatim_logs_of_the_cases() -> None:
+    cases = json.loads((SHARED / "cases" / "capacity-dev.json").read_text())
+    checked = 0
+    for case in cases:
+        s = figures(case["verbatim_log"])
+        if not s.engines:
+            continue
+        e = next(iter(s.engines.values()))
+        if case["kv_cache_tokens"] and e.kv_cache_tokens:
+            assert e.kv_cache_tokens == case["kv_cache_tokens"], case["id"]
+            checked += 1
+        if case["max_concurrency"] and e.max_concurrency:
+            assert e.max_concurrency == case["max_concurrency"], case["id"]
+        if case["kv_cache_memory_gib"] and e.kv_cache_memory_bytes:
+            assert e.kv_cache_memory_bytes == pytest.approx(case["kv_cache_memory_gib"] * GiB), case["id"]
+        if case["weights_gib"] and e.weights_bytes:
+            assert e.weights_bytes == pytest.approx(case["weights_gib"] * GiB, rel=0.01), case["id"]
+    assert checked >= 5
+
+
+def test_real_cpu_server_log() -> None:
+    s = figures((VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log").read_text())
+    e = s.engines["0"]
+    assert (e.kv_cache_tokens, e.max_model_len, e.max_concurrency) == (4096, 1024, 4.0)
+    assert e.kv_cache_memory_bytes == pytest.approx(1.0 * GiB)  # "Explicitly set (1.0/9.21) GiB for KV cache"
+
+
+def test_a_new_start_clears_the_old_figures() -> None:
+    s = figures(V1_0102 + "(APIServer pid=9) INFO 10-03 17:00:00 [api_utils.py:286] non-default args: {}\n")
+    assert s.engines == {} and s.starts == 1
+
+
+def test_follower_survives_rotation_and_truncation(tmp_path: Path) -> None:
+    log = tmp_path / "vllm.log"
+    log.write_text("line 1\nline 2\npart")
+    f = LogFollower(log)
+    assert f.read_lines() == ["line 1", "line 2"]
+    assert f.read_lines() == []
+    with log.open("a") as out:
+        out.write("ial\nline 4\n")
+    assert f.read_lines() == ["partial", "line 4"]
+    log.write_text("new\n")  # truncated and rewritten in place
+    assert f.read_lines() == ["new"]
+    log.rename(tmp_path / "vllm.log.1")  # rotated: a new file under the old name
+    log.write_text("after rotation\n")
+    assert f.read_lines() == ["after rotation"]
+    log.unlink()
+    with pytest.raises(FileNotFoundError):
+        f.read_lines()
