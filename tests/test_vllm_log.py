@@ -7,9 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import VLLM_FIXTURES
 
-from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures, parse_line
+from conftest import VLLM_FIXTURES
+from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
 
 GiB = 2**30
 SHARED = Path(__file__).resolve().parents[2] / "shared"

@@ -48,9 +48,10 @@ def what_if(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget
     if budget is not None and budget.gpu_memory_utilization < 0.95:
         more = replace(budget, gpu_memory_utilization=min(0.95, budget.gpu_memory_utilization + 0.05))
         bigger = plan_kv(geometry, **{**kwargs, "kv_cache_memory_bytes": more.kv_cache_bytes})
+        gained = _bytes(more.kv_cache_bytes - budget.kv_cache_bytes)
         lines.append(
-            f"  gpu_memory_utilization {more.gpu_memory_utilization:g}: +{_bytes(more.kv_cache_bytes - budget.kv_cache_bytes)}"
-            f" of KV cache, {bigger.kv_cache_tokens:,} tokens, {bigger.max_concurrency:.2f}x"
+            f"  gpu_memory_utilization {more.gpu_memory_utilization:g}: +{gained} of KV cache, "
+            f"{bigger.kv_cache_tokens:,} tokens, {bigger.max_concurrency:.2f}x"
         )
     return lines
 
@@ -81,7 +82,7 @@ def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBu
         "",
         "Concurrency at other context lengths",
     ]
-    for ctx in CONTEXTS + (32768,):
+    for ctx in (*CONTEXTS, 32768):
         if ctx < plan.max_model_len:
             lines.append(f"  {ctx:>8,} tokens   {plan.concurrency_at(ctx):>9.2f}x   {_bytes(ctx * per_token):>12} each")
     lines += ["", "What would change it", *what_if(plan, geometry, kwargs, budget)]
