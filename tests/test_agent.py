@@ -9,7 +9,7 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from conftest import FakeVllm, fixture_text, value
+from conftest import VLLM_FIXTURES, FakeVllm, fixture_text, value
 from vllm_capacity.agent import Agent
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.vllm import VllmClient
@@ -220,3 +220,68 @@ async def test_a_crashing_cycle_does_not_kill_the_loop(h: Harness, monkeypatch: 
     assert calls >= 3
     assert any(e["event"] == "cycle_crashed" for e in logs)
     assert (await h.http.get("/healthz")).status == 200
+
+
+async def test_log_source_failures_leave_vllm_metrics_flowing(fake_vllm: FakeVllm, tmp_path) -> None:
+    from vllm_capacity.sources.vllm_log import LogFollower
+
+    log = tmp_path / "vllm.log"
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    agent = Agent(vllm, interval=0.1, vllm_log=LogFollower(log))
+    with structlog.testing.capture_logs() as logs:
+        await agent.cycle()
+        await agent.cycle()
+    assert agent.sources["vllm_log"].up is False
+    assert agent.errors[("vllm_log", "missing")] == 2
+    assert [e["reason"] for e in logs if e["event"] == "source_failed"] == ["missing"]
+    assert agent.snapshot.up and agent.snapshot.engines[0].capacity_tokens == 4096
+    log.write_text((VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log").read_text())
+    snap = await agent.cycle()
+    assert agent.sources["vllm_log"].up is True
+    assert snap.engines[0].kv_bytes_per_token_log == 512
+    await vllm.aclose()
+
+
+async def test_disagreeing_bytes_per_token_is_logged_once(fake_vllm: FakeVllm) -> None:
+    from vllm_capacity.sources.model_config import parse_config
+    from vllm_capacity.sources.vllm_log import LogFollower
+
+    wrong = parse_config(
+        {
+            "num_hidden_layers": 4,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 32,
+            "torch_dtype": "bfloat16",
+        }
+    )  # twice the layers the server has
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    agent = Agent(vllm, interval=0.1, geometry=wrong, vllm_log=LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log"))
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            await agent.cycle()
+    warnings = [e for e in logs if e["event"] == "bytes_per_token_disagree"]
+    assert len(warnings) == 1
+    assert (warnings[0]["model_config"], warnings[0]["startup_log"]) == (1024, 512)
+    await vllm.aclose()
+
+
+async def test_v1_0_8_capacity_comes_from_the_log(fake_vllm: FakeVllm, tmp_path) -> None:
+    """vLLM 0.8.x reports num_gpu_blocks="None": the startup log's 'GPU KV cache size' fills the gap."""
+    from vllm_capacity.sources.vllm_log import LogFollower
+
+    fake_vllm.metrics = fixture_text("v1-0.8.5-legacy.prom")
+    fake_vllm.models = '{"data":[{"id":"Qwen/Qwen2.5-7B-Instruct","max_model_len":32768}]}'
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(EngineCore_0 pid=7) INFO 04-30 10:00:00 [kv_cache_utils.py:634] GPU KV cache size: 452,000 tokens\n"
+        "(EngineCore_0 pid=7) INFO 04-30 10:00:00 [kv_cache_utils.py:637] Maximum concurrency for 32,768 tokens "
+        "per request: 13.79x\n"
+    )
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    agent = Agent(vllm, interval=0.1, vllm_log=LogFollower(log))
+    (e,) = (await agent.cycle()).engines
+    assert e.capacity_tokens == 452000
+    assert e.max_concurrency == 13.79
+    assert e.used_tokens == 0.125 * 452000
+    await vllm.aclose()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -202,3 +203,120 @@ def fake_vllm_thread():
     holder["loop"].call_soon_threadsafe(holder["loop"].stop)
     thread.join(10)
     time.sleep(0)
+
+
+TINY = Path(__file__).parent / "fixtures" / "models" / "tiny-llama"
+
+
+def test_plan_json(tmp_path: Path) -> None:
+    result = _run(
+        "plan",
+        "--model-config",
+        str(TINY / "config.json"),
+        "--kv-cache-memory",
+        "2MiB",
+        "--block-size",
+        "128",
+        "--max-model-len",
+        "1024",
+        "--vllm-version",
+        "0.32.0",
+        "--format",
+        "json",
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["kv_bytes_per_token"], doc["num_gpu_blocks"], doc["kv_cache_tokens"]) == (512, 32, 4096)
+    assert doc["max_concurrency"] == 4.0 and doc["max_model_len"] == 1024
+    assert doc["memory_budget"]["kv_cache_bytes"] == 2 * 2**20
+
+
+def test_plan_text_with_the_whole_budget(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "num_hidden_layers": 32,
+                "num_attention_heads": 32,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "torch_dtype": "bfloat16",
+                "max_position_embeddings": 32768,
+            }
+        )
+    )
+    result = _run(
+        "plan",
+        "--model-config",
+        str(config),
+        "--gpu-memory",
+        "22.03GiB",
+        "--gpu-memory-utilization",
+        "0.9",
+        "--weights-memory",
+        "15.18GiB",
+        "--cuda-graph-memory",
+        "0.78GiB",
+        "--max-model-len",
+        "8192",
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for expected in (
+        "Model weights",
+        "CUDA graphs",
+        "KV cache",
+        "Outside the budget",
+        "bytes per token",
+        "128.00 KiB",
+        "max concurrency",
+        "What would change it",
+        "gpu_memory_utilization 0.95",
+    ):
+        assert expected in out, expected
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--kv-cache-memory", "1GiB"], "give one of --model-config or --model-dir"),
+        (["--model-config", "{tiny}"], "give one of --kv-cache-memory"),
+        (["--model-config", "{tiny}", "--gpu-memory", "24GiB"], "--gpu-memory needs --weights-memory"),
+        (["--model-config", "/nope.json", "--kv-cache-memory", "1GiB"], "--model-config: /nope.json does not exist"),
+        (["--model-config", "{tiny}", "--kv-cache-memory", "1GiB", "--gpu-memory-utilization", "1.5"], "not in (0, 1]"),
+    ],
+)
+def test_plan_usage_errors(args: list[str], message: str) -> None:
+    args = [a.replace("{tiny}", str(TINY / "config.json")) for a in args]
+    result = _run("plan", *args)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_plan_refuses_what_it_does_not_model(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(
+        json.dumps(
+            {
+                "num_hidden_layers": 4,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 2,
+                "head_dim": 64,
+                "torch_dtype": "bfloat16",
+                "sliding_window": 128,
+                "layer_types": ["sliding_attention", "full_attention"] * 2,
+            }
+        )
+    )
+    result = _run("plan", "--model-config", str(config), "--kv-cache-memory", "1GiB", "--max-model-len", "4096")
+    assert result.returncode == 1
+    assert "NotModelled" in result.stderr and "hybrid KV-cache groups" in result.stderr
+
+
+def test_serve_rejects_a_config_it_cannot_read(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text('{"num_attention_heads": 8}')
+    result = _run("serve", "--model-config", str(config))
+    assert result.returncode == 2
+    assert "--model-config: num_hidden_layers: missing from config.json" in result.stderr

@@ -15,10 +15,12 @@ import subprocess
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from conftest import FIXTURES, FakeVllm, fixture_text
+from conftest import FIXTURES, VLLM_FIXTURES, FakeVllm, fixture_text
 from vllm_capacity.agent import Agent
 from vllm_capacity.server import make_app
+from vllm_capacity.sources.model_config import load_config
 from vllm_capacity.sources.vllm import VllmClient
+from vllm_capacity.sources.vllm_log import LogFollower
 
 GOLDEN = FIXTURES / "e2e-output.txt"
 SKIP = re.compile(r"^(# (HELP|TYPE) )?vllm_capacity_(source_duration_seconds|build_info|process_)")
@@ -30,6 +32,8 @@ def _models(name: str, max_model_len: int) -> str:
 
 CASES = [
     ("v1-0.32.0-cpu-idle.prom", _models("tiny-llama", 1024)),
+    # with the server's startup log and the model's config.json: bytes per token by every method, the KV pool
+    ("v1-0.32.0-cpu-saturated.prom+log", _models("tiny-llama", 1024)),
     ("v1-0.32.0-cpu-saturated.prom", _models("tiny-llama", 1024)),
     ("v1-0.24-seed.prom", _models("gemma-12b", 32768)),
     ("v1-0.10.2-dp2.prom", _models("qwen3-14b", 32768)),
@@ -39,9 +43,16 @@ CASES = [
 
 
 async def _agent_output(fake: FakeVllm, fixture: str, models: str, *, process_metrics: bool) -> str:
-    fake.metrics, fake.models = fixture_text(fixture), models
+    name, _, with_log = fixture.partition("+")
+    fake.metrics, fake.models = fixture_text(name), models
     vllm = VllmClient(fake.url, timeout=2)
-    agent = Agent(vllm, interval=1, clock=lambda: 1_800_000_000.0)
+    extra = {}
+    if with_log:
+        extra = {
+            "vllm_log": LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log"),
+            "geometry": load_config(FIXTURES / "models" / "tiny-llama" / "config.json"),
+        }
+    agent = Agent(vllm, interval=1, clock=lambda: 1_800_000_000.0, **extra)
     async with TestClient(TestServer(make_app(agent, process_metrics=process_metrics))) as http:
         await agent.cycle()
         await agent.cycle()  # a second cycle: counters carried, nothing doubled

@@ -6,6 +6,7 @@ process (`python -m vllm_capacity serve`), exactly as in a pod.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -42,7 +43,7 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.VllmServer]:
 
 
 class AgentProcess:
-    def __init__(self, vllm_url: str, log: Path) -> None:
+    def __init__(self, vllm_url: str, log: Path, *extra: str) -> None:
         self.port = lab.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
@@ -61,6 +62,7 @@ class AgentProcess:
                 f"{INTERVAL}s",
                 "--timeout",
                 "10s",
+                *extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=self._log_file,
@@ -91,7 +93,14 @@ class AgentProcess:
 
 @pytest.fixture(scope="module")
 def agent(vllm: lab.VllmServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AgentProcess]:
-    a = AgentProcess(vllm.url, tmp_path_factory.mktemp("agent") / "agent.log")
+    a = AgentProcess(
+        vllm.url,
+        tmp_path_factory.mktemp("agent") / "agent.log",
+        "--vllm-log",
+        str(vllm.log_path),
+        "--model-dir",
+        str(vllm.cache / "tiny-llama"),
+    )
     try:
         a.wait_for(lambda t: value(t, "vllm_capacity_up") == 1 and "kv_cache_capacity_tokens" in t)
         yield a
@@ -122,6 +131,12 @@ def test_agent_matches_vllms_own_figures(vllm: lab.VllmServer, agent: AgentProce
     assert value(text, "vllm_capacity_kv_cache_block_size_tokens", **key) == int(cc["block_size"])
     version = httpx.get(vllm.url + "/version").json()["version"]
     assert value(text, "vllm_capacity_vllm_info", schema=SCHEMA_V1_CAPACITY, version=version, **key) == 1
+    # bytes per token: from the model's config.json, and from the server's own log (which says the budget was
+    # 1 GiB, of which --num-gpu-blocks-override kept 32 blocks): 2 x 2 layers x 2 KV heads x 32 x 2 B both ways
+    assert value(text, "vllm_capacity_kv_cache_bytes_per_token", method="model_config", **key) == 512
+    assert value(text, "vllm_capacity_kv_cache_bytes_per_token", method="startup_log", **key) == 512
+    assert value(text, "vllm_capacity_kv_cache_pool_bytes", **key) == 32 * 128 * 512
+    assert value(text, "vllm_capacity_source_up", source="vllm_log") == 1
 
 
 def test_parser_on_live_captures(vllm: lab.VllmServer) -> None:
@@ -233,8 +248,10 @@ def test_vllm_killed_then_restarted(vllm: lab.VllmServer, agent: AgentProcess) -
     ]
     assert sum(errors) >= 1  # connect, or truncated / connection_error when the kill lands mid-response
 
-    # it comes back, with another max_model_len on the same port: the agent re-reads /v1/models
+    # it comes back, with another max_model_len and a fixed 2 MiB KV budget instead of the block override, on the
+    # same port: the agent re-reads /v1/models, and the log's new start replaces the old figures
     vllm.max_model_len = 512
+    vllm.extra_args = lab.DEMO_KV_ARGS
     vllm.start().wait_ready()
     back, _ = agent.wait_for(
         lambda t: value(t, "vllm_capacity_up") == 1 and value(t, "vllm_capacity_max_model_len_tokens", **key) == 512,
@@ -244,6 +261,50 @@ def test_vllm_killed_then_restarted(vllm: lab.VllmServer, agent: AgentProcess) -
     assert value(back, "vllm_capacity_max_concurrency", basis="max_model_len", **key) == 8.0  # 4096 / 512
     assert value(back, "vllm_capacity_preemptions_total", **key) >= preempt_before  # never a negative rate
     assert vllm.startup_figures()["max_concurrency"] == 8.0
+    assert value(back, "vllm_capacity_kv_cache_bytes_per_token", method="cache_config", **key) == 512
+    assert value(back, "vllm_capacity_kv_cache_bytes_per_token", method="model_config", **key) == 512
+    assert value(back, "vllm_capacity_kv_cache_pool_bytes", **key) == 2 * 2**20
+
+
+def test_plan_agrees_with_the_real_server(vllm: lab.VllmServer) -> None:
+    """`vllm-capacity plan` from the server's model directory and its KV budget gives the server's own figures."""
+    if "--kv-cache-memory-bytes" not in vllm.extra_args:  # the restart above switched to a fixed budget
+        vllm.stop()
+        vllm.max_model_len, vllm.extra_args = 512, lab.DEMO_KV_ARGS
+        vllm.start().wait_ready()
+    raw = httpx.get(vllm.url + "/metrics").text
+    cc = _cache_config(raw)
+    version = httpx.get(vllm.url + "/version").json()["version"]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_capacity",
+            "plan",
+            "--model-dir",
+            str(vllm.cache / "tiny-llama"),
+            "--kv-cache-memory",
+            cc["kv_cache_memory_bytes"],
+            "--block-size",
+            cc["block_size"],
+            "--max-model-len",
+            str(vllm.max_model_len),
+            "--vllm-version",
+            version,
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    logged = vllm.startup_figures()
+    assert plan["kv_cache_tokens"] == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"]
+    assert plan["num_gpu_blocks"] == int(cc["num_gpu_blocks"])
+    assert plan["max_concurrency"] == float(cc["kv_cache_max_concurrency"]) == logged["max_concurrency"]
+    assert plan["kv_bytes_per_token"] == int(cc["kv_cache_memory_bytes"]) / int(cc["kv_cache_size_tokens"])
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -118,6 +118,10 @@ def test_real_cpu_server_log() -> None:
     e = s.engines["0"]
     assert (e.kv_cache_tokens, e.max_model_len, e.max_concurrency) == (4096, 1024, 4.0)
     assert e.kv_cache_memory_bytes == pytest.approx(1.0 * GiB)  # "Explicitly set (1.0/9.21) GiB for KV cache"
+    # "Overriding num_gpu_blocks=16384 with num_gpu_blocks_override=32": 32 of the budget's 16,384 blocks were kept
+    assert (e.blocks_from_memory, e.num_gpu_blocks) == (16384, 32)
+    assert e.kv_bytes_per_token == 512  # 2 x 2 layers x 2 KV heads x 32 x 2 B, not 1 GiB / 4,096
+    assert e.kv_pool_bytes == 32 * 128 * 512
 
 
 def test_a_new_start_clears_the_old_figures() -> None:
@@ -142,3 +146,8 @@ def test_follower_survives_rotation_and_truncation(tmp_path: Path) -> None:
     log.unlink()
     with pytest.raises(FileNotFoundError):
         f.read_lines()
+
+
+def test_a_figure_rounded_to_zero_is_unknown() -> None:
+    s = figures("(Worker pid=1) INFO 11-29 10:41:25 [cpu_worker.py:260] Explicitly set (0.0/9.21) GiB for KV cache\n")
+    assert s.engines["0"].kv_cache_memory_bytes is None

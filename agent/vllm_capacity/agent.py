@@ -20,11 +20,15 @@ import structlog
 from vllm_capacity import derive
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.sources import SourceError
+from vllm_capacity.sources.model_config import Geometry
 from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
+from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
 from vllm_capacity.sources.vllm_parse import VllmMetrics
 
 SOURCE_VLLM = "vllm"
 SOURCE_MODELS = "vllm_models"
+SOURCE_LOG = "vllm_log"
+DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
 EngineKey = tuple[str, str]
 
 
@@ -59,6 +63,10 @@ class Agent:
         models_refresh: float = 300.0,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        vllm_log: LogFollower | None = None,
+        geometry: Geometry | None = None,
+        tp: int = 1,
+        pp: int = 1,
     ) -> None:
         self.client = client
         self.interval = interval
@@ -69,6 +77,12 @@ class Agent:
         self.log = structlog.get_logger("vllm_capacity")
         self.snapshot = Snapshot()
         self.sources: dict[str, SourceStatus] = {SOURCE_VLLM: SourceStatus(), SOURCE_MODELS: SourceStatus()}
+        self.vllm_log = vllm_log
+        self.geometry, self.tp, self.pp = geometry, tp, pp
+        self.figures = StartupFigures()
+        self._disagreements_logged: set[tuple[str, str]] = set()
+        if vllm_log is not None:
+            self.sources[SOURCE_LOG] = SourceStatus()
         self.errors: Counter[tuple[str, str]] = Counter()
         self.ready = False  # latched once a cycle has succeeded
         self._models: ModelsInfo | None = None
@@ -120,7 +134,44 @@ class Agent:
         return False
 
     # -- one cycle ---------------------------------------------------------------------------------------------
+    async def _read_log(self) -> None:
+        """Follow vLLM's log file: its startup figures outlive /metrics outages (they describe the process)."""
+        if self.vllm_log is None:
+            return
+        t0 = self.monotonic()
+        try:
+            lines = await asyncio.to_thread(self.vllm_log.read_lines)
+        except FileNotFoundError as err:
+            self._fail(SOURCE_LOG, SourceError("missing", f"vLLM log {err.filename} does not exist (yet)"), 0.0)
+            return
+        except PermissionError as err:
+            self._fail(SOURCE_LOG, SourceError("permission", f"cannot read vLLM log {err.filename}"), 0.0)
+            return
+        except OSError as err:
+            self._fail(SOURCE_LOG, SourceError("io_error", f"reading the vLLM log: {err}"), 0.0)
+            return
+        for line in lines:
+            self.figures.feed(line)
+        self._ok(SOURCE_LOG, self.monotonic() - t0)
+
+    def _check_agreement(self, engines: tuple[EngineCapacity, ...]) -> None:
+        for e in engines:
+            model, log = e.kv_bytes_per_token_model, e.kv_bytes_per_token_log
+            if model is None or log is None or abs(model - log) <= DISAGREEMENT * model:
+                continue
+            key = (e.model_name, e.engine)
+            if key not in self._disagreements_logged:
+                self._disagreements_logged.add(key)
+                self.log.warning(
+                    "bytes_per_token_disagree",
+                    engine=f"{e.model_name}/{e.engine}",
+                    model_config=round(model, 1),
+                    startup_log=round(log, 1),
+                    hint="--tp/--pp or the model config may not match the server (or a draft model shares the pool)",
+                )
+
     async def cycle(self) -> Snapshot:
+        await self._read_log()
         t0 = self.monotonic()
         try:
             metrics = await self.client.fetch_metrics()
@@ -141,7 +192,18 @@ class Agent:
             await self._refresh_models()
 
         max_model_len = dict(self._models.max_model_len) if self._models else {}
-        engines = tuple(derive.derive_all(metrics, max_model_len, self.max_model_len_override))
+        engines = tuple(
+            derive.derive_all(
+                metrics,
+                max_model_len,
+                self.max_model_len_override,
+                log=self.figures.engines,
+                geometry=self.geometry,
+                tp=self.tp,
+                pp=self.pp,
+            )
+        )
+        self._check_agreement(engines)
         self._carry_counters(metrics, restarted)
         self._last_metrics = metrics
         self.snapshot = Snapshot(

@@ -88,6 +88,7 @@ class Option:
     parse: Callable[[str], Any]
     default: str | None
     help: str
+    key: str | None = None  # the name of the parsed value, when not the flag's
 
     @property
     def dest(self) -> str:
@@ -108,6 +109,28 @@ API_KEY_FILE = Option(
 )
 MAX_BODY = Option("--max-body-size", _size, "32MiB", "largest vLLM response accepted (e.g. 32MiB)")
 
+
+def _model_config(text: str) -> Any:
+    from vllm_capacity.sources.model_config import GeometryError, load_config
+
+    try:
+        return load_config(Path(text))
+    except GeometryError as err:
+        raise ValueError(str(err)) from None
+
+
+def _model_dir(text: str) -> Any:
+    return _model_config(str(Path(text) / "config.json"))
+
+
+MODEL_OPTIONS = (
+    Option("--vllm-log", str, None, "vLLM's log file (shared volume) for the memory figures it prints at start"),
+    Option("--model-config", _model_config, None, "the served model's config.json, for bytes per token"),
+    Option("--model-dir", _model_dir, None, "the served model's directory (its config.json)"),
+    Option("--tp", _positive_int, "1", "vLLM's tensor-parallel size (for bytes per token from the model config)"),
+    Option("--pp", _positive_int, "1", "vLLM's pipeline-parallel size"),
+)
+
 SERVE_OPTIONS = (
     VLLM_URL,
     Option("--listen", parse_listen, ":9790", "host:port for /metrics, /healthz, /readyz (':9790' = all interfaces)"),
@@ -119,6 +142,7 @@ SERVE_OPTIONS = (
     API_KEY_FILE,
     MAX_BODY,
     Option("--models-refresh", _duration(1.0), "5m", "how often to re-read /v1/models (also on every vLLM restart)"),
+    *MODEL_OPTIONS,
     Option("--log-format", _choice("json", "console"), "json", "json (one object per line) or console"),
     Option("--log-level", _choice("debug", "info", "warning", "error"), "info", "debug, info, warning or error"),
 )
@@ -128,6 +152,7 @@ REPORT_OPTIONS = (
     MAX_MODEL_LEN,
     API_KEY_FILE,
     MAX_BODY,
+    *MODEL_OPTIONS,
     Option("--format", _choice("text", "json"), "text", "text for people, json for scripts"),
 )
 
@@ -148,10 +173,10 @@ def resolve(ns: argparse.Namespace, options: Sequence[Option], environ: dict[str
         if raw is None:
             raw = opt.default
         if raw is None:
-            values[opt.dest] = None
+            values[opt.key or opt.dest] = None
             continue
         try:
-            values[opt.dest] = opt.parse(raw)
+            values[opt.key or opt.dest] = opt.parse(raw)
         except ValueError as err:
             raise UsageError(f"{where}: {err}") from err
     return values
@@ -185,8 +210,14 @@ def _path(text: str) -> Path:
 
 
 PLAN_OPTIONS = (
-    Option("--model-config", _path, None, "the model's config.json"),
-    Option("--model-dir", _path, None, "the model's directory: config.json and *.safetensors (weights from headers)"),
+    Option("--model-config", _path, None, "the model's config.json", "model_config_path"),
+    Option(
+        "--model-dir",
+        _path,
+        None,
+        "the model's directory: config.json and *.safetensors (weights from headers)",
+        "model_dir_path",
+    ),
     Option("--tp", _positive_int, "1", "tensor-parallel size"),
     Option("--pp", _positive_int, "1", "pipeline-parallel size"),
     Option(
@@ -222,6 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _agent_kwargs(values: dict[str, Any]) -> dict[str, Any]:
+    """The model and log options, shared by serve and report."""
+    from vllm_capacity.sources.vllm_log import LogFollower
+
+    if values["model_config"] is not None and values["model_dir"] is not None:
+        raise UsageError("give --model-config or --model-dir, not both")
+    return {
+        "vllm_log": LogFollower(Path(values["vllm_log"])) if values["vllm_log"] else None,
+        "geometry": values["model_config"] or values["model_dir"],
+        "tp": values["tp"],
+        "pp": values["pp"],
+    }
+
+
 def _client(values: dict[str, Any]) -> Any:
     from vllm_capacity.sources.vllm import VllmClient
 
@@ -241,12 +286,14 @@ async def _serve(values: dict[str, Any]) -> int:
     from vllm_capacity.server import make_app
 
     log = structlog.get_logger("vllm_capacity")
+    kwargs = _agent_kwargs(values)
     client = _client(values)
     agent = Agent(
         client,
         interval=values["interval"],
         max_model_len_override=values["max_model_len"],
         models_refresh=values["models_refresh"],
+        **kwargs,
     )
     host, port = values["listen"]
     runner = web.AppRunner(make_app(agent), access_log=None, handle_signals=False)
@@ -283,8 +330,9 @@ async def _report(values: dict[str, Any]) -> int:
     from vllm_capacity.agent import Agent
     from vllm_capacity.report import render_json, render_text
 
+    kwargs = _agent_kwargs(values)
     client = _client(values)
-    agent = Agent(client, interval=1.0, max_model_len_override=values["max_model_len"])
+    agent = Agent(client, interval=1.0, max_model_len_override=values["max_model_len"], **kwargs)
     try:
         snap = await agent.cycle()
     finally:
@@ -306,20 +354,20 @@ def _plan(values: dict[str, Any]) -> int:
     from vllm_capacity.capacity import ImpossiblePlan, MemoryBudget, NotModelled, plan_kv
     from vllm_capacity.sources.model_config import GeometryError, load_config, model_dir_weights_bytes
 
-    if (values["model_config"] is None) == (values["model_dir"] is None):
+    if (values["model_config_path"] is None) == (values["model_dir_path"] is None):
         raise UsageError("give one of --model-config or --model-dir")
     if (values["kv_cache_memory"] is None) == (values["gpu_memory"] is None):
         raise UsageError("give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)")
     try:
-        config = values["model_config"] or values["model_dir"] / "config.json"
+        config = values["model_config_path"] or values["model_dir_path"] / "config.json"
         geometry = load_config(config)
         budget = None
         if values["gpu_memory"] is not None:
             weights = values["weights_memory"]
             if weights is None:
-                if values["model_dir"] is None:
+                if values["model_dir_path"] is None:
                     raise UsageError("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
-                weights = model_dir_weights_bytes(values["model_dir"]) // (values["tp"] * values["pp"])
+                weights = model_dir_weights_bytes(values["model_dir_path"]) // (values["tp"] * values["pp"])
             budget = MemoryBudget(
                 values["gpu_memory"],
                 values["gpu_memory_utilization"],
@@ -364,6 +412,8 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         values = resolve(ns, options, dict(os.environ if environ is None else environ))
         if ns.command == "plan":
             return _plan(values)
+        if ns.command == "serve":
+            _agent_kwargs(values)  # check the combination before anything starts
     except UsageError as err:
         print(f"vllm-capacity {ns.command}: error: {err}", file=sys.stderr)
         return 2

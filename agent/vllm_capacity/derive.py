@@ -20,6 +20,13 @@ Per engine (``model_name``, ``engine``):
 ``max_concurrency{basis="observed_context"} = capacity_tokens / mean_context_tokens``
     How many requests of the size actually being served fit at once.
 ``concurrency_utilization{basis} = running / max_concurrency{basis}``
+``kv_bytes_per_token``, three ways (per GPU rank):
+    ``cache_config``: ``kv_cache_memory_bytes / capacity`` when vLLM was given a fixed KV budget;
+    ``startup_log``: 'Available KV cache memory' / 'KV cache size' tokens from vLLM's log;
+    ``model_config``: ``2 x layers per rank x max(1, kv_heads // tp) x head_dim x kv dtype bytes`` (MLA: 1 x latent).
+
+When /metrics lacks them (V1 0.8.x reports ``num_gpu_blocks="None"``), capacity, max concurrency and
+max_model_len come from the startup log.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from vllm_capacity import capacity as sizing
+from vllm_capacity.sources.model_config import Geometry
+from vllm_capacity.sources.vllm_log import EngineFigures
 from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1_LEGACY, EngineMetrics, VllmMetrics
 
 BASIS_MAX_MODEL_LEN = "max_model_len"
@@ -152,7 +162,13 @@ class EngineCapacity:
     waiting: float | None
     waiting_for_capacity: float | None
     swapped: float | None
-    kv_bytes_per_token: float | None
+    kv_bytes_per_token: float | None  # method cache_config
+    kv_bytes_per_token_log: float | None = None  # method startup_log
+    kv_bytes_per_token_model: float | None = None  # method model_config
+    kv_pool_bytes: float | None = None
+    weights_bytes: float | None = None
+    cuda_graph_bytes: float | None = None
+    activation_peak_bytes: float | None = None
 
     def concurrency_at(self, context_tokens: int) -> float | None:
         """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
@@ -161,11 +177,37 @@ class EngineCapacity:
         return max_concurrency_at_context(self.capacity_tokens, context_tokens)
 
 
-def derive_engine(m: EngineMetrics, *, schema: str, dp_engines: int, max_model_len: int | None) -> EngineCapacity:
+def model_kv_bytes_per_token(geometry: Geometry | None, cache_dtype: str | None, tp: int, pp: int) -> float | None:
+    """Bytes per token per GPU rank from the model's geometry; None where the planner does not model it."""
+    if geometry is None or not geometry.uniform:
+        return None
+    try:
+        dtype_bytes = sizing.kv_dtype_bytes(cache_dtype or "auto", geometry.dtype)
+    except ValueError:
+        return None
+    layers = sizing.layers_per_rank(geometry.kv_layers, pp)
+    return sizing.bytes_per_token_per_layer(geometry, tp, dtype_bytes) * layers
+
+
+def derive_engine(
+    m: EngineMetrics,
+    *,
+    schema: str,
+    dp_engines: int,
+    max_model_len: int | None,
+    log: EngineFigures | None = None,
+    geometry: Geometry | None = None,
+    tp: int = 1,
+    pp: int = 1,
+) -> EngineCapacity:
     cc = m.cache_config
     block_size = cc.block_size if cc else None
     blocks = blocks_per_engine(cc.num_gpu_blocks if cc else None, dp_engines, schema)
+    if blocks is None and log is not None:
+        blocks = log.num_gpu_blocks
     cap = capacity_tokens(cc.kv_cache_size_tokens if cc else None, blocks, block_size)
+    if cap is None and log is not None:
+        cap = log.kv_cache_tokens  # V1 0.8.x: only the log says it
     used = used_tokens(m.kv_cache_usage, cap)
     max_conc = max_concurrency_at_max_model_len(
         reported=cc.kv_cache_max_concurrency if cc else None,
@@ -174,6 +216,12 @@ def derive_engine(m: EngineMetrics, *, schema: str, dp_engines: int, max_model_l
         max_model_len=max_model_len,
         schema=schema,
     )
+    if max_conc is None and log is not None and log.max_model_len == max_model_len:
+        max_conc = log.max_concurrency
+    overridden = cc is not None and cc.num_gpu_blocks_override is not None
+    pool = log.kv_pool_bytes if log is not None else None
+    if pool is None and cc is not None and not overridden:
+        pool = cc.kv_cache_memory_bytes
     mean_ctx = mean_context_tokens(used, m.running)
     max_conc_obs = max_concurrency_at_context(cap, mean_ctx)
     return EngineCapacity(
@@ -195,9 +243,13 @@ def derive_engine(m: EngineMetrics, *, schema: str, dp_engines: int, max_model_l
         waiting=m.waiting,
         waiting_for_capacity=m.waiting_for_capacity,
         swapped=m.swapped,
-        kv_bytes_per_token=kv_bytes_per_token(
-            cc.kv_cache_memory_bytes if cc else None, cap, cc is not None and cc.num_gpu_blocks_override is not None
-        ),
+        kv_bytes_per_token=kv_bytes_per_token(cc.kv_cache_memory_bytes if cc else None, cap, overridden),
+        kv_bytes_per_token_log=log.kv_bytes_per_token if log is not None else None,
+        kv_bytes_per_token_model=model_kv_bytes_per_token(geometry, cc.cache_dtype if cc else None, tp, pp),
+        kv_pool_bytes=pool,
+        weights_bytes=log.weights_bytes if log is not None else None,
+        cuda_graph_bytes=log.cuda_graph_bytes if log is not None else None,
+        activation_peak_bytes=log.activation_peak_bytes if log is not None else None,
     )
 
 
@@ -210,15 +262,38 @@ def max_model_len_from_cache_config(m: EngineMetrics) -> int | None:
 
 
 def derive_all(
-    metrics: VllmMetrics, max_model_len: dict[str, int], fallback_max_model_len: int | None
+    metrics: VllmMetrics,
+    max_model_len: dict[str, int],
+    fallback_max_model_len: int | None,
+    *,
+    log: dict[str, EngineFigures] | None = None,
+    geometry: Geometry | None = None,
+    tp: int = 1,
+    pp: int = 1,
 ) -> list[EngineCapacity]:
-    """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models."""
+    """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``log`` engine -> figures."""
     out = []
     for m in metrics.engines:
+        figures = (log or {}).get(m.engine)
         mml = max_model_len.get(m.model_name)
         if mml is None and len(max_model_len) == 1:
             mml = next(iter(max_model_len.values()))  # one base model served under another name
         if mml is None:
-            mml = fallback_max_model_len or max_model_len_from_cache_config(m)
-        out.append(derive_engine(m, schema=metrics.schema, dp_engines=metrics.dp_engines, max_model_len=mml))
+            mml = (
+                fallback_max_model_len
+                or max_model_len_from_cache_config(m)
+                or (figures.max_model_len if figures is not None else None)
+            )
+        out.append(
+            derive_engine(
+                m,
+                schema=metrics.schema,
+                dp_engines=metrics.dp_engines,
+                max_model_len=mml,
+                log=figures,
+                geometry=geometry,
+                tp=tp,
+                pp=pp,
+            )
+        )
     return out

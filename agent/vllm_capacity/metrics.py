@@ -69,7 +69,22 @@ SPECS: tuple[MetricSpec, ...] = (
         "kv_cache_bytes_per_token",
         "gauge",
         (*E, "method"),
-        "KV-cache bytes per token per GPU rank. method=cache_config: cache_config_info kv_cache_memory_bytes/capacity.",
+        "KV-cache bytes per token per GPU rank. method=cache_config: kv_cache_memory_bytes / capacity; "
+        "startup_log: the log's KV memory / KV tokens; model_config: from config.json geometry, TP and KV dtype.",
+    ),
+    _m(
+        "kv_cache_pool_bytes",
+        "gauge",
+        E,
+        "KV-cache memory per GPU rank: the startup log's 'Available KV cache memory', else kv_cache_memory_bytes.",
+    ),
+    _m("model_weights_bytes", "gauge", E, "Model weights per GPU rank: the startup log's 'Model loading took'."),
+    _m("cuda_graph_bytes", "gauge", E, "CUDA graph memory per GPU rank: the startup log's 'Graph capturing ... took'."),
+    _m(
+        "activation_peak_bytes",
+        "gauge",
+        E,
+        "Activation peak per GPU rank from vLLM's memory profile in the startup log (V0; V1 at debug level).",
     ),
     _m("max_model_len_tokens", "gauge", E, "Longest request context vLLM accepts: /v1/models max_model_len."),
     _m(
@@ -123,7 +138,12 @@ SPECS: tuple[MetricSpec, ...] = (
         ),
     ),
     _m("build_info", "info", (), "vllm-capacity build: version and Python version.", ("version", "python_version")),
-    _m("source_up", "gauge", ("source",), "1 if the last read of a source (vllm, vllm_models) succeeded, 0 if not."),
+    _m(
+        "source_up",
+        "gauge",
+        ("source",),
+        "1 if the last read of a source (vllm, vllm_models, vllm_log) succeeded, 0 if not.",
+    ),
     _m("source_duration_seconds", "gauge", ("source",), "Seconds the last read of a source took."),
     _m(
         "source_errors_total",

@@ -38,6 +38,7 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
         rf"PyTorch activation peak memory takes {_NUM} ?GiB|torch peak memory increase: {_NUM} ?GiB"
     ),
     "max_model_len": re.compile(rf"Using max model len {_NUM}"),
+    "blocks_override": re.compile(rf"Overriding num_gpu_blocks={_NUM} with num_gpu_blocks_override={_NUM}"),
 }
 # Printed once per start by the API server, before any engine figure (engine cores print theirs later).
 _NEW_START = re.compile(r"non-default args:|vLLM API server version")
@@ -61,6 +62,9 @@ def parse_line(line: str) -> tuple[str, dict[str, float]]:
         if name == "max_concurrency":
             found["max_model_len"] = _number(groups[0])
             found["max_concurrency"] = _number(groups[1])
+        elif name == "blocks_override":
+            found["blocks_from_memory"] = _number(groups[0])
+            found["num_gpu_blocks"] = _number(groups[1])
         else:
             found[name] = _number(groups[0])
     return engine, found
@@ -78,13 +82,28 @@ class EngineFigures:
     num_gpu_blocks: int | None = None
     cuda_graph_bytes: float | None = None
     activation_peak_bytes: float | None = None
+    blocks_from_memory: int | None = None  # before --num-gpu-blocks-override replaced them
+
+    @property
+    def _override_share(self) -> float:
+        """The share of the memory's blocks that --num-gpu-blocks-override kept (1 without an override)."""
+        if self.blocks_from_memory and self.num_gpu_blocks:
+            return self.num_gpu_blocks / self.blocks_from_memory
+        return 1.0
 
     @property
     def kv_bytes_per_token(self) -> float | None:
         """'Available KV cache memory' / 'KV cache size' tokens: the seed's 21.7 KiB figure."""
         if not self.kv_cache_memory_bytes or not self.kv_cache_tokens:
             return None
-        return self.kv_cache_memory_bytes / self.kv_cache_tokens
+        return self.kv_cache_memory_bytes * self._override_share / self.kv_cache_tokens
+
+    @property
+    def kv_pool_bytes(self) -> float | None:
+        """The KV memory vLLM allocated: the budget, or the overridden blocks' share of it."""
+        if self.kv_cache_memory_bytes is None:
+            return None
+        return self.kv_cache_memory_bytes * self._override_share
 
 
 @dataclass
@@ -103,6 +122,8 @@ class StartupFigures:
         fig = self.engines.setdefault(engine, EngineFigures())
         for name, value in found.items():
             if name.endswith("_gib"):
+                if value == 0:
+                    continue  # a small figure rounded to "0.0 GiB" says nothing (the CPU backend logs 2 MiB so)
                 attr = name.removesuffix("_gib") + "_bytes"
                 value_bytes = value * GiB
                 current = getattr(fig, attr)
@@ -110,7 +131,7 @@ class StartupFigures:
                 if attr == "kv_cache_memory_bytes" and current is not None:
                     value_bytes = min(current, value_bytes)
                 setattr(fig, attr, value_bytes)
-            elif name in ("kv_cache_tokens", "num_gpu_blocks", "max_model_len"):
+            elif name in ("kv_cache_tokens", "num_gpu_blocks", "max_model_len", "blocks_from_memory"):
                 setattr(fig, name, int(value))
             else:
                 setattr(fig, name, value)
