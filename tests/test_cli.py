@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -144,6 +145,7 @@ def test_report_text_and_json(fake_vllm_thread: str) -> None:
     assert "capacity" in out and "4,096 tokens" in out and "(32 blocks x 128 tokens)" in out
     assert "max_model_len 1,024" in out and "4.00x" in out
     assert "longer than max_model_len" in out  # 2K/4K/8K exceed the tiny model's 1,024
+    assert "bytes per token       unknown" in out  # a block override and no log or model config
     js = _run("report", "--vllm-url", fake_vllm_thread, "--format", "json")
     doc = json.loads(js.stdout)
     (e,) = doc["engines"]
@@ -320,3 +322,26 @@ def test_serve_rejects_a_config_it_cannot_read(tmp_path: Path) -> None:
     result = _run("serve", "--model-config", str(config))
     assert result.returncode == 2
     assert "--model-config: num_hidden_layers: missing from config.json" in result.stderr
+
+
+def test_report_with_the_startup_log_and_model_config(fake_vllm_thread: str) -> None:
+    fixtures = Path(__file__).parent / "fixtures"
+    result = _run(
+        "report",
+        "--vllm-url",
+        fake_vllm_thread,
+        "--vllm-log",
+        str(fixtures / "vllm" / "v1-0.32.0-cpu-startup.log"),
+        "--model-dir",
+        str(TINY),
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "512 B   (the log's KV memory / KV tokens)" in out
+    assert "512 B   (config.json geometry)" in out
+    assert re.search(r"KV cache pool +2\.00 MiB", out)
+    assert "max_model_len 1,024" in out and "512.00 KiB" in out  # KV per request of max_model_len tokens
+    doc = json.loads(
+        _run("report", "--vllm-url", fake_vllm_thread, "--model-dir", str(TINY), "--format", "json").stdout
+    )
+    assert doc["engines"][0]["kv_bytes_per_token_model"] == 512

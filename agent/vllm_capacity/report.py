@@ -31,9 +31,41 @@ def _pct(value: float | None) -> str:
     return "unknown" if value is None else f"{value * 100:.1f} %"
 
 
+def _bytes_per_token_lines(e: EngineCapacity) -> list[str]:
+    methods = [
+        ("cache_config", e.kv_bytes_per_token, "kv_cache_memory_bytes / capacity"),
+        ("startup_log", e.kv_bytes_per_token_log, "the log's KV memory / KV tokens"),
+        ("model_config", e.kv_bytes_per_token_model, "config.json geometry"),
+    ]
+    known = [(m, v, how) for m, v, how in methods if v is not None]
+    if not known:
+        return [f"  bytes per token  {'unknown':>12}   (give --vllm-log or --model-config, or a fixed KV budget)"]
+    return [f"  bytes per token  {_bytes(v):>12}   ({how})" for _, v, how in known]
+
+
+def _memory_lines(e: EngineCapacity) -> list[str]:
+    rows = [
+        ("KV cache pool", e.kv_pool_bytes),
+        ("model weights", e.weights_bytes),
+        ("CUDA graphs", e.cuda_graph_bytes),
+        ("activation peak", e.activation_peak_bytes),
+    ]
+    known = [(name, v) for name, v in rows if v is not None]
+    if not known:
+        return []
+    return ["", "Memory per GPU rank"] + [f"  {name:<16} {_bytes(v):>12}" for name, v in known]
+
+
+def _best_bytes_per_token(e: EngineCapacity) -> float | None:
+    return next(
+        (v for v in (e.kv_bytes_per_token_log, e.kv_bytes_per_token, e.kv_bytes_per_token_model) if v is not None),
+        None,
+    )
+
+
 def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
     cc = snap.cache_info.get((e.model_name, e.engine), {})
-    bpt = e.kv_bytes_per_token
+    bpt = _best_bytes_per_token(e)
     lines = [
         f"model {e.model_name} · engine {e.engine} · vLLM {snap.version or 'version unknown'} · "
         f"metric schema {snap.schema} · cache dtype {cc.get('cache_dtype', 'unknown')}",
@@ -41,10 +73,10 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
         "KV cache",
         f"  capacity         {_n(e.capacity_tokens):>12} tokens"
         + (f"   ({e.blocks:,} blocks x {e.block_size} tokens)" if e.blocks and e.block_size else ""),
-        f"  bytes per token  {_bytes(bpt):>12}"
-        + ("   (kv_cache_memory_bytes / capacity)" if bpt else "   (needs a fixed kv_cache_memory_bytes)"),
+        *_bytes_per_token_lines(e),
         f"  used             {_n(e.used_tokens):>12} tokens   {_pct(e.usage_ratio)}",
         f"  free             {_n(e.free_tokens):>12} tokens",
+        *_memory_lines(e),
         "",
         "Concurrency: requests whose KV cache fits at once",
         f"  {'context (tokens)':<28}{'max concurrency':>16}{'KV per request':>16}",
