@@ -34,14 +34,14 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def value(text: str, name: str, **labels: str) -> float | None:
-    """The value of the one sample ``name`` whose labels include ``labels``; None when absent."""
+def value(text: str, metric: str, /, **labels: str) -> float | None:
+    """The value of the one sample ``metric`` whose labels include ``labels``; None when absent."""
     found = [
         v
         for (n, lbls), v in samples(text).items()
-        if n == name and all(dict(lbls).get(k) == x for k, x in labels.items())
+        if n == metric and all(dict(lbls).get(k) == x for k, x in labels.items())
     ]
-    assert len(found) <= 1, f"{name} {labels}: {len(found)} samples"
+    assert len(found) <= 1, f"{metric} {labels}: {len(found)} samples"
     return found[0] if found else None
 
 
@@ -95,3 +95,46 @@ async def fake_vllm() -> AsyncIterator[FakeVllm]:
     state.url = f"http://127.0.0.1:{port}"
     yield state
     await runner.cleanup()
+
+
+@pytest.fixture
+def fake_vllm_thread():
+    """A fake vLLM on its own thread and loop, for tests that call blocking subprocesses."""
+    import threading
+
+    from aiohttp import web
+
+    ready = threading.Event()
+    holder: dict = {}
+
+    def serve() -> None:
+        loop = asyncio.new_event_loop()
+
+        async def metrics(_):
+            return web.Response(text=fixture_text("v1-0.32.0-cpu-saturated.prom"))
+
+        async def models(_):
+            return web.json_response({"object": "list", "data": [{"id": "tiny-llama", "max_model_len": 1024}]})
+
+        async def version(_):
+            return web.json_response({"version": "0.32.0"})
+
+        app = web.Application()
+        app.add_routes([web.get("/metrics", metrics), web.get("/v1/models", models), web.get("/version", version)])
+        runner = web.AppRunner(app, access_log=None)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        holder["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        holder["loop"] = loop
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    ready.wait(10)
+    yield holder["url"]
+    holder["loop"].call_soon_threadsafe(holder["loop"].stop)
+    thread.join(10)

@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -161,50 +160,6 @@ def test_report_unreachable_vllm() -> None:
     assert result.stderr.strip().splitlines() == [
         "vllm-capacity report: error: cannot read http://127.0.0.1:9/metrics (connect)"
     ]
-
-
-@pytest.fixture
-def fake_vllm_thread():
-    """A fake vLLM on its own thread and loop, for tests that call blocking subprocesses."""
-    import threading
-
-    from aiohttp import web
-
-    ready = threading.Event()
-    holder: dict = {}
-
-    def serve() -> None:
-        loop = asyncio.new_event_loop()
-
-        async def metrics(_):
-            return web.Response(text=fixture_text("v1-0.32.0-cpu-saturated.prom"))
-
-        async def models(_):
-            return web.json_response({"object": "list", "data": [{"id": "tiny-llama", "max_model_len": 1024}]})
-
-        async def version(_):
-            return web.json_response({"version": "0.32.0"})
-
-        app = web.Application()
-        app.add_routes([web.get("/metrics", metrics), web.get("/v1/models", models), web.get("/version", version)])
-        runner = web.AppRunner(app, access_log=None)
-        loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        loop.run_until_complete(site.start())
-        holder["url"] = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-        holder["loop"] = loop
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    ready.wait(10)
-    yield holder["url"]
-    holder["loop"].call_soon_threadsafe(holder["loop"].stop)
-    thread.join(10)
-    time.sleep(0)
 
 
 TINY = Path(__file__).parent / "fixtures" / "models" / "tiny-llama"

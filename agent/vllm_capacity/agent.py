@@ -12,15 +12,17 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 import structlog
 
 from vllm_capacity import derive
+from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.model_config import Geometry
+from vllm_capacity.sources.nvml import GpuReading, NvmlSource, vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
 from vllm_capacity.sources.vllm_parse import VllmMetrics
@@ -28,6 +30,8 @@ from vllm_capacity.sources.vllm_parse import VllmMetrics
 SOURCE_VLLM = "vllm"
 SOURCE_MODELS = "vllm_models"
 SOURCE_LOG = "vllm_log"
+SOURCE_NVML = "nvml"
+NVML_MAX_BACKOFF = 300.0
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
 EngineKey = tuple[str, str]
 
@@ -51,6 +55,14 @@ class Snapshot:
     engines: tuple[EngineCapacity, ...] = ()
     cache_info: Mapping[EngineKey, Mapping[str, str]] = field(default_factory=dict)
     preemptions_total: Mapping[EngineKey, float] = field(default_factory=dict)
+    gpus: tuple[GpuReading, ...] = ()  # from NVML, independent of vLLM being up
+    gpu_budgets: Mapping[str, GpuBudget] = field(default_factory=dict)
+
+
+def _only(values: Iterable[float | None]) -> float | None:
+    """The one value every item agrees on, else None."""
+    distinct = set(values)
+    return distinct.pop() if len(distinct) == 1 else None
 
 
 class Agent:
@@ -67,6 +79,9 @@ class Agent:
         geometry: Geometry | None = None,
         tp: int = 1,
         pp: int = 1,
+        nvml: NvmlSource | None = None,
+        nvml_required: bool = False,
+        vllm_pids: Callable[[], set[int]] = vllm_pids_in_namespace,
     ) -> None:
         self.client = client
         self.interval = interval
@@ -83,6 +98,12 @@ class Agent:
         self._disagreements_logged: set[tuple[str, str]] = set()
         if vllm_log is not None:
             self.sources[SOURCE_LOG] = SourceStatus()
+        self.nvml, self.nvml_required, self.vllm_pids = nvml, nvml_required, vllm_pids
+        self._gpus: tuple[GpuReading, ...] = ()
+        self._nvml_next_attempt = 0.0
+        self._nvml_backoff = interval
+        if nvml is not None:
+            self.sources[SOURCE_NVML] = SourceStatus()
         self.errors: Counter[tuple[str, str]] = Counter()
         self.ready = False  # latched once a cycle has succeeded
         self._models: ModelsInfo | None = None
@@ -100,11 +121,13 @@ class Agent:
             self.log.info("source_recovered", source=source, after=status.failing_reason)
         status.up, status.duration_seconds, status.failing_reason = True, duration, None
 
-    def _fail(self, source: str, err: SourceError, duration: float) -> None:
+    def _fail(self, source: str, err: SourceError, duration: float, *, expected: bool = False) -> None:
+        """Count the failure; log its cause once (at info when ``expected``, e.g. no GPU with --nvml auto)."""
         status = self.sources[source]
         self.errors[(source, err.reason)] += 1
         if status.failing_reason != err.reason:
-            self.log.warning("source_failed", source=source, reason=err.reason, error=str(err))
+            log = self.log.info if expected else self.log.warning
+            log("source_failed", source=source, reason=err.reason, error=str(err))
         status.up, status.duration_seconds, status.failing_reason = False, duration, err.reason
 
     def _restarted(self, metrics: VllmMetrics) -> bool:
@@ -154,6 +177,47 @@ class Agent:
             self.figures.feed(line)
         self._ok(SOURCE_LOG, self.monotonic() - t0)
 
+    async def _read_nvml(self) -> None:
+        """Read the GPUs; after a failure wait (interval, doubling up to 5 min) before trying again."""
+        if self.nvml is None or self.monotonic() < self._nvml_next_attempt:
+            return
+        t0 = self.monotonic()
+        try:
+            self._gpus = tuple(await self.nvml.read())
+        except SourceError as err:
+            self._gpus = ()  # nothing stale: the GPU series go away while NVML cannot be read
+            absent = err.reason in ("library_not_found", "driver_not_loaded")
+            self._fail(SOURCE_NVML, err, self.monotonic() - t0, expected=absent and not self.nvml_required)
+            self._nvml_next_attempt = self.monotonic() + self._nvml_backoff
+            self._nvml_backoff = min(NVML_MAX_BACKOFF, self._nvml_backoff * 2)
+            return
+        self._nvml_backoff = self.interval
+        self._ok(SOURCE_NVML, self.monotonic() - t0)
+
+    def _budgets(self, engines: tuple[EngineCapacity, ...], metrics: VllmMetrics | None) -> dict[str, GpuBudget]:
+        """Per-GPU budgets. vLLM's per-rank figures apply when every engine reports the same ones."""
+        if not self._gpus:
+            return {}
+        if metrics is None:  # vLLM is down: no memory on the GPUs is vLLM's now
+            return {g.index: gpu_budget(g, vllm_up=False) for g in self._gpus}
+        weights = _only(e.weights_bytes for e in engines)
+        pool = _only(e.kv_pool_bytes for e in engines)
+        utilization = _only(e.cache_config.gpu_memory_utilization for e in metrics.engines if e.cache_config)
+        pids = self.vllm_pids()
+        return {
+            g.index: gpu_budget(
+                g, vllm_pids=pids, weights_bytes=weights, kv_cache_bytes=pool, gpu_memory_utilization=utilization
+            )
+            for g in self._gpus
+        }
+
+    async def _fetch_metrics(self) -> tuple[VllmMetrics | SourceError, float]:
+        t0 = self.monotonic()
+        try:
+            return await self.client.fetch_metrics(), self.monotonic() - t0
+        except SourceError as err:
+            return err, self.monotonic() - t0
+
     def _check_agreement(self, engines: tuple[EngineCapacity, ...]) -> None:
         for e in engines:
             model, log = e.kv_bytes_per_token_model, e.kv_bytes_per_token_log
@@ -171,17 +235,18 @@ class Agent:
                 )
 
     async def cycle(self) -> Snapshot:
-        await self._read_log()
-        t0 = self.monotonic()
-        try:
-            metrics = await self.client.fetch_metrics()
-        except SourceError as err:
-            self._fail(SOURCE_VLLM, err, self.monotonic() - t0)
+        # the sources are read side by side: a slow or hung one never delays the others
+        _, _, (metrics, took) = await asyncio.gather(self._read_log(), self._read_nvml(), self._fetch_metrics())
+        if isinstance(metrics, SourceError):
+            self._fail(SOURCE_VLLM, metrics, took)
             # vLLM is gone (or is not vLLM): drop every derived series now; re-read /v1/models when it is back.
-            self.snapshot = Snapshot(up=False, timestamp=self.snapshot.timestamp)
+            # The GPUs stay: their memory (now without vLLM) is still what NVML says.
+            self.snapshot = Snapshot(
+                up=False, timestamp=self.snapshot.timestamp, gpus=self._gpus, gpu_budgets=self._budgets((), None)
+            )
             self._models_fetched_at = -float("inf")
             return self.snapshot
-        self._ok(SOURCE_VLLM, self.monotonic() - t0)
+        self._ok(SOURCE_VLLM, took)
 
         was_down = self._last_metrics is None
         restarted = self._restarted(metrics)
@@ -217,6 +282,8 @@ class Agent:
                 (e.model_name, e.engine): dict(e.cache_config.labels) for e in metrics.engines if e.cache_config
             },
             preemptions_total=dict(self._preemptions_total),
+            gpus=self._gpus,
+            gpu_budgets=self._budgets(engines, metrics),
         )
         self.ready = True
         self._announce(metrics, engines)

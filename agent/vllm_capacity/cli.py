@@ -131,6 +131,29 @@ MODEL_OPTIONS = (
     Option("--pp", _positive_int, "1", "vLLM's pipeline-parallel size"),
 )
 
+
+def _gpus(text: str) -> list[str] | str:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"{text!r} names no GPU (indices like 0,1 or UUIDs like GPU-..., or 'all')")
+    if items == ["all"]:
+        return "all"
+    for item in items:
+        if not (item.isdigit() or item.startswith(("GPU-", "MIG-"))):
+            raise ValueError(f"{item!r} is neither a GPU index nor a GPU-/MIG- UUID")
+    return items
+
+
+NVML_OPTIONS = (
+    Option("--nvml", _choice("auto", "on", "off"), "auto", "read GPUs through NVML: auto (when present), on, off"),
+    Option(
+        "--gpus",
+        _gpus,
+        None,
+        "GPUs to report: indices or UUIDs, or all (default: NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, else all)",
+    ),
+)
+
 SERVE_OPTIONS = (
     VLLM_URL,
     Option("--listen", parse_listen, ":9790", "host:port for /metrics, /healthz, /readyz (':9790' = all interfaces)"),
@@ -143,6 +166,7 @@ SERVE_OPTIONS = (
     MAX_BODY,
     Option("--models-refresh", _duration(1.0), "5m", "how often to re-read /v1/models (also on every vLLM restart)"),
     *MODEL_OPTIONS,
+    *NVML_OPTIONS,
     Option("--log-format", _choice("json", "console"), "json", "json (one object per line) or console"),
     Option("--log-level", _choice("debug", "info", "warning", "error"), "info", "debug, info, warning or error"),
 )
@@ -153,6 +177,7 @@ REPORT_OPTIONS = (
     API_KEY_FILE,
     MAX_BODY,
     *MODEL_OPTIONS,
+    *NVML_OPTIONS,
     Option("--format", _choice("text", "json"), "text", "text for people, json for scripts"),
 )
 
@@ -259,11 +284,20 @@ def _agent_kwargs(values: dict[str, Any]) -> dict[str, Any]:
 
     if values["model_config"] is not None and values["model_dir"] is not None:
         raise UsageError("give --model-config or --model-dir, not both")
+    nvml = None
+    if values["nvml"] != "off":
+        from vllm_capacity.sources.nvml import NvmlSource, visible_selection
+
+        gpus = values["gpus"]
+        selection = None if gpus == "all" else gpus if gpus is not None else visible_selection(dict(os.environ))
+        nvml = NvmlSource(selection=selection, deadline=values["timeout"])
     return {
         "vllm_log": LogFollower(Path(values["vllm_log"])) if values["vllm_log"] else None,
         "geometry": values["model_config"] or values["model_dir"],
         "tp": values["tp"],
         "pp": values["pp"],
+        "nvml": nvml,
+        "nvml_required": values["nvml"] == "on",
     }
 
 

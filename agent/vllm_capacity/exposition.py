@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 
 from vllm_capacity import __version__
 from vllm_capacity.agent import Agent
+from vllm_capacity.budget import COMPONENTS
 from vllm_capacity.derive import BASIS_MAX_MODEL_LEN, BASIS_OBSERVED
 from vllm_capacity.metrics import BY_NAME, NAMESPACE, MetricSpec
 
@@ -113,6 +114,31 @@ class AgentCollector(Collector):
                     "enable_prefix_caching": cc.get("enable_prefix_caching", ""),
                 },
             )
+        for g in snap.gpus:
+            key = [g.index, g.uuid]
+            f.add(n + "gpu_memory_total_bytes", key, g.memory_total_bytes)
+            f.add(n + "gpu_memory_used_bytes", key, g.memory_used_bytes)
+            f.add(n + "gpu_memory_free_bytes", key, g.memory_free_bytes)
+            f.add(n + "gpu_memory_reserved_bytes", key, g.memory_reserved_bytes)
+            f.add(n + "gpu_utilization_ratio", key, g.utilization_ratio)
+            f.add(n + "gpu_memory_bandwidth_utilization_ratio", key, g.memory_bandwidth_utilization_ratio)
+            f.add(n + "gpu_power_watts", key, g.power_watts)
+            f.add(n + "gpu_power_limit_watts", key, g.power_limit_watts)
+            f.add(n + "gpu_temperature_celsius", key, g.temperature_celsius)
+            f.add(n + "gpu_sm_clock_hertz", key, g.sm_clock_hertz)
+            f.add(n + "gpu_sm_clock_max_hertz", key, g.sm_clock_max_hertz)
+            for reason, active in (g.throttle_reasons or {}).items():
+                f.add(n + "gpu_throttled", [*key, reason], 1.0 if active else 0.0)
+            budget = snap.gpu_budgets.get(g.index)
+            ours = set(budget.vllm_pids) if budget else set()
+            for p in g.processes or ():
+                owner = "vllm" if p.pid in ours else "other"
+                f.add(n + "gpu_process_memory_bytes", [*key, str(p.pid), owner], p.used_bytes)
+            if budget:
+                for component in COMPONENTS:
+                    f.add(n + "gpu_memory_bytes", [*key, component], budget.components.get(component))
+                f.add(n + "gpu_memory_budget_bytes", key, budget.budget_bytes)
+            f.add(n + "gpu_info", key, {"name": g.name, "mig_parent": g.mig_parent or ""})
         f.add(n + "build_info", [], {"version": __version__, "python_version": platform.python_version()})
         for source, status in sorted(agent.sources.items()):
             f.add(n + "source_up", [source], 1.0 if status.up else 0.0)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 NAMESPACE = "vllm_capacity"
 ENGINE_LABELS = ("model_name", "engine")
+GPU_LABELS = ("gpu", "uuid")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ def _m(name: str, kind: str, labels: tuple[str, ...], help_text: str, info: tupl
 
 
 E = ENGINE_LABELS
+G = GPU_LABELS
 SPECS: tuple[MetricSpec, ...] = (
     _m("up", "gauge", (), "1 if the last scrape of vLLM's /metrics succeeded, 0 if not (vLLM down, or not vLLM)."),
     _m(
@@ -137,12 +139,60 @@ SPECS: tuple[MetricSpec, ...] = (
             "enable_prefix_caching",
         ),
     ),
+    _m("gpu_memory_total_bytes", "gauge", G, "GPU memory: NVML nvmlDeviceGetMemoryInfo total."),
+    _m("gpu_memory_used_bytes", "gauge", G, "GPU memory in use: NVML nvmlDeviceGetMemoryInfo used."),
+    _m("gpu_memory_free_bytes", "gauge", G, "GPU memory free: NVML nvmlDeviceGetMemoryInfo free."),
+    _m("gpu_memory_reserved_bytes", "gauge", G, "GPU memory the driver reserves: NVML memory info v2 reserved."),
+    _m("gpu_utilization_ratio", "gauge", G, "Share of time a kernel ran, 0-1: NVML nvmlDeviceGetUtilizationRates gpu."),
+    _m(
+        "gpu_memory_bandwidth_utilization_ratio",
+        "gauge",
+        G,
+        "Share of time memory was read or written, 0-1: NVML nvmlDeviceGetUtilizationRates memory.",
+    ),
+    _m("gpu_power_watts", "gauge", G, "Power draw: NVML nvmlDeviceGetPowerUsage."),
+    _m("gpu_power_limit_watts", "gauge", G, "Enforced power limit: NVML nvmlDeviceGetEnforcedPowerLimit."),
+    _m("gpu_temperature_celsius", "gauge", G, "GPU temperature: NVML nvmlDeviceGetTemperature."),
+    _m("gpu_sm_clock_hertz", "gauge", G, "SM clock: NVML nvmlDeviceGetClockInfo(NVML_CLOCK_SM)."),
+    _m("gpu_sm_clock_max_hertz", "gauge", G, "Maximum SM clock: NVML nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM)."),
+    _m(
+        "gpu_throttled",
+        "gauge",
+        (*G, "reason"),
+        "1 while a clock event reason holds (sw_power_cap, hw_thermal_slowdown, ...): NVML clocks event reasons.",
+    ),
+    _m(
+        "gpu_process_memory_bytes",
+        "gauge",
+        (*G, "pid", "owner"),
+        "GPU memory of each compute process, owner vllm or other: NVML nvmlDeviceGetComputeRunningProcesses.",
+    ),
+    _m(
+        "gpu_memory_bytes",
+        "gauge",
+        (*G, "component"),
+        "The GPU's memory by what holds it: weights, kv_cache, vllm_runtime, other_processes, system, free (sum = "
+        "total). NVML with vLLM's startup log and metrics.",
+    ),
+    _m(
+        "gpu_memory_budget_bytes",
+        "gauge",
+        G,
+        "vLLM's memory budget on this GPU: NVML total x cache_config_info gpu_memory_utilization.",
+    ),
+    _m(
+        "gpu_info",
+        "info",
+        G,
+        "GPU identity from NVML: its name, and the parent GPU's UUID for a MIG instance.",
+        ("name", "mig_parent"),
+    ),
     _m("build_info", "info", (), "vllm-capacity build: version and Python version.", ("version", "python_version")),
     _m(
         "source_up",
         "gauge",
         ("source",),
-        "1 if the last read of a source (vllm, vllm_models, vllm_log) succeeded, 0 if not.",
+        "1 if the last read of a source (vllm, vllm_models, vllm_log, nvml) succeeded, 0 if not.",
     ),
     _m("source_duration_seconds", "gauge", ("source",), "Seconds the last read of a source took."),
     _m(
@@ -158,5 +208,5 @@ SPECS: tuple[MetricSpec, ...] = (
         "Unix time of the last successful vLLM scrape the derived metrics come from.",
     ),
 )
-del E
+del E, G
 BY_NAME = {s.name: s for s in SPECS}

@@ -7,6 +7,7 @@ import json
 from datetime import UTC, datetime
 
 from vllm_capacity.agent import Snapshot
+from vllm_capacity.budget import COMPONENTS
 from vllm_capacity.derive import EngineCapacity
 
 CONTEXTS = (2048, 4096, 8192)
@@ -111,6 +112,43 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
     return lines
 
 
+_COMPONENT_NAMES = {
+    "weights": "Model weights",
+    "kv_cache": "KV cache",
+    "vllm_runtime": "CUDA graphs, activations, context",
+    "other_processes": "Other processes",
+    "system": "Driver reserved / unattributed",
+    "free": "Free",
+}
+
+
+def gpu_picture(snap: Snapshot) -> list[str]:
+    """Each GPU's memory as the seed draws it: a stack of what holds it, with the budget line."""
+    lines: list[str] = []
+    for g in snap.gpus:
+        budget = snap.gpu_budgets.get(g.index)
+        total = g.memory_total_bytes
+        lines += ["", f"GPU {g.index} {g.name} ({g.uuid}): {_bytes(total)}"]
+        if budget is None:
+            continue
+        width = 30  # bar width: the whole GPU
+        rule = "  +" + "-" * (width + 50) + "+"
+        lines.append(rule)
+        for component in COMPONENTS:
+            size = budget.components.get(component)
+            if size is None:
+                continue
+            bar = "#" * round(size / total * width) if total else ""
+            lines.append(f"  | {_COMPONENT_NAMES[component]:<34}{_bytes(size):>12}  {bar:<{width}} |")
+        lines.append(rule)
+        missing = [_COMPONENT_NAMES[c] for c in COMPONENTS if c not in budget.components]
+        if missing:
+            lines.append(f"  unknown: {', '.join(missing)} (see README: GPU memory budget)")
+        if budget.budget_bytes:
+            lines.append(f"  vLLM's budget (gpu_memory_utilization): {_bytes(budget.budget_bytes)}")
+    return lines
+
+
 def render_text(snap: Snapshot, url: str) -> str:
     when = datetime.fromtimestamp(snap.timestamp, UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if snap.timestamp else ""
     out = [f"vLLM capacity report: {url}  {when}".rstrip(), ""]
@@ -120,6 +158,7 @@ def render_text(snap: Snapshot, url: str) -> str:
         if i:
             out += ["", "-" * 72, ""]
         out += _engine_text(e, snap)
+    out += gpu_picture(snap)
     return "\n".join(out) + "\n"
 
 
@@ -138,5 +177,12 @@ def render_json(snap: Snapshot, url: str) -> str:
         "schema": snap.schema,
         "vllm_version": snap.version,
         "engines": engines,
+        "gpus": [
+            {
+                **dataclasses.asdict(g),
+                "memory_budget": dict(snap.gpu_budgets[g.index].components) if g.index in snap.gpu_budgets else None,
+            }
+            for g in snap.gpus
+        ],
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

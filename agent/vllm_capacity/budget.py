@@ -1,0 +1,92 @@
+"""The per-GPU memory budget: what the GPU's memory holds, from NVML's readings and vLLM's own figures.
+
+Pure. Components (bytes, per GPU), which add up to the GPU's total when all are known:
+
+``weights`` and ``kv_cache``
+    vLLM's per-rank figures (startup log; the KV pool also from a fixed ``kv_cache_memory_bytes``).
+``vllm_runtime``
+    vLLM's processes' memory on this GPU - weights - KV cache: CUDA graphs, activations, the CUDA context.
+``other_processes``
+    Other processes' memory on this GPU: inside vLLM's budget they are an OOM risk.
+``system``
+    total - free - every process: the driver's reservation and memory no process accounts for.
+``free``
+    NVML's free memory.
+
+A component that cannot be known is absent (never 0, never folded into another). vLLM's processes are those
+whose PID the agent can see running vLLM (shared process namespace); when it sees none of the GPU's processes'
+PIDs (another PID namespace) the largest process is taken as vLLM's, the others as other processes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_capacity.sources.nvml import GpuProcess, GpuReading
+
+COMPONENTS = ("weights", "kv_cache", "vllm_runtime", "other_processes", "system", "free")
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    components: dict[str, float]
+    budget_bytes: float | None  # total x gpu_memory_utilization
+    vllm_pids: tuple[int, ...]
+    identified_by: str  # "pid", "elimination" or "none"
+
+
+def split_processes(
+    processes: tuple[GpuProcess, ...], vllm_pids: set[int]
+) -> tuple[list[GpuProcess], list[GpuProcess], str]:
+    """(vLLM's, others', how): by PID when any is known, else the largest process is vLLM's."""
+    if not processes:
+        return [], [], "none"
+    if vllm_pids and any(p.pid in vllm_pids for p in processes):
+        return [p for p in processes if p.pid in vllm_pids], [p for p in processes if p.pid not in vllm_pids], "pid"
+    largest = max(processes, key=lambda p: p.used_bytes or 0)
+    return [largest], [p for p in processes if p is not largest], "elimination"
+
+
+def _total(processes: list[GpuProcess]) -> float | None:
+    if any(p.used_bytes is None for p in processes):
+        return None  # NVML could not say (e.g. Windows WDDM, or no permission to see other containers)
+    return float(sum(p.used_bytes or 0 for p in processes))
+
+
+def gpu_budget(
+    gpu: GpuReading,
+    *,
+    vllm_up: bool = True,
+    vllm_pids: set[int] | None = None,
+    weights_bytes: float | None = None,
+    kv_cache_bytes: float | None = None,
+    gpu_memory_utilization: float | None = None,
+) -> GpuBudget:
+    """The budget of one GPU. With ``vllm_up`` False every process on it counts as another process."""
+    comps: dict[str, float] = {"free": float(gpu.memory_free_bytes)}
+    budget = gpu.memory_total_bytes * gpu_memory_utilization if gpu_memory_utilization else None
+    if gpu.processes is None:
+        return GpuBudget(comps, budget, (), "none")
+    if vllm_up:
+        ours, others, how = split_processes(gpu.processes, vllm_pids or set())
+    else:
+        ours, others, how = [], list(gpu.processes), "none"
+    vllm_mem, other_mem = _total(ours), _total(others)
+    if other_mem is not None:
+        comps["other_processes"] = other_mem
+    if vllm_mem is not None and other_mem is not None:
+        system = gpu.memory_total_bytes - gpu.memory_free_bytes - vllm_mem - other_mem
+        if system >= 0:
+            comps["system"] = float(system)
+    if ours and vllm_mem is not None:
+        if weights_bytes is not None:
+            comps["weights"] = weights_bytes
+        if kv_cache_bytes is not None:
+            comps["kv_cache"] = kv_cache_bytes
+        if weights_bytes is not None and kv_cache_bytes is not None:
+            runtime = vllm_mem - weights_bytes - kv_cache_bytes
+            if runtime >= 0:  # else the figures describe another rank or start: say nothing rather than wrong
+                comps["vllm_runtime"] = runtime
+            else:
+                comps.pop("weights"), comps.pop("kv_cache")
+    return GpuBudget(comps, budget, tuple(p.pid for p in ours), how)

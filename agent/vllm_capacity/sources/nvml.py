@@ -1,0 +1,260 @@
+"""NVML (nvidia-ml-py's ``pynvml`` module): per-GPU memory, utilization, power, clocks, throttling, processes.
+
+I/O only, plain data out. The module is injected (the real ``pynvml``, or a test double with the same functions,
+structures and ``NVMLError_*`` classes). Calls run in a worker thread under a deadline, because a wedged driver
+can block an NVML call for minutes: while one call hangs no other is started, and the source reports ``hung``.
+A field a GPU does not support (``NVMLError_NotSupported``) is absent, never 0; errors that concern the whole
+library or a device (no library, no driver, no permission, GPU lost) fail the read with a stable reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from vllm_capacity.sources import SourceError
+
+# NVML error code -> the reason label of vllm_capacity_source_errors_total{source="nvml"}
+_REASONS = {
+    1: "uninitialized",
+    3: "not_supported",
+    4: "no_permission",
+    9: "driver_not_loaded",
+    10: "timeout",
+    12: "library_not_found",
+    13: "function_not_found",
+    15: "gpu_lost",
+    16: "reset_required",
+    18: "driver_version_mismatch",
+    28: "gpu_not_found",
+}
+NOT_SUPPORTED = 3
+
+# clock event (throttle) reason bits, as nvmlClocksEventReason* in pynvml
+THROTTLE_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    pid: int
+    used_bytes: int | None
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU, or one MIG instance (``mig_parent`` set). ``None`` = not supported or not available."""
+
+    index: str
+    uuid: str
+    name: str
+    memory_total_bytes: int
+    memory_used_bytes: int
+    memory_free_bytes: int
+    memory_reserved_bytes: int | None = None
+    utilization_ratio: float | None = None
+    memory_bandwidth_utilization_ratio: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    temperature_celsius: float | None = None
+    sm_clock_hertz: float | None = None
+    sm_clock_max_hertz: float | None = None
+    throttle_reasons: dict[str, bool] | None = None
+    processes: tuple[GpuProcess, ...] | None = None
+    mig_parent: str | None = None
+
+
+def reason_of(err: BaseException) -> str:
+    return _REASONS.get(getattr(err, "value", None), "nvml_error")  # type: ignore[arg-type]
+
+
+def load_pynvml() -> ModuleType:
+    """The real NVML binding (nvidia-ml-py). Raises SourceError when the package itself is missing."""
+    try:
+        import pynvml
+    except ImportError as err:
+        raise SourceError("library_not_found", f"the nvidia-ml-py package is not installed: {err}") from err
+    return pynvml
+
+
+def visible_selection(environ: dict[str, str]) -> list[str] | None:
+    """GPUs named by NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES (indices or UUIDs); None = every visible GPU."""
+    for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        value = environ.get(var, "").strip()
+        if value and value.lower() not in ("all", "none", "void"):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        if value:
+            return None
+    return None
+
+
+def vllm_pids_in_namespace(proc: Path = Path("/proc")) -> set[int]:
+    """PIDs of processes whose command line mentions vllm, as far as this process can see (shared PID namespace)."""
+    pids = set()
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return pids
+    for entry in entries:
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").lower()
+        except OSError:
+            continue
+        if b"vllm" in cmdline and b"vllm-capacity" not in cmdline and b"vllm_capacity" not in cmdline:
+            pids.add(int(entry.name))
+    return pids
+
+
+@dataclass
+class NvmlSource:
+    """Reads the selected GPUs through ``nvml`` (a pynvml-like module) in a worker thread, under a deadline."""
+
+    loader: Callable[[], Any] = load_pynvml
+    selection: list[str] | None = None  # indices or UUIDs; None = all
+    deadline: float = 5.0
+    _nvml: Any = None
+    _initialized: bool = False
+    _busy: threading.Event = field(default_factory=threading.Event)
+
+    def _ensure_init(self) -> Any:
+        if self._nvml is None:
+            self._nvml = self.loader()
+        if not self._initialized:
+            try:
+                self._nvml.nvmlInit()
+            except self._nvml.NVMLError as err:
+                raise SourceError(reason_of(err), f"NVML could not start: {err}") from err
+            self._initialized = True
+        return self._nvml
+
+    def _optional(self, fn: Callable[[], Any]) -> Any:
+        """A field: NotSupported (and the like, for MIG instances) means absent."""
+        nvml = self._nvml
+        try:
+            return fn()
+        except nvml.NVMLError as err:
+            if err.value in (NOT_SUPPORTED, 2, 6, 21):  # not supported, invalid argument, not found, no data
+                return None
+            raise
+
+    def _device(self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None) -> GpuReading:
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        try:
+            mem = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
+            reserved = int(mem.reserved)
+        except nvml.NVMLError as err:
+            if err.value not in (NOT_SUPPORTED, 25, 13):  # v2 not supported here: fall back to v1
+                raise
+            mem, reserved = nvml.nvmlDeviceGetMemoryInfo(handle), None
+        util = self._optional(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
+        power = self._optional(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        limit = self._optional(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+        temp = self._optional(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+        sm = self._optional(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        sm_max = self._optional(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+        reasons = self._optional(lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
+        procs = self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        return GpuReading(
+            index=index,
+            uuid=uuid,
+            name=name,
+            memory_total_bytes=int(mem.total),
+            memory_used_bytes=int(mem.used),
+            memory_free_bytes=int(mem.free),
+            memory_reserved_bytes=reserved,
+            utilization_ratio=util.gpu / 100 if util is not None else None,
+            memory_bandwidth_utilization_ratio=util.memory / 100 if util is not None else None,
+            power_watts=power / 1000 if power is not None else None,
+            power_limit_watts=limit / 1000 if limit is not None else None,
+            temperature_celsius=float(temp) if temp is not None else None,
+            sm_clock_hertz=sm * 1e6 if sm is not None else None,
+            sm_clock_max_hertz=sm_max * 1e6 if sm_max is not None else None,
+            throttle_reasons={k: bool(reasons & bit) for k, bit in THROTTLE_REASONS.items()}
+            if reasons is not None
+            else None,
+            processes=tuple(GpuProcess(int(p.pid), _opt_int(p.usedGpuMemory)) for p in procs)
+            if procs is not None
+            else None,
+            mig_parent=mig_parent,
+        )
+
+    def _read_sync(self) -> list[GpuReading]:
+        nvml = self._ensure_init()
+        readings = []
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            for i in range(count):
+                handle = nvml.nvmlDeviceGetHandleByIndex(i)
+                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+                if self.selection is not None and str(i) not in self.selection and uuid not in self.selection:
+                    continue
+                mig = self._optional(lambda h=handle: nvml.nvmlDeviceGetMigMode(h))
+                if mig is not None and mig[0] == nvml.NVML_DEVICE_MIG_ENABLE:
+                    for m in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+                        mig_handle = self._optional(
+                            lambda h=handle, m=m: nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, m)
+                        )
+                        if mig_handle is not None:
+                            readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid))
+                else:
+                    readings.append(self._device(nvml, handle, str(i)))
+        except nvml.NVMLError as err:
+            if reason_of(err) in ("gpu_lost", "reset_required", "uninitialized", "driver_not_loaded"):
+                self._initialized = False  # start NVML afresh on the next attempt
+            raise SourceError(reason_of(err), f"NVML: {err}") from err
+        return readings
+
+    def _run(self, done: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            result: Any = self._read_sync()
+        except BaseException as err:  # delivered to the awaiting coroutine
+            result = err
+        finally:
+            self._busy.clear()
+
+        def deliver() -> None:
+            if done.cancelled():
+                return
+            if isinstance(result, BaseException):
+                done.set_exception(result)
+            else:
+                done.set_result(result)
+
+        loop.call_soon_threadsafe(deliver)
+
+    async def read(self) -> list[GpuReading]:
+        if self._busy.is_set():
+            raise SourceError("hung", "an earlier NVML call has not returned: not starting another")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+        self._busy.set()
+        threading.Thread(target=self._run, args=(done, loop), name="nvml", daemon=True).start()
+        try:
+            return await asyncio.wait_for(done, timeout=self.deadline)
+        except TimeoutError as err:
+            raise SourceError("timeout", f"NVML did not answer within {self.deadline:g}s") from err
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _opt_int(value: Any) -> int | None:
+    return int(value) if value is not None else None

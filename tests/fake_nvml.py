@@ -1,0 +1,155 @@
+"""A stand-in for nvidia-ml-py's ``pynvml`` where no GPU exists: the edge that cannot run here.
+
+Same function names and signatures as pynvml, and the real library's own types: the ctypes structures
+(``c_nvmlMemory_v2_t``, ``c_nvmlUtilization_t``), the friendly process objects (``nvmlStructToFriendlyObject``
+over ``c_nvmlProcessInfo_v2_t``, ``usedGpuMemory`` None when not available), and the real ``NVMLError``
+classes (``pynvml.NVMLError(code)`` maps to ``NVMLError_GpuIsLost`` and friends). Scenarios set the devices.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import pynvml
+
+GiB = 2**30
+
+
+@dataclass
+class FakeGpu:
+    uuid: str
+    name: str = "NVIDIA A10G"
+    total: int = int(22.03 * GiB)
+    used: int = 0
+    free: int | None = None  # default: total - used - reserved
+    reserved: int = 300 * 2**20
+    util_gpu: int = 87
+    util_mem: int = 41
+    power_mw: int | None = 182_000
+    limit_mw: int = 300_000
+    temp: int = 64
+    sm_mhz: int = 1710
+    sm_max_mhz: int = 1710
+    reasons: int = 0
+    processes: list[tuple[int, int | None]] = field(default_factory=list)
+    mig: list[FakeGpu] | None = None
+    supports_v2: bool = True
+    lost: bool = False
+    hang: threading.Event | None = None  # a call blocks until this is set
+
+
+class FakeNvml:
+    NVMLError = pynvml.NVMLError
+    nvmlMemory_v2 = pynvml.nvmlMemory_v2
+    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
+    NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
+    NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
+    NVML_DEVICE_MIG_DISABLE = pynvml.NVML_DEVICE_MIG_DISABLE
+
+    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
+        self.gpus = gpus
+        self.init_error = init_error
+        self.init_calls = 0
+
+    def _check(self, gpu: FakeGpu) -> FakeGpu:
+        if gpu.hang is not None:
+            gpu.hang.wait()
+        if gpu.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return gpu
+
+    def nvmlInit(self) -> None:
+        self.init_calls += 1
+        if self.init_error is not None:
+            raise pynvml.NVMLError(self.init_error)
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:
+        if index >= len(self.gpus):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return self.gpus[index]
+
+    def nvmlDeviceGetUUID(self, handle: FakeGpu) -> str:
+        return self._check(handle).uuid
+
+    def nvmlDeviceGetName(self, handle: FakeGpu) -> str:
+        return self._check(handle).name
+
+    def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None):
+        g = self._check(handle)
+        free = g.free if g.free is not None else g.total - g.used - g.reserved
+        if version == pynvml.nvmlMemory_v2:
+            if not g.supports_v2:
+                raise pynvml.NVMLError(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+            return pynvml.c_nvmlMemory_v2_t(version, g.total, g.reserved, free, g.used)
+        return pynvml.c_nvmlMemory_t(g.total, free, g.used + g.reserved)
+
+    def nvmlDeviceGetUtilizationRates(self, handle: FakeGpu):
+        g = self._check(handle)
+        if g.mig is None and g.uuid.startswith("MIG-"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return pynvml.c_nvmlUtilization_t(g.util_gpu, g.util_mem)
+
+    def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
+        g = self._check(handle)
+        if g.power_mw is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return g.power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeGpu) -> int:
+        return self._check(handle).limit_mw
+
+    def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
+        assert sensor == pynvml.NVML_TEMPERATURE_GPU
+        return self._check(handle).temp
+
+    def nvmlDeviceGetClockInfo(self, handle: FakeGpu, clock: int) -> int:
+        assert clock == pynvml.NVML_CLOCK_SM
+        return self._check(handle).sm_mhz
+
+    def nvmlDeviceGetMaxClockInfo(self, handle: FakeGpu, clock: int) -> int:
+        return self._check(handle).sm_max_mhz
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeGpu) -> int:
+        return self._check(handle).reasons
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list:
+        g = self._check(handle)
+        out = []
+        for pid, used in g.processes:
+            raw = pynvml.c_nvmlProcessInfo_v2_t(
+                pid, used if used is not None else pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+            )
+            obj = pynvml.nvmlStructToFriendlyObject(raw)
+            if obj.usedGpuMemory == pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value:
+                obj.usedGpuMemory = None  # as pynvml does (WDDM, or another container's process)
+            out.append(obj)
+        return out
+
+    def nvmlDeviceGetMigMode(self, handle: FakeGpu) -> list[int]:
+        g = self._check(handle)
+        if g.uuid.startswith("MIG-"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = pynvml.NVML_DEVICE_MIG_ENABLE if g.mig else pynvml.NVML_DEVICE_MIG_DISABLE
+        return [mode, mode]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: FakeGpu) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: FakeGpu, index: int) -> FakeGpu:
+        g = self._check(handle)
+        if not g.mig or index >= len(g.mig):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return g.mig[index]
+
+
+def seed_gpu(vllm_pid: int = 4242) -> FakeGpu:
+    """The seed's GPU: ~22 GiB, vLLM holding 15.18 GiB weights + 4.31 GiB KV + 0.78 GiB graphs + 0.5 GiB context."""
+    vllm = int((15.18 + 4.31 + 0.78 + 0.5) * GiB)
+    return FakeGpu(uuid="GPU-5eed0000-0000-0000-0000-000000000000", used=vllm, processes=[(vllm_pid, vllm)])

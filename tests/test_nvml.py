@@ -1,0 +1,316 @@
+"""The GPU side: NVML through a stand-in with nvidia-ml-py's own types and errors (no GPU here), the real
+pynvml where it can run (no library on this machine), and the per-GPU memory budget."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pynvml
+import pytest
+import structlog
+
+from conftest import FakeVllm, fixture_text, value
+from fake_nvml import FakeGpu, FakeNvml, GiB, seed_gpu
+from vllm_capacity.agent import Agent
+from vllm_capacity.budget import COMPONENTS, gpu_budget
+from vllm_capacity.exposition import build_registry
+from vllm_capacity.sources import SourceError
+from vllm_capacity.sources.nvml import NvmlSource, visible_selection
+from vllm_capacity.sources.vllm import VllmClient
+from vllm_capacity.sources.vllm_log import LogFollower
+
+SEED_LOG = """\
+(APIServer pid=1) INFO 11-29 10:00:00 [api_utils.py:286] non-default args: {'max_model_len': 32768}
+(EngineCore_DP0 pid=2) INFO 11-29 10:00:10 [gpu_model_runner.py:3000] Model loading took 15.18 GiB memory and 9.1 seconds
+(EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [gpu_model_runner.py:4000] Graph capturing finished in 7 secs, took 0.78 GiB
+(EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [gpu_worker.py:400] Available KV cache memory: 4.31 GiB
+(EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [kv_cache_utils.py:1147] GPU KV cache size: 208,625 tokens, Maximum concurrency for 32,768 tokens per request: 6.37x
+"""  # noqa: E501
+
+
+def render(agent: Agent) -> str:
+    from prometheus_client import generate_latest
+
+    return generate_latest(build_registry(agent, process_metrics=False)).decode()
+
+
+async def _agent(fake_vllm: FakeVllm, tmp_path, nvml: NvmlSource, pids: set[int], **kw) -> Agent:
+    fake_vllm.metrics = fixture_text("v1-0.24-seed.prom")
+    fake_vllm.models = '{"data":[{"id":"gemma-12b","max_model_len":32768}]}'
+    log = tmp_path / "vllm.log"
+    log.write_text(SEED_LOG)
+    return Agent(
+        VllmClient(fake_vllm.url, timeout=10),
+        interval=0.05,
+        nvml=nvml,
+        vllm_pids=lambda: pids,
+        vllm_log=LogFollower(log),
+        **kw,
+    )
+
+
+def _components(text: str, gpu: str = "0") -> dict[str, float]:
+    return {
+        c: v
+        for c in COMPONENTS
+        if (v := value(text, "vllm_capacity_gpu_memory_bytes", gpu=gpu, component=c)) is not None
+    }
+
+
+async def test_seed_gpu_budget(fake_vllm: FakeVllm, tmp_path) -> None:
+    """The seed's picture: ~22 GiB; weights 15.18, KV cache 4.31, graphs 0.78 (+ CUDA context) in vLLM's runtime."""
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([seed_gpu()])), {4242})
+    await agent.cycle()
+    text = render(agent)
+    gpu = {"gpu": "0", "uuid": "GPU-5eed0000-0000-0000-0000-000000000000"}
+    total = value(text, "vllm_capacity_gpu_memory_total_bytes", **gpu)
+    assert total == int(22.03 * GiB)
+    comps = _components(text)
+    assert comps["weights"] == pytest.approx(15.18 * GiB)
+    assert comps["kv_cache"] == pytest.approx(4.31 * GiB)
+    assert comps["vllm_runtime"] == pytest.approx((0.78 + 0.5) * GiB, rel=1e-6)
+    assert comps["other_processes"] == 0
+    assert comps["system"] == 300 * 2**20  # the driver's reservation
+    assert sum(comps.values()) == pytest.approx(total)
+    assert value(text, "vllm_capacity_gpu_memory_budget_bytes", **gpu) == pytest.approx(total * 0.9)
+    assert value(text, "vllm_capacity_gpu_process_memory_bytes", pid="4242", owner="vllm") > 20 * GiB
+    assert value(text, "vllm_capacity_gpu_utilization_ratio", **gpu) == 0.87
+    assert value(text, "vllm_capacity_gpu_memory_bandwidth_utilization_ratio", **gpu) == 0.41
+    assert value(text, "vllm_capacity_gpu_power_watts", **gpu) == 182.0
+    assert value(text, "vllm_capacity_gpu_power_limit_watts", **gpu) == 300.0
+    assert value(text, "vllm_capacity_gpu_temperature_celsius", **gpu) == 64
+    assert value(text, "vllm_capacity_gpu_sm_clock_hertz", **gpu) == 1.71e9
+    assert value(text, "vllm_capacity_gpu_throttled", reason="sw_power_cap", **gpu) == 0
+    assert value(text, "vllm_capacity_gpu_info", name="NVIDIA A10G", **gpu) == 1
+    assert value(text, "vllm_capacity_gpu_memory_reserved_bytes", **gpu) == 300 * 2**20
+    await agent.client.aclose()
+
+
+async def test_eight_gpus_under_tensor_parallelism_by_elimination(fake_vllm: FakeVllm, tmp_path) -> None:
+    """TP 8: one vLLM worker per GPU; the sidecar sees none of their PIDs, so the largest process is vLLM's."""
+    gpus = [
+        FakeGpu(
+            uuid=f"GPU-{i:08d}",
+            total=80 * GiB,
+            used=70 * GiB,
+            processes=[(1000 + i, 70 * GiB)],
+            reasons=pynvml.nvmlClocksEventReasonSwPowerCap if i == 3 else 0,
+        )
+        for i in range(8)
+    ]
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml(gpus)), set())
+    await agent.cycle()
+    text = render(agent)
+    for i in range(8):
+        comps = _components(text, str(i))
+        assert comps["weights"] == pytest.approx(15.18 * GiB) and comps["kv_cache"] == pytest.approx(4.31 * GiB)
+        assert sum(comps.values()) == pytest.approx(80 * GiB)
+        assert value(text, "vllm_capacity_gpu_process_memory_bytes", gpu=str(i), owner="vllm") == 70 * GiB
+    assert agent.snapshot.gpu_budgets["0"].identified_by == "elimination"
+    assert value(text, "vllm_capacity_gpu_throttled", gpu="3", reason="sw_power_cap") == 1
+    await agent.client.aclose()
+
+
+async def test_another_process_inside_the_budget(fake_vllm: FakeVllm, tmp_path) -> None:
+    gpu = seed_gpu()
+    gpu.processes.append((777, GiB // 2))  # e.g. a notebook on the same GPU, inside vLLM's 90 %
+    gpu.used += GiB // 2
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu])), {4242})
+    await agent.cycle()
+    text = render(agent)
+    assert _components(text)["other_processes"] == GiB // 2
+    assert value(text, "vllm_capacity_gpu_process_memory_bytes", pid="777", owner="other") == GiB // 2
+    assert sum(_components(text).values()) == pytest.approx(gpu.total)
+    await agent.client.aclose()
+
+
+async def test_mig_instances_are_their_own_devices(fake_vllm: FakeVllm, tmp_path) -> None:
+    parent = FakeGpu(
+        uuid="GPU-aaaa",
+        name="NVIDIA H100 80GB HBM3",
+        total=80 * GiB,
+        mig=[
+            FakeGpu(
+                uuid="MIG-1111",
+                name="NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+                total=40 * GiB,
+                used=30 * GiB,
+                processes=[(4242, 30 * GiB)],
+                power_mw=None,
+            ),
+            FakeGpu(uuid="MIG-2222", name="NVIDIA H100 80GB HBM3 MIG 3g.40gb", total=40 * GiB, power_mw=None),
+        ],
+    )
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([parent])), {4242})
+    await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0/0", uuid="MIG-1111") == 40 * GiB
+    assert value(text, "vllm_capacity_gpu_info", gpu="0/1", mig_parent="GPU-aaaa") == 1
+    assert value(text, "vllm_capacity_gpu_utilization_ratio", gpu="0/0") is None  # not supported on MIG: absent
+    assert value(text, "vllm_capacity_gpu_power_watts", gpu="0/0") is None
+    assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0") is None  # the parent itself is not listed
+    await agent.client.aclose()
+
+
+async def test_gpu_lost_mid_run_backs_off_and_recovers(fake_vllm: FakeVllm, tmp_path) -> None:
+    gpu = seed_gpu()
+    fake = FakeNvml([gpu])
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: fake), {4242})
+    await agent.cycle()
+    assert agent.snapshot.gpus
+    gpu.lost = True
+    with structlog.testing.capture_logs() as logs:
+        await agent.cycle()
+        await agent.cycle()  # within the backoff: NVML is not asked again
+    text = render(agent)
+    assert value(text, "vllm_capacity_source_up", source="nvml") == 0
+    assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="gpu_lost") == 1
+    assert [e["reason"] for e in logs if e["event"] == "source_failed"] == ["gpu_lost"]
+    assert "vllm_capacity_gpu_memory_total_bytes" not in text  # nothing stale
+    assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 208625  # vLLM metrics keep flowing
+    gpu.lost = False
+    await asyncio.sleep(0.06)
+    await agent.cycle()
+    assert agent.sources["nvml"].up and agent.snapshot.gpus
+    assert fake.init_calls == 2  # NVML started afresh after the GPU was lost
+    await agent.client.aclose()
+
+
+async def test_a_hanging_call_times_out_and_is_not_piled_on(fake_vllm: FakeVllm, tmp_path) -> None:
+    gpu = seed_gpu()
+    gpu.hang = threading.Event()
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu]), deadline=0.2), {4242})
+    snap = await agent.cycle()
+    assert snap.up and snap.engines[0].capacity_tokens == 208625  # vLLM was read while NVML hung
+    assert agent.errors[("nvml", "timeout")] == 1
+    await asyncio.sleep(0.06)  # past the first backoff
+    await agent.cycle()
+    assert agent.errors[("nvml", "hung")] == 1  # the earlier call still blocks: no second thread
+    gpu.hang.set()
+    await asyncio.sleep(0.3)
+    agent._nvml_next_attempt = 0  # skip the rest of the backoff
+    await agent.cycle()
+    assert agent.sources["nvml"].up
+    await agent.client.aclose()
+
+
+async def test_the_real_library_without_a_gpu(fake_vllm: FakeVllm, tmp_path) -> None:
+    """The real pynvml on this machine: no libnvidia-ml, so NVMLError_LibraryNotFound, once, at info with auto."""
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(), {4242})
+    with structlog.testing.capture_logs() as logs:
+        await agent.cycle()
+    failed = [e for e in logs if e["event"] == "source_failed"]
+    assert [(e["reason"], e["log_level"]) for e in failed] == [("library_not_found", "info")]
+    assert agent.snapshot.up and not agent.snapshot.gpus
+    await agent.client.aclose()
+
+
+def test_driver_errors_map_to_reasons() -> None:
+    for code, reason in [
+        (pynvml.NVML_ERROR_LIBRARY_NOT_FOUND, "library_not_found"),
+        (pynvml.NVML_ERROR_DRIVER_NOT_LOADED, "driver_not_loaded"),
+        (pynvml.NVML_ERROR_NO_PERMISSION, "no_permission"),
+    ]:
+        source = NvmlSource(loader=lambda code=code: FakeNvml([], init_error=code))
+        with pytest.raises(SourceError) as err:
+            source._read_sync()
+        assert err.value.reason == reason
+
+
+def test_selection_by_index_or_uuid_and_from_the_environment() -> None:
+    gpus = [FakeGpu(uuid=f"GPU-{i}") for i in range(4)]
+    assert [g.uuid for g in NvmlSource(loader=lambda: FakeNvml(gpus), selection=["1", "GPU-3"])._read_sync()] == [
+        "GPU-1",
+        "GPU-3",
+    ]
+    assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "GPU-1,GPU-2"}) == ["GPU-1", "GPU-2"]
+    assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0"}) is None
+    assert visible_selection({"CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]
+    assert visible_selection({}) is None
+
+
+def test_budget_without_process_figures_leaves_components_absent() -> None:
+    fake = FakeNvml([FakeGpu(uuid="GPU-x", used=10 * GiB, processes=[(1, None)])])
+    (reading,) = NvmlSource(loader=lambda: fake)._read_sync()
+    b = gpu_budget(reading, vllm_pids={1}, weights_bytes=5 * GiB, kv_cache_bytes=3 * GiB)
+    assert set(b.components) == {"free", "other_processes"}  # vLLM's memory unknown: no weights/runtime guesses
+    down = gpu_budget(reading, vllm_up=False)
+    assert "weights" not in down.components
+
+
+def test_serve_with_nvml_auto_on_this_machine(fake_vllm_thread: str) -> None:
+    """No GPU here: serve --nvml auto runs, reports NVML down once, and serves vLLM metrics."""
+    import socket
+
+    import httpx
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm_capacity",
+            "serve",
+            "--vllm-url",
+            fake_vllm_thread,
+            "--nvml",
+            "auto",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--interval",
+            "100ms",
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NVIDIA_VISIBLE_DEVICES": ""},
+    )
+    try:
+        text = ""
+        for _ in range(100):
+            try:
+                text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+            except httpx.TransportError:
+                text = ""
+            if (
+                value(text, "vllm_capacity_up") == 1
+                and (value(text, "vllm_capacity_source_errors_total", source="nvml", reason="library_not_found") or 0)
+                >= 2
+            ):
+                break
+            threading.Event().wait(0.1)
+        assert value(text, "vllm_capacity_source_up", source="nvml") == 0
+        assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096
+    finally:
+        proc.terminate()
+        _, stderr = proc.communicate(timeout=10)
+    failed = [json.loads(line) for line in stderr.splitlines() if '"source_failed"' in line]
+    assert [(e["source"], e["reason"]) for e in failed] == [("nvml", "library_not_found")]
+
+
+def test_report_draws_each_gpus_budget() -> None:
+    from vllm_capacity.agent import Snapshot
+    from vllm_capacity.report import gpu_picture
+
+    (reading,) = NvmlSource(loader=lambda: FakeNvml([seed_gpu()]))._read_sync()
+    budget = gpu_budget(
+        reading, vllm_pids={4242}, weights_bytes=15.18 * GiB, kv_cache_bytes=4.31 * GiB, gpu_memory_utilization=0.9
+    )
+    text = "\n".join(gpu_picture(Snapshot(gpus=(reading,), gpu_budgets={"0": budget})))
+    assert "GPU 0 NVIDIA A10G" in text and "22.03 GiB" in text
+    for label, size in [
+        ("Model weights", "15.18 GiB"),
+        ("KV cache", "4.31 GiB"),
+        ("CUDA graphs, activations, context", "1.28 GiB"),
+        ("Driver reserved", "300.00 MiB"),
+    ]:
+        line = next(ln for ln in text.splitlines() if label in ln)
+        assert size in line
+    assert len({len(ln) for ln in text.splitlines() if ln.startswith("  |") or ln.startswith("  +")}) == 1
+    assert "vLLM's budget (gpu_memory_utilization): 19.83 GiB" in text
