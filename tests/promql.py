@@ -1,0 +1,46 @@
+"""Helpers to check PromQL written by this project: which metric names an expression uses, and which exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from vllm_capacity.metrics import SPECS
+
+KEYWORDS = {
+    "by", "on", "without", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
+    "inf", "nan", "le",
+}  # fmt: skip
+REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-metrics.md"
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names in a PromQL expression (label matchers, grouping labels and functions left out)."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
+    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
+    text = re.sub(r"\b(?:by|on|without|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
+    text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors
+    names = set()
+    for m in re.finditer(r"(?<![\w:.])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![\w:])(?!\s*\()", text):
+        word = m.group(1)
+        if word.lower() in KEYWORDS or re.fullmatch(r"\d+[smhdwy]", word):
+            continue
+        names.add(word)
+    return names
+
+
+def agent_names() -> set[str]:
+    names = set()
+    for s in SPECS:
+        names.add(s.name)
+    return names
+
+
+def vllm_names() -> set[str]:
+    """Every vllm: metric of the reference's presence tables, with a histogram's _bucket/_sum/_count series."""
+    names = set()
+    for name, kind in re.findall(r"^\| `(vllm:[a-z0-9_:]+)` \| (\w+) \|", REFERENCE.read_text(), re.MULTILINE):
+        names.add(name)
+        if kind == "histogram":
+            names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return names

@@ -1,0 +1,157 @@
+"""The alert and recording rules: generated from one source, valid for promtool, unit-tested, routed by the
+example Alertmanager configuration, and naming only metrics that exist."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from promql import agent_names, metric_names, vllm_names
+
+ROOT = Path(__file__).resolve().parents[1]
+ALERTS = ROOT / "alerts"
+sys.path.insert(0, str(ALERTS))
+import generate  # noqa: E402
+
+RULE_FILES = [ALERTS / "vllm-capacity-alerts.yaml", ALERTS / "vllm-capacity-rules.yaml"]
+
+
+def _tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, f"{name} missing: scripts/setup installs Debian's prometheus and prometheus-alertmanager"
+    return path
+
+
+def _alerts() -> list[dict]:
+    return yaml.safe_load(RULE_FILES[0].read_text())["groups"][0]["rules"]
+
+
+def _records() -> list[dict]:
+    return yaml.safe_load(RULE_FILES[1].read_text())["groups"][0]["rules"]
+
+
+def test_committed_rules_are_what_the_generator_makes() -> None:
+    for name, text in generate.render().items():
+        assert (ALERTS / name).read_text() == text, f"{name} drifted: run .venv/bin/python alerts/generate.py"
+
+
+def test_promtool_check_rules() -> None:
+    result = subprocess.run(
+        [_tool("promtool"), "check", "rules", *map(str, RULE_FILES)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_unit_tests() -> None:
+    result = subprocess.run(
+        [_tool("promtool"), "test", "rules", str(ROOT / "tests" / "rules" / "alerts-test.yaml")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+REQUIRED = {
+    "VLLMCapacityExporterDown", "VLLMTargetDown", "VLLMKVCacheHigh", "VLLMKVCacheSaturated",
+    "VLLMPreemptionsSustained", "VLLMRequestsQueuedForCapacity", "VLLMKVCacheExhaustionPredicted",
+    "VLLMConcurrencyNearCapacity", "VLLMGPUMemoryNearFull", "VLLMGPUMemoryContention", "VLLMTTFTSLOBreach",
+    "VLLMCapacityMetricsMissing",
+}  # fmt: skip
+
+
+def test_every_alert_is_complete() -> None:
+    alerts = _alerts()
+    assert {a["alert"] for a in alerts} == REQUIRED
+    runbook = (ALERTS / "runbook.md").read_text()
+    for a in alerts:
+        assert a["labels"]["severity"] in ("critical", "warning", "info"), a["alert"]
+        assert re.fullmatch(r"\d+[smh]", a["for"]), a["alert"]
+        ann = a["annotations"]
+        assert ann["summary"].endswith("."), a["alert"]
+        assert "{{" in ann["description"], f"{a['alert']}: the description should give the values"
+        anchor = ann["runbook_url"].rsplit("#", 1)[1]
+        assert f"## {anchor}\n" in runbook, f"{a['alert']}: runbook.md has no section {anchor}"
+    assert {a["alert"] for a in alerts if a["labels"]["severity"] == "critical"} == {
+        "VLLMTargetDown",
+        "VLLMKVCacheSaturated",
+        "VLLMTTFTSLOBreach",
+    }
+
+
+def test_every_alert_has_firing_and_quiet_unit_tests() -> None:
+    doc = yaml.safe_load((ROOT / "tests" / "rules" / "alerts-test.yaml").read_text())
+    firing, quiet = set(), set()
+    for test in doc["tests"]:
+        for case in test.get("alert_rule_test", []):
+            (firing if case["exp_alerts"] else quiet).add(case["alertname"])
+    assert firing == REQUIRED
+    assert quiet == REQUIRED - {"VLLMGPUMemoryNearFull", "VLLMGPUMemoryContention"} | {"VLLMKVCacheSaturated"}
+
+
+def test_recording_rules_follow_level_metric_operations() -> None:
+    for r in _records():
+        assert re.fullmatch(r"[a-z_]+:vllm_capacity_[a-z_]+:[a-z_]+", r["record"]), r["record"]
+
+
+def test_rules_name_only_metrics_that_exist() -> None:
+    known = agent_names() | {r["record"] for r in _records()} | vllm_names() | {"up"}
+    for rule in _alerts() + _records():
+        unknown = metric_names(rule["expr"]) - known
+        assert not unknown, f"{rule.get('alert') or rule.get('record')} uses unknown metrics {unknown}"
+
+
+def test_metric_name_extraction() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (pod, le) (rate(vllm:time_to_first_token_seconds_bucket{job="x"}[5m])))'
+        ' > on (pod) group_left vllm_capacity_up and up{a="b"} unless foo_total offset 5m'
+    )
+    assert metric_names(expr) == {"vllm:time_to_first_token_seconds_bucket", "vllm_capacity_up", "up", "foo_total"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "receiver"),
+    [
+        (["severity=critical", "alertname=VLLMKVCacheSaturated"], "pager"),
+        (["severity=critical", "alertname=VLLMTargetDown"], "pager"),
+        (["severity=warning", "alertname=VLLMKVCacheHigh"], "ticket"),
+        (["severity=info", "alertname=Whatever"], "ticket"),
+    ],
+)
+def test_alertmanager_routes(labels: list[str], receiver: str) -> None:
+    config = str(ALERTS / "alertmanager.yaml")
+    check = subprocess.run([_tool("amtool"), "check-config", config], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+    route = subprocess.run(
+        [
+            _tool("amtool"),
+            "config",
+            "routes",
+            "test",
+            f"--config.file={config}",
+            f"--verify.receivers={receiver}",
+            *labels,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert route.returncode == 0, route.stdout + route.stderr
+
+
+def test_target_down_inhibits_capacity_alerts() -> None:
+    doc = yaml.safe_load((ALERTS / "alertmanager.yaml").read_text())
+    rule = next(r for r in doc["inhibit_rules"] if r["source_matchers"] == ['alertname="VLLMTargetDown"'])
+    pattern = re.search(r'alertname=~"([^"]+)"', rule["target_matchers"][0])[1]
+    for name in REQUIRED - {
+        "VLLMTargetDown",
+        "VLLMCapacityExporterDown",
+        "VLLMGPUMemoryNearFull",
+        "VLLMGPUMemoryContention",
+    }:
+        assert re.fullmatch(pattern, name), f"VLLMTargetDown does not silence {name}"
+    assert set(rule["equal"]) == {"namespace", "pod"}
