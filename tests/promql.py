@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
 
 from vllm_capacity.metrics import SPECS
 
@@ -44,3 +46,13 @@ def vllm_names() -> set[str]:
         if kind == "histogram":
             names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}
     return names
+
+
+def load_generator(folder: str) -> ModuleType:
+    """alerts/generate.py or dashboards/generate.py, each under a name of its own."""
+    path = Path(__file__).resolve().parents[1] / folder / "generate.py"
+    spec = importlib.util.spec_from_file_location(f"{folder}_generate", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -6,18 +6,16 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from promql import agent_names, metric_names, vllm_names
+from promql import agent_names, load_generator, metric_names, vllm_names
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS = ROOT / "alerts"
-sys.path.insert(0, str(ALERTS))
-import generate  # noqa: E402
+generate = load_generator("alerts")
 
 RULE_FILES = [ALERTS / "vllm-capacity-alerts.yaml", ALERTS / "vllm-capacity-rules.yaml"]
 

@@ -1,0 +1,117 @@
+"""The Grafana dashboards: generated from dashboards/generate.py, complete, and querying only metrics that exist
+with PromQL that Prometheus accepts."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from promql import agent_names, load_generator, metric_names, vllm_names
+
+ROOT = Path(__file__).resolve().parents[1]
+dashboards_generate = load_generator("dashboards")
+
+NAMES = ("vllm-capacity.json", "vllm-capacity-fleet.json")
+
+
+def _dashboard(name: str) -> dict:
+    return json.loads((ROOT / "dashboards" / name).read_text())
+
+
+def _panels(d: dict) -> list[dict]:
+    return [p for p in d["panels"] if p["type"] != "row"]
+
+
+def exprs(d: dict) -> list[str]:
+    return [t["expr"] for p in _panels(d) for t in p["targets"]] + [
+        v["query"] if isinstance(v["query"], str) else v["query"]["query"]
+        for v in d["templating"]["list"]
+        if v["type"] == "query"
+    ]
+
+
+def promql_for_promtool(expr: str) -> str:
+    """Grafana's variables as Prometheus would see them once Grafana substituted them."""
+    expr = expr.replace("$__rate_interval", "5m").replace("$__interval", "1m")
+    expr = re.sub(r"\$\{?(\w+)\}?", ".*", expr)
+    m = re.fullmatch(r"label_values\((.+), *\w+\)", expr)  # a variable's query: its selector is the PromQL
+    return m[1] if m else expr
+
+
+def test_committed_json_is_what_the_generator_makes() -> None:
+    for name, text in dashboards_generate.render().items():
+        assert (ROOT / "dashboards" / name).read_text() == text, f"{name} drifted: run dashboards/generate.py"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_dashboard_structure(name: str) -> None:
+    d = _dashboard(name)
+    assert d["uid"] in ("vllm-capacity", "vllm-capacity-fleet")
+    assert d["schemaVersion"] >= 41
+    assert "vllm-capacity" in d["tags"]
+    ids = [p["id"] for p in d["panels"]]
+    assert len(set(ids)) == len(ids), "panel ids must be unique"
+    variables = [v["name"] for v in d["templating"]["list"]]
+    assert variables == (
+        ["datasource", "namespace", "pod", "model"] if name == NAMES[0] else ["datasource", "namespace", "model"]
+    )
+    for p in _panels(d):
+        defaults = p["fieldConfig"]["defaults"]
+        assert defaults.get("unit"), f"{p['title']}: no unit"
+        assert defaults.get("thresholds", {}).get("steps"), f"{p['title']}: no thresholds"
+        assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+        assert isinstance(p["id"], int) and p["id"] > 0, p["title"]
+        refs = [t["refId"] for t in p["targets"]]
+        assert refs and len(set(refs)) == len(refs) and all(refs), f"{p['title']}: refIds {refs}"
+
+
+def test_capacity_dashboard_has_what_operators_plan_with() -> None:
+    titles = {p["title"] for p in _panels(_dashboard(NAMES[0]))}
+    for needed in (
+        "GPU memory by what holds it",
+        "KV cache tokens",
+        "Bytes per token (per GPU rank)",
+        "Running requests against max concurrency",
+        "Concurrency utilization",
+        "KV cache exhaustion forecast (1 h ahead)",
+        "Waiting and preempted",
+        "Time to first token",
+        "Time per output token (inter-token latency)",
+        "Saturation: p99 TTFT and running requests",
+        "GPU utilization",
+        "GPU power",
+        "GPU throttling",
+    ):
+        assert needed in titles, needed
+
+
+def test_every_query_parses_in_prometheus(tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: scripts/setup installs Debian's prometheus package"
+    rules = [
+        {"record": f"dashboard:query_{i}:check", "expr": promql_for_promtool(e)}
+        for name in NAMES
+        for i, e in enumerate(exprs(_dashboard(name)))
+    ]
+    path = tmp_path / "dashboard-queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard-queries", "rules": rules}]}))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_query_names_only_metrics_that_exist() -> None:
+    records = {
+        r["record"]
+        for r in yaml.safe_load((ROOT / "alerts" / "vllm-capacity-rules.yaml").read_text())["groups"][0]["rules"]
+    }
+    known = agent_names() | records | vllm_names()
+    for name in NAMES:
+        for e in exprs(_dashboard(name)):
+            unknown = metric_names(promql_for_promtool(e)) - known
+            assert not unknown, f"{name}: {e} uses unknown metrics {unknown}"
