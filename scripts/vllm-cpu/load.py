@@ -1,0 +1,45 @@
+"""Bursts of load on a loopback vLLM until stopped: round after round of PARALLEL requests of MAX_TOKENS tokens.
+
+usage: load.py URL [--parallel 24] [--max-tokens 512] [--rounds N]   (N = 0: until SIGTERM or SIGINT)
+Prints one JSON line per round. The e2e test runs it under `nice`, beside vLLM, so that the monitoring stack under
+test keeps its CPU on a 2-core machine as it would in a real pod.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+import lab
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("url")
+    ap.add_argument("--parallel", type=int, default=24)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--rounds", type=int, default=0)
+    args = ap.parse_args()
+    stopping = False
+
+    def stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    done = 0
+    while not stopping and (args.rounds == 0 or done < args.rounds):
+        result = lab.drive_load(args.url, parallel=args.parallel, max_tokens=args.max_tokens)
+        print(
+            json.dumps({k: v for k, v in result.items() if k != "errors"} | {"errors": len(result["errors"])}),
+            flush=True,
+        )
+        done += 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
