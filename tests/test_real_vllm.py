@@ -154,6 +154,19 @@ def test_parser_on_live_captures(vllm: lab.VllmServer) -> None:
     assert d.capacity_tokens == int(_cache_config(raw)["kv_cache_size_tokens"])
 
 
+def _load_round(url: str) -> dict:
+    """24 parallel requests of 512 tokens from a process as low in priority as vLLM itself: at the test's own
+    priority the load threads starve the sidecar on a 2-core machine, which in a pod has CPU of its own."""
+    out = subprocess.run(
+        ["nice", "-n", "10", sys.executable, str(Path(lab.__file__).with_name("load.py")), url, "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    ).stdout
+    return json.loads(out.splitlines()[-1])
+
+
 def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> None:
     """Many parallel long requests on a 32-block cache: used tokens rise, usage reaches 1, requests wait,
     preemptions appear, and the agent shows all of it."""
@@ -185,7 +198,10 @@ def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> Non
     def sample() -> None:
         with httpx.Client(timeout=10) as client:
             while not stop.is_set():
-                text = client.get(agent.url + "/metrics").text
+                try:
+                    text = client.get(agent.url + "/metrics").text
+                except httpx.HTTPError:
+                    continue  # a slow answer on a saturated 2-core machine: sample again
                 for short, pattern in patterns.items():  # a regex, not a full parse, per sample: 2 cores
                     m = pattern.search(text)
                     if m:
@@ -198,14 +214,13 @@ def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> Non
     rounds = []
     try:
         for _ in range(6):  # bounded: stop as soon as saturation was seen
-            rounds.append(lab.drive_load(vllm.url, parallel=24, max_tokens=512))
+            rounds.append(_load_round(vllm.url))
             if seen.get("usage", 0) >= 1.0 and seen.get("waiting_capacity", 0) > 0:
                 break
     finally:
         stop.set()
         sampler.join()
-    errors = [e for r in rounds for e in r["errors"]]
-    assert not errors, errors
+    assert not any(r["errors"] for r in rounds), rounds
     assert all(r["requests"] == 24 for r in rounds), rounds
     print(f"\nload rounds: {rounds}\nagent maxima: {seen}")
     assert seen["used"] > 2048
