@@ -1,0 +1,232 @@
+"""Shipping: the Dockerfile (hadolint; its install steps in a fresh virtualenv, since no OCI image can be built
+here), and the Kubernetes manifests rendered with kubectl kustomize and validated offline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from promql import load_generator
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "deploy" / "kubernetes"
+BIN = Path(sys.executable).parent
+VERSIONS = ("1.29.0", "1.31.0", "1.33.0", "1.35.0")  # native sidecars: 1.29 and later
+
+
+def kustomize(path: Path) -> list[dict]:
+    kubectl = shutil.which("kubectl")
+    assert kubectl, "kubectl missing (it comes with the machine image; kustomize is built into it)"
+    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _rel(path: Path, start: Path) -> str:
+    """kustomize takes other kustomizations by relative path only."""
+    return os.path.relpath(path, start)
+
+
+def test_hadolint() -> None:
+    result = subprocess.run([str(BIN / "hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_dockerfile_contract() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    assert text.count("\nFROM ") >= 1 and "AS build" in text, "multi-stage"
+    base = next(line for line in text.splitlines() if line.startswith("ARG PYTHON_IMAGE="))
+    assert ":" in base and "latest" not in base and "slim" in base, "an exact slim tag"
+    assert 'ENTRYPOINT ["vllm-capacity"]' in text and 'CMD ["serve"]' in text
+    assert "USER 65532:65532" in text
+    assert "org.opencontainers.image.source" in text
+
+
+def test_dockerfile_install_steps_in_a_fresh_virtualenv(tmp_path: Path) -> None:
+    """The Dockerfile's two steps, here: build the wheel (no deps), install it alone into a clean environment.
+    Then the installed agent runs from a tree it never writes to (as under a read-only root filesystem)."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-cache-dir",
+            "--no-deps",
+            "--wheel-dir",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("vllm_capacity-*.whl")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "--no-cache-dir", "-q", str(wheel)], check=True, capture_output=True
+    )
+    before = sorted(p for p in venv.rglob("*"))
+    env = {"PYTHONDONTWRITEBYTECODE": "1", "PATH": str(venv / "bin")}
+    version = subprocess.run(
+        [str(venv / "bin" / "vllm-capacity"), "--version"], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert version.returncode == 0 and version.stdout.startswith("vllm-capacity "), version.stderr
+    report = subprocess.run(
+        [
+            str(venv / "bin" / "vllm-capacity"),
+            "report",
+            "--vllm-url",
+            "http://127.0.0.1:9",
+            "--timeout",
+            "1s",
+            "--nvml",
+            "off",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert report.returncode == 1 and "(connect)" in report.stderr
+    assert sorted(p for p in venv.rglob("*")) == before, "the agent wrote into its installation"
+    (package,) = venv.glob("lib/python*/site-packages/vllm_capacity")
+    assert not list(package.rglob("test*")), "tests are not shipped in the wheel"
+
+
+def test_generated_copies_match_their_sources() -> None:
+    generate = load_generator("deploy")
+    for path, text in generate.render().items():
+        assert path.read_text() == text, f"{path} drifted: run .venv/bin/python deploy/generate.py"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_manifests_validate_strictly(version: str, tmp_path: Path) -> None:
+    rendered = tmp_path / "example.yaml"
+    rendered.write_text(yaml.safe_dump_all(kustomize(K8S / "example")))
+    result = subprocess.run(
+        [str(BIN / "kubernetes-validate"), "--strict", "-k", version, str(rendered)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "passed for resource deployment/vllm" in result.stdout + result.stderr
+
+
+def test_prometheus_operator_objects_validate() -> None:
+    from cloudcoil.models.prometheus_operator import v1
+
+    docs = kustomize(K8S / "example")
+    kinds = {"PodMonitor": v1.PodMonitor, "PrometheusRule": v1.PrometheusRule}
+    checked = [kinds[d["kind"]].model_validate(d) for d in docs if d["kind"] in kinds]
+    assert len(checked) == 3
+
+
+def test_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
+    (rule,) = [d for d in kustomize(K8S / "monitoring") if d["kind"] == "PrometheusRule"]
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rule["spec"]))
+    result = subprocess.run([shutil.which("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("SUCCESS") == 1
+
+
+def test_sidecar_patch_on_a_plain_deployment(tmp_path: Path) -> None:
+    plain = kustomize(K8S / "vllm")
+    (before,) = [d for d in plain if d["kind"] == "Deployment"]
+    assert "initContainers" not in before["spec"]["template"]["spec"]
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [_rel(K8S / "vllm", overlay)],
+                "components": [_rel(K8S / "components" / "vllm-capacity-sidecar", overlay)],
+            }
+        )
+    )
+    (after,) = [d for d in kustomize(overlay) if d["kind"] == "Deployment"]
+    pod = after["spec"]["template"]["spec"]
+    (sidecar,) = pod["initContainers"]
+    assert sidecar["name"] == "vllm-capacity" and sidecar["restartPolicy"] == "Always"
+    assert pod["containers"] == before["spec"]["template"]["spec"]["containers"], "vLLM's container is untouched"
+    sc = sidecar["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert sc["capabilities"]["drop"] == ["ALL"] and sc["runAsUser"] == 65532
+    port = sidecar["ports"][0]
+    from vllm_capacity import cli
+
+    default_port = int(next(o for o in cli.SERVE_OPTIONS if o.flag == "--listen").default.rsplit(":", 1)[1])
+    assert port["containerPort"] == default_port
+    assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}
+    assert sidecar["resources"]["limits"]["memory"] and sidecar["resources"]["requests"]["cpu"]
+    volumes = {v["name"] for v in pod["volumes"]}
+    assert {m["name"] for m in sidecar["volumeMounts"]} <= volumes
+    assert all(m.get("readOnly") for m in sidecar["volumeMounts"])
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    assert env["VLLM_CAPACITY_VLLM_LOG"].startswith(
+        next(m["mountPath"] for m in sidecar["volumeMounts"] if m["name"] == "vllm-log")
+    )
+    assert after["spec"]["template"]["metadata"]["labels"]["vllm-capacity.io/scrape"] == "true"
+
+
+def test_gpu_visibility_components(tmp_path: Path) -> None:
+    for component, check in (
+        ("gpu-dra", lambda pod, sidecar: pod["resourceClaims"][0]["name"] == sidecar["resources"]["claims"][0]["name"]),
+        (
+            "gpu-visible-devices",
+            lambda pod, sidecar: (
+                {"NVIDIA_DRIVER_CAPABILITIES": "utility"}.items()
+                <= {e["name"]: e["value"] for e in sidecar["env"]}.items()
+            ),
+        ),
+    ):
+        overlay = tmp_path / component
+        overlay.mkdir()
+        (overlay / "kustomization.yaml").write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                    "kind": "Kustomization",
+                    "resources": [_rel(K8S / "vllm", overlay)],
+                    "components": [
+                        _rel(K8S / "components" / "vllm-capacity-sidecar", overlay),
+                        _rel(K8S / "components" / component, overlay),
+                    ],
+                }
+            )
+        )
+        docs = kustomize(overlay)
+        (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+        pod = dep["spec"]["template"]["spec"]
+        assert check(pod, pod["initContainers"][0]), component
+        rendered = overlay / "out.yaml"
+        rendered.write_text(yaml.safe_dump_all(docs))
+        result = subprocess.run(
+            [str(BIN / "kubernetes-validate"), "--strict", "-k", "1.35.0", str(rendered)],
+            capture_output=True,
+            text=True,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_yamllint() -> None:
+    config = (
+        "{extends: default, rules: {line-length: {max: 160}, document-start: disable,"
+        " comments: {min-spaces-from-content: 1}}}"
+    )
+    # hand-written YAML; the generated copies (PyYAML's layout, embedded JSON) are covered by their drift tests,
+    # promtool and the prometheus-operator models
+    files = [p for p in (ROOT / "deploy").rglob("*.yaml") if not p.read_text().startswith("# Generated by")]
+    files.append(ROOT / "alerts" / "alertmanager.yaml")
+    result = subprocess.run(
+        [str(BIN / "yamllint"), "-s", "-d", config, *map(str, files)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
