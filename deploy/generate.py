@@ -1,6 +1,7 @@
 """Generate the Kubernetes copies of the rules and dashboards from their sources in alerts/ and dashboards/.
 
-    .venv/bin/python deploy/generate.py     # rewrite kubernetes/monitoring/prometheusrule.yaml and dashboards.yaml
+    .venv/bin/python deploy/generate.py     # rewrite kubernetes/monitoring/{prometheusrule,dashboards}.yaml and
+                                            # the Helm chart's files/
 
 A test fails when the committed copies differ from what this script makes of the committed sources.
 """
@@ -50,8 +51,21 @@ def dashboards() -> str:
     return HEADER.format("dashboards/") + yaml.safe_dump_all(docs, sort_keys=False, width=120)
 
 
+CHART_FILES = ROOT / "deploy" / "helm" / "vllm-capacity" / "files"
+
+
+def chart_files() -> dict[Path, str]:
+    """The Helm chart's copies of the rules, the Alertmanager example and the dashboards (Helm reads only files
+    inside its chart)."""
+    sources = [
+        ROOT / "alerts" / n for n in ("vllm-capacity-alerts.yaml", "vllm-capacity-rules.yaml", "alertmanager.yaml")
+    ]
+    sources += sorted((ROOT / "dashboards").glob("*.json"))
+    return {CHART_FILES / p.name: p.read_text() for p in sources}
+
+
 def render() -> dict[Path, str]:
-    return {OUT / "prometheusrule.yaml": prometheus_rule(), OUT / "dashboards.yaml": dashboards()}
+    return {OUT / "prometheusrule.yaml": prometheus_rule(), OUT / "dashboards.yaml": dashboards(), **chart_files()}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,21 @@
+{{- define "vllm-capacity.labels" -}}
+app.kubernetes.io/name: vllm-capacity
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "vllm-capacity.podMetricsEndpoint" -}}
+- port: {{ .port }}
+  path: /metrics
+  interval: {{ .interval }}
+  relabelings:
+    - sourceLabels: [__meta_kubernetes_namespace]
+      targetLabel: namespace
+    - sourceLabels: [__meta_kubernetes_pod_name]
+      targetLabel: pod
+{{- end }}
