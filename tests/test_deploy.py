@@ -329,3 +329,39 @@ def test_production_stack_post_renderer() -> None:
     assert [c["name"] for c in patched["initContainers"]] == ["vllm-capacity"]
     assert patched["initContainers"][0]["restartPolicy"] == "Always"
     assert "initContainers" not in docs["vllm-deployment-router"]["spec"]["template"]["spec"]
+
+
+COMPOSE = ROOT / "deploy" / "compose"
+
+
+def test_compose_stack_validates() -> None:
+    compose = shutil.which("docker-compose")
+    assert compose, "docker-compose missing: scripts/setup installs Debian's docker-compose"
+    result = subprocess.run(
+        [compose, "-f", str(COMPOSE / "docker-compose.yaml"), "config"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    assert set(services) == {"vllm", "vllm-capacity", "prometheus", "alertmanager", "grafana"}
+    sidecar = services["vllm-capacity"]
+    assert sidecar["read_only"] and sidecar["user"] == "65532:65532" and sidecar["cap_drop"] == ["ALL"]
+    assert sidecar["pid"] == "service:vllm"
+    assert all(":" in s["image"] and not s["image"].endswith(":latest") for n, s in services.items() if "image" in s)
+
+
+def test_compose_prometheus_and_grafana_provisioning(tmp_path: Path) -> None:
+    compose = yaml.safe_load((COMPOSE / "docker-compose.yaml").read_text())["services"]
+    mounts = {m.split(":")[1]: (COMPOSE / m.split(":")[0]).resolve() for m in compose["prometheus"]["volumes"]}
+    prom = yaml.safe_load((COMPOSE / "prometheus.yml").read_text())
+    for rule_file in prom["rule_files"]:  # the rules Prometheus loads are the shipped ones, mounted read-only
+        mount = next(m for m in mounts if rule_file.startswith(m + "/"))
+        assert (mounts[mount] / rule_file[len(mount) + 1 :]).is_file(), rule_file
+    local = tmp_path / "prometheus.yml"
+    local.write_text((COMPOSE / "prometheus.yml").read_text().replace("/etc/prometheus/rules/", f"{ROOT}/alerts/"))
+    result = subprocess.run([shutil.which("promtool"), "check", "config", str(local)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    grafana = {m.split(":")[1]: (COMPOSE / m.split(":")[0]).resolve() for m in compose["grafana"]["volumes"]}
+    provider = yaml.safe_load((COMPOSE / "grafana" / "dashboards" / "vllm-capacity.yaml").read_text())["providers"][0]
+    assert grafana[provider["options"]["path"]] == ROOT / "dashboards"
+    datasource = yaml.safe_load((COMPOSE / "grafana" / "datasources" / "prometheus.yaml").read_text())["datasources"][0]
+    assert datasource["type"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
