@@ -34,6 +34,19 @@ def _rel(path: Path, start: Path) -> str:
     return os.path.relpath(path, start)
 
 
+def _overlay(path: Path, *components: str) -> Path:
+    """A kustomization of the plain vLLM Deployment with the named components of deploy/kubernetes/components."""
+    path.mkdir()
+    doc = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [_rel(K8S / "vllm", path)],
+        "components": [_rel(K8S / "components" / c, path) for c in components],
+    }
+    (path / "kustomization.yaml").write_text(yaml.safe_dump(doc))
+    return path
+
+
 def test_hadolint() -> None:
     result = subprocess.run([str(BIN / "hadolint"), str(ROOT / "Dockerfile")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -140,18 +153,7 @@ def test_sidecar_patch_on_a_plain_deployment(tmp_path: Path) -> None:
     plain = kustomize(K8S / "vllm")
     (before,) = [d for d in plain if d["kind"] == "Deployment"]
     assert "initContainers" not in before["spec"]["template"]["spec"]
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                "kind": "Kustomization",
-                "resources": [_rel(K8S / "vllm", overlay)],
-                "components": [_rel(K8S / "components" / "vllm-capacity-sidecar", overlay)],
-            }
-        )
-    )
+    overlay = _overlay(tmp_path / "overlay", "vllm-capacity-sidecar")
     (after,) = [d for d in kustomize(overlay) if d["kind"] == "Deployment"]
     pod = after["spec"]["template"]["spec"]
     (sidecar,) = pod["initContainers"]
@@ -189,21 +191,7 @@ def test_gpu_visibility_components(tmp_path: Path) -> None:
             ),
         ),
     ):
-        overlay = tmp_path / component
-        overlay.mkdir()
-        (overlay / "kustomization.yaml").write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "kustomize.config.k8s.io/v1beta1",
-                    "kind": "Kustomization",
-                    "resources": [_rel(K8S / "vllm", overlay)],
-                    "components": [
-                        _rel(K8S / "components" / "vllm-capacity-sidecar", overlay),
-                        _rel(K8S / "components" / component, overlay),
-                    ],
-                }
-            )
-        )
+        overlay = _overlay(tmp_path / component, "vllm-capacity-sidecar", component)
         docs = kustomize(overlay)
         (dep,) = [d for d in docs if d["kind"] == "Deployment"]
         pod = dep["spec"]["template"]["spec"]
