@@ -96,9 +96,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     procs: list[subprocess.Popen] = []
     logs: list = []
 
-    def log(name: str):
-        logs.append((work / name).open("w"))
-        return logs[-1]
+    def start(log_name: str, argv: list) -> None:
+        logs.append((work / log_name).open("w"))
+        procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=logs[-1]))
 
     lab.install()
     vllm = lab.VllmServer(log_path=work / "vllm.log", extra_args=lab.SMALL_KV_ARGS).start()
@@ -111,18 +111,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         am["route"].update(group_wait="1s", group_interval="1s")
         (work / "alertmanager.yaml").write_text(yaml.safe_dump(am))
         am_port, prom_port, agent_port = lab.free_port(), lab.free_port(), lab.free_port()
-        procs.append(
-            subprocess.Popen(
-                [
-                    shutil.which("prometheus-alertmanager"),
-                    f"--config.file={work / 'alertmanager.yaml'}",
-                    f"--storage.path={work / 'am'}",
-                    f"--web.listen-address=127.0.0.1:{am_port}",
-                    "--cluster.listen-address=",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=log("alertmanager.log"),
-            )
+        start(
+            "alertmanager.log",
+            [
+                shutil.which("prometheus-alertmanager"),
+                f"--config.file={work / 'alertmanager.yaml'}",
+                f"--storage.path={work / 'am'}",
+                f"--web.listen-address=127.0.0.1:{am_port}",
+                "--cluster.listen-address=",
+            ],
         )
         # Prometheus: the shipped rules with only `for` shortened
         alerts = yaml.safe_load((ROOT / "alerts" / "vllm-capacity-alerts.yaml").read_text())
@@ -131,29 +128,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         (work / "alerts.yaml").write_text(yaml.safe_dump(alerts))
         shutil.copy(ROOT / "alerts" / "vllm-capacity-rules.yaml", work / "rules.yaml")
         vllm.wait_ready()
-        procs.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "vllm_capacity",
-                    "serve",
-                    "--vllm-url",
-                    vllm.url,
-                    "--listen",
-                    f"127.0.0.1:{agent_port}",
-                    "--interval",
-                    "500ms",
-                    "--timeout",
-                    "10s",
-                    "--vllm-log",
-                    str(vllm.log_path),
-                    "--model-dir",
-                    str(vllm.cache / "tiny-llama"),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=log("agent.log"),
-            )
+        start(
+            "agent.log",
+            lab.agent_command(
+                vllm.url,
+                agent_port,
+                "500ms",
+                "--timeout",
+                "10s",
+                "--vllm-log",
+                str(vllm.log_path),
+                "--model-dir",
+                str(vllm.cache / "tiny-llama"),
+            ),
         )
         labels = {"namespace": "e2e", "pod": "vllm-0"}
         prom = {
@@ -169,18 +156,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
             ],
         }
         (work / "prometheus.yml").write_text(yaml.safe_dump(prom))
-        procs.append(
-            subprocess.Popen(
-                [
-                    shutil.which("prometheus"),
-                    f"--config.file={work / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={work / 'prom'}",
-                    f"--web.listen-address=127.0.0.1:{prom_port}",
-                    "--rules.alert.resend-delay=1s",
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=log("prometheus.log"),
-            )
+        start(
+            "prometheus.log",
+            [
+                shutil.which("prometheus"),
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'prom'}",
+                f"--web.listen-address=127.0.0.1:{prom_port}",
+                "--rules.alert.resend-delay=1s",
+            ],
         )
         _wait_http(f"http://127.0.0.1:{am_port}/-/ready")
         _wait_http(f"http://127.0.0.1:{prom_port}/-/ready")

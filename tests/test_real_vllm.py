@@ -49,21 +49,7 @@ class AgentProcess:
         self.log = log
         self._log_file = log.open("w")
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "vllm_capacity",
-                "serve",
-                "--vllm-url",
-                vllm_url,
-                "--listen",
-                f"127.0.0.1:{self.port}",
-                "--interval",
-                f"{INTERVAL}s",
-                "--timeout",
-                "10s",
-                *extra,
-            ],
+            lab.agent_command(vllm_url, self.port, f"{INTERVAL}s", "--timeout", "10s", *extra),
             stdout=subprocess.DEVNULL,
             stderr=self._log_file,
         )

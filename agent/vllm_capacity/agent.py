@@ -100,6 +100,7 @@ class Agent:
             self.sources[SOURCE_LOG] = SourceStatus()
         self.nvml, self.nvml_required, self.vllm_pids = nvml, nvml_required, vllm_pids
         self._gpus: tuple[GpuReading, ...] = ()
+        self._vllm_pids: set[int] = set()
         self._nvml_next_attempt = 0.0
         self._nvml_backoff = interval
         if nvml is not None:
@@ -191,6 +192,8 @@ class Agent:
             self._nvml_next_attempt = self.monotonic() + self._nvml_backoff
             self._nvml_backoff = min(NVML_MAX_BACKOFF, self._nvml_backoff * 2)
             return
+        # which processes are vLLM's: a walk of /proc, so off the event loop, and only when there are GPUs to use it
+        self._vllm_pids = await asyncio.to_thread(self.vllm_pids) if self._gpus else set()
         self._nvml_backoff = self.interval
         self._ok(SOURCE_NVML, self.monotonic() - t0)
 
@@ -203,10 +206,13 @@ class Agent:
         weights = _only(e.weights_bytes for e in engines)
         pool = _only(e.kv_pool_bytes for e in engines)
         utilization = _only(e.cache_config.gpu_memory_utilization for e in metrics.engines if e.cache_config)
-        pids = self.vllm_pids()
         return {
             g.index: gpu_budget(
-                g, vllm_pids=pids, weights_bytes=weights, kv_cache_bytes=pool, gpu_memory_utilization=utilization
+                g,
+                vllm_pids=self._vllm_pids,
+                weights_bytes=weights,
+                kv_cache_bytes=pool,
+                gpu_memory_utilization=utilization,
             )
             for g in self._gpus
         }

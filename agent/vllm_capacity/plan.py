@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, replace
 
 from vllm_capacity.capacity import KvPlan, MemoryBudget, kv_dtype_bytes, plan_kv
-from vllm_capacity.report import CONTEXTS, _bytes
+from vllm_capacity.report import CONTEXTS, format_bytes
 from vllm_capacity.sources.model_config import Geometry
 
 GiB = 2**30
@@ -22,16 +22,16 @@ def budget_picture(budget: MemoryBudget, kv_bytes: int, width: int = 46) -> list
     ]
     total = budget.gpu_memory_bytes
     lines = [
-        f"GPU memory per GPU: {_bytes(total)} x gpu_memory_utilization {budget.gpu_memory_utilization:g} = "
-        f"{_bytes(budget.budget_bytes)}",
+        f"GPU memory per GPU: {format_bytes(total)} x gpu_memory_utilization {budget.gpu_memory_utilization:g} = "
+        f"{format_bytes(budget.budget_bytes)}",
         "+" + "-" * width + "+",
     ]
     for name, size in rows:
         if size:
-            lines.append(f"| {name:<19}{_bytes(size):>14}{size / total * 100:>9.1f} % |")
+            lines.append(f"| {name:<19}{format_bytes(size):>14}{size / total * 100:>9.1f} % |")
     lines.append("+" + "-" * width + "+")
     outside = total - budget.budget_bytes
-    lines.append(f"| {'Outside the budget':<19}{_bytes(outside):>14}{outside / total * 100:>9.1f} % |")
+    lines.append(f"| {'Outside the budget':<19}{format_bytes(outside):>14}{outside / total * 100:>9.1f} % |")
     lines.append("+" + "-" * width + "+")
     return lines
 
@@ -48,7 +48,7 @@ def what_if(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget
     if budget is not None and budget.gpu_memory_utilization < 0.95:
         more = replace(budget, gpu_memory_utilization=min(0.95, budget.gpu_memory_utilization + 0.05))
         bigger = plan_kv(geometry, **{**kwargs, "kv_cache_memory_bytes": more.kv_cache_bytes})
-        gained = _bytes(more.kv_cache_bytes - budget.kv_cache_bytes)
+        gained = format_bytes(more.kv_cache_bytes - budget.kv_cache_bytes)
         lines.append(
             f"  gpu_memory_utilization {more.gpu_memory_utilization:g}: +{gained} of KV cache, "
             f"{bigger.kv_cache_tokens:,} tokens, {bigger.max_concurrency:.2f}x"
@@ -74,8 +74,8 @@ def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBu
     )
     lines += [
         "KV cache per GPU",
-        f"  memory             {_bytes(plan.kv_cache_memory_bytes):>14}",
-        f"  bytes per token    {_bytes(per_token):>14}   ({shape})",
+        f"  memory             {format_bytes(plan.kv_cache_memory_bytes):>14}",
+        f"  bytes per token    {format_bytes(per_token):>14}   ({shape})",
         f"  blocks             {plan.num_gpu_blocks:>14,}   of {plan.block_size} tokens",
         f"  capacity           {plan.kv_cache_tokens:>14,} tokens",
         f"  max concurrency    {plan.max_concurrency:>13.2f}x   at max_model_len {plan.max_model_len:,}",
@@ -84,7 +84,9 @@ def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBu
     ]
     for ctx in (*CONTEXTS, 32768):
         if ctx < plan.max_model_len:
-            lines.append(f"  {ctx:>8,} tokens   {plan.concurrency_at(ctx):>9.2f}x   {_bytes(ctx * per_token):>12} each")
+            lines.append(
+                f"  {ctx:>8,} tokens   {plan.concurrency_at(ctx):>9.2f}x   {format_bytes(ctx * per_token):>12} each"
+            )
     lines += ["", "What would change it", *what_if(plan, geometry, kwargs, budget)]
     return "\n".join(lines) + "\n"
 

@@ -19,7 +19,7 @@ def _n(value: float | None, digits: int = 0) -> str:
     return f"{value:,.{digits}f}"
 
 
-def _bytes(value: float | None) -> str:
+def format_bytes(value: float | None) -> str:
     if value is None:
         return "unknown"
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
@@ -41,7 +41,7 @@ def _bytes_per_token_lines(e: EngineCapacity) -> list[str]:
     known = [(m, v, how) for m, v, how in methods if v is not None]
     if not known:
         return [f"  bytes per token  {'unknown':>12}   (give --vllm-log or --model-config, or a fixed KV budget)"]
-    return [f"  bytes per token  {_bytes(v):>12}   ({how})" for _, v, how in known]
+    return [f"  bytes per token  {format_bytes(v):>12}   ({how})" for _, v, how in known]
 
 
 def _memory_lines(e: EngineCapacity) -> list[str]:
@@ -54,7 +54,7 @@ def _memory_lines(e: EngineCapacity) -> list[str]:
     known = [(name, v) for name, v in rows if v is not None]
     if not known:
         return []
-    return ["", "Memory per GPU rank"] + [f"  {name:<16} {_bytes(v):>12}" for name, v in known]
+    return ["", "Memory per GPU rank"] + [f"  {name:<16} {format_bytes(v):>12}" for name, v in known]
 
 
 def _best_bytes_per_token(e: EngineCapacity) -> float | None:
@@ -98,7 +98,7 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
         if conc is None and ctx is None:
             lines.append(f"  {label:<28}{'-':>16}{'':>16}   longer than max_model_len")
             continue
-        kv = _bytes(ctx * bpt) if (bpt and ctx) else "-"
+        kv = format_bytes(ctx * bpt) if (bpt and ctx) else "-"
         lines.append(f"  {label:<28}{_n(conc, 2) + 'x':>16}{kv:>16}")
     lines += [
         "",
@@ -128,7 +128,7 @@ def gpu_picture(snap: Snapshot) -> list[str]:
     for g in snap.gpus:
         budget = snap.gpu_budgets.get(g.index)
         total = g.memory_total_bytes
-        lines += ["", f"GPU {g.index} {g.name} ({g.uuid}): {_bytes(total)}"]
+        lines += ["", f"GPU {g.index} {g.name} ({g.uuid}): {format_bytes(total)}"]
         if budget is None:
             continue
         width = 30  # bar width: the whole GPU
@@ -139,13 +139,13 @@ def gpu_picture(snap: Snapshot) -> list[str]:
             if size is None:
                 continue
             bar = "#" * round(size / total * width) if total else ""
-            lines.append(f"  | {_COMPONENT_NAMES[component]:<34}{_bytes(size):>12}  {bar:<{width}} |")
+            lines.append(f"  | {_COMPONENT_NAMES[component]:<34}{format_bytes(size):>12}  {bar:<{width}} |")
         lines.append(rule)
         missing = [_COMPONENT_NAMES[c] for c in COMPONENTS if c not in budget.components]
         if missing:
             lines.append(f"  unknown: {', '.join(missing)} (see README: GPU memory budget)")
         if budget.budget_bytes:
-            lines.append(f"  vLLM's budget (gpu_memory_utilization): {_bytes(budget.budget_bytes)}")
+            lines.append(f"  vLLM's budget (gpu_memory_utilization): {format_bytes(budget.budget_bytes)}")
     return lines
 
 

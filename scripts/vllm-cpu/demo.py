@@ -57,20 +57,7 @@ def main() -> int:
         _say(f"starting the agent: vllm-capacity serve --vllm-url {vllm.url} --listen 127.0.0.1:{agent_port}")
         agent_log = (work / "agent.log").open("w")
         agent = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "vllm_capacity",
-                "serve",
-                "--vllm-url",
-                vllm.url,
-                "--listen",
-                f"127.0.0.1:{agent_port}",
-                "--interval",
-                "1s",
-                "--log-format",
-                "console",
-            ],
+            lab.agent_command(vllm.url, agent_port, "1s", "--log-format", "console"),
             stdout=agent_log,
             stderr=subprocess.STDOUT,
         )

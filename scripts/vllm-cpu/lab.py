@@ -12,6 +12,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -153,6 +154,14 @@ class VllmServer:
             "max_model_len": int(max_model_len.replace(",", "")),
             "max_concurrency": float(concurrency),
         }
+
+
+def agent_command(vllm_url: str, port: int, interval: str, *extra: str) -> list[str]:
+    """The command line of the sidecar (this checkout's vllm-capacity) beside a loopback vLLM."""
+    return [
+        sys.executable, "-m", "vllm_capacity", "serve", "--vllm-url", vllm_url,
+        "--listen", f"127.0.0.1:{port}", "--interval", interval, *extra,
+    ]  # fmt: skip
 
 
 def drive_load(url: str, *, parallel: int, max_tokens: int, rounds: int = 1, prompt_words: int = 40) -> dict:
