@@ -153,8 +153,11 @@ def _load_round(url: str) -> dict:
     return json.loads(out.splitlines()[-1])
 
 
+NEARLY_FULL = 0.9  # at most 3 of the 31 usable blocks free
+
+
 def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> None:
-    """Many parallel long requests on a 32-block cache: used tokens rise, usage reaches 1, requests wait,
+    """Many parallel long requests on a 32-block cache: used tokens rise, usage reaches (nearly) 1, requests wait,
     preemptions appear, and the agent shows all of it."""
     before = agent.metrics()
     key = {"model_name": lab.MODEL_NAME, "engine": "0"}
@@ -201,7 +204,11 @@ def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> Non
     try:
         for _ in range(6):  # bounded: stop as soon as saturation was seen
             rounds.append(_load_round(vllm.url))
-            if seen.get("usage", 0) >= 1.0 and seen.get("waiting_capacity", 0) > 0:
+            if (
+                seen.get("usage", 0) >= NEARLY_FULL
+                and seen.get("waiting_capacity", 0) > 0
+                and seen.get("preemptions", 0) > (preempt_before or 0)
+            ):
                 break
     finally:
         stop.set()
@@ -210,7 +217,9 @@ def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> Non
     assert all(r["requests"] == 24 for r in rounds), rounds
     print(f"\nload rounds: {rounds}\nagent maxima: {seen}")
     assert seen["used"] > 2048
-    assert seen["usage"] == 1.0
+    # vLLM's usage is 1 - free / (blocks - 1); a 100 ms sampler can miss the instant the last block is taken,
+    # and preemptions (below) are the proof that the cache ran out
+    assert seen["usage"] >= NEARLY_FULL
     assert seen["running"] >= 8
     assert seen["waiting"] > 0 and seen["waiting_capacity"] > 0
     assert seen["mean_context"] > 0 and seen["util_observed"] > 0
