@@ -251,7 +251,7 @@ def test_plan_usage_errors(args: list[str], message: str) -> None:
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_plan_refuses_what_it_does_not_model(tmp_path: Path) -> None:
+def _sliding_config(tmp_path: Path, **extra: object) -> Path:
     config = tmp_path / "config.json"
     config.write_text(
         json.dumps(
@@ -263,12 +263,33 @@ def test_plan_refuses_what_it_does_not_model(tmp_path: Path) -> None:
                 "torch_dtype": "bfloat16",
                 "sliding_window": 128,
                 "layer_types": ["sliding_attention", "full_attention"] * 2,
+                **extra,
             }
         )
     )
+    return config
+
+
+def test_plan_refuses_what_it_does_not_model(tmp_path: Path) -> None:
+    config = _sliding_config(tmp_path, full_attention_interval=2, layer_types=None)  # Qwen3-Next's Gated DeltaNet
     result = _run("plan", "--model-config", str(config), "--kv-cache-memory", "1GiB", "--max-model-len", "4096")
     assert result.returncode == 1
-    assert "NotModelled" in result.stderr and "hybrid KV-cache groups" in result.stderr
+    assert "NotModelled" in result.stderr and "Gated DeltaNet" in result.stderr
+
+
+def test_plan_of_a_sliding_window_hybrid(tmp_path: Path) -> None:
+    """The text plan shows vLLM's groups and says what it assumed; the batch size default follows the GPU."""
+    config = _sliding_config(tmp_path)
+    args = ("plan", "--model-config", str(config), "--max-model-len", "32768", "--weights-memory", "10GiB")
+    h100 = _run(*args, "--gpu-memory", "80GiB")
+    assert h100.returncode == 0, h100.stderr
+    assert "groups                          2   of 2 layers (1 sliding, 1 full)" in h100.stdout
+    assert "max_num_batched_tokens 8,192 x 2 batches under async scheduling" in h100.stdout
+    small = _run(*args, "--gpu-memory", "24GiB", "--async-scheduling", "off", "--format", "json")
+    plan = json.loads(small.stdout)
+    sliding = [g for g in plan["groups"] if g["kind"] == "sliding"]
+    assert sliding == [{"kind": "sliding", "layers": 2, "blocks_per_request": (128 - 1 + 2048 + 15) // 16 + 1}]
+    assert plan["inputs"]["max_num_batched_tokens"] == 2048 and plan["inputs"]["async_scheduling"] is False
 
 
 def test_serve_rejects_a_config_it_cannot_read(tmp_path: Path) -> None:

@@ -9,15 +9,23 @@ Pure functions over plain data (``../shared/reference/vllm-kv-sizing.md``):
 * "Maximum concurrency": V0 and V1 <= 0.9.0 ``blocks x block_size / max_model_len``; V1 >= 0.9.1
   ``blocks / ceil(max_model_len / block_size)``.
 
-Only vLLM's single-group case (every KV layer full attention, or every layer MLA) is modelled. Sliding-window,
-hybrid Mamba / linear-attention and shared-KV models raise :class:`NotModelled` with the reason.
+Hybrid models (V1 >= 0.9.1): vLLM's KV-cache groups with a uniform page size. Layers are bucketed by kind
+(full, sliding window, Mamba-2), each bucket split into groups of ``group_size`` layers (the smallest bucket, or the
+largest when they are close; the last group of a bucket padded), and one pool of ``memory // (page x group_size)``
+blocks serves every group. A request of ``max_model_len`` holds ``ceil(max_model_len / block_size)`` blocks per full
+group, ``ceil(min(window - 1 + in-flight tokens, max_model_len) / block_size) + 1`` per sliding group and 1 (or 3 in
+'align' mode) per Mamba group. For Mamba the attention block size is raised until a page holds one Mamba state, and
+the Mamba page is padded to it. Before 0.9.1 (and in V0) sliding layers are sized like full ones and V0 keeps the
+Mamba state outside the KV budget. Shared-KV layers hold nothing of their own. Gated DeltaNet / Mamba-1 state, MLA
+mixed with other kinds, Llama 4's chunked attention and hybrid layouts under PP raise :class:`NotModelled`.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 from vllm_capacity.sources.model_config import Geometry
 
@@ -72,8 +80,17 @@ def observed_bytes_per_token(kv_cache_memory_bytes: float, kv_cache_tokens: int)
 
 
 @dataclass(frozen=True)
+class KvGroup:
+    """One of vLLM's KV-cache groups (V1 >= 0.9.1 hybrid models): layers of one kind sharing a block table."""
+
+    kind: str  # full | sliding | mla | mamba
+    layers: int  # real layers in the group; group_size - layers are padding layers
+    blocks_per_request: int  # blocks one request of max_model_len holds in this group
+
+
+@dataclass(frozen=True)
 class KvPlan:
-    kv_bytes_per_token: int  # per GPU rank
+    kv_bytes_per_token: int  # per GPU rank, of the layers whose cache grows with every token (full attention / MLA)
     kv_layers_per_rank: int
     block_size: int
     num_gpu_blocks: int
@@ -83,9 +100,39 @@ class KvPlan:
     kv_cache_memory_bytes: int  # per GPU rank
     rules: str
     notes: list[str] = field(default_factory=list)
+    groups: tuple[KvGroup, ...] = ()  # hybrid models only
+    group_size: int = 0  # layers per group, padding included (hybrid models only)
+    page_bytes: int = 0  # bytes of one block of one layer
+
+    def blocks_at(self, context_tokens: int) -> int:
+        """Blocks one request of ``context_tokens`` holds across the groups of a hybrid model (vLLM's per-group
+        bounds: full groups grow with the context, sliding-window and Mamba groups stop at theirs)."""
+        grows = math.ceil(context_tokens / self.block_size)
+        return sum(
+            min(g.blocks_per_request, grows + (g.kind == "sliding")) if g.kind != "mamba" else g.blocks_per_request
+            for g in self.groups
+        )
 
     def concurrency_at(self, context_tokens: int) -> float:
+        if self.groups:
+            return self.num_gpu_blocks / self.blocks_at(context_tokens)
         return self.kv_cache_tokens / context_tokens
+
+    def request_bytes(self, context_tokens: int) -> int:
+        """KV memory per GPU rank one request of ``context_tokens`` holds."""
+        if self.groups:
+            return self.blocks_at(context_tokens) * self.page_bytes * self.group_size
+        return context_tokens * self.kv_bytes_per_token
+
+
+def default_max_num_batched_tokens(gpu_memory_bytes: int | None) -> int:
+    """`vllm serve`'s default on a GPU of this size (0.32 ``arg_utils``): 16384 from 160 GiB, 8192 from 70 GiB (not
+    on A100s), else 2048. It bounds what a sliding-window layer holds per request."""
+    if gpu_memory_bytes is not None and gpu_memory_bytes >= 160 * 2**30:
+        return 16384
+    if gpu_memory_bytes is not None and gpu_memory_bytes >= 70 * 2**30:
+        return 8192
+    return 2048
 
 
 def plan_kv(
@@ -99,28 +146,59 @@ def plan_kv(
     block_size: int = 16,
     version: tuple[int, int, int] = (*NEWEST_RULES, 0),
     engine: str | None = None,
+    max_num_batched_tokens: int = 2048,
+    mamba_cache_mode: str = "auto",
+    mamba_ssm_cache_dtype: str = "auto",
+    async_scheduling: bool = True,
 ) -> KvPlan:
-    """Size the KV cache as vLLM ``version`` does for a per-rank budget of ``kv_cache_memory_bytes``."""
-    if not geometry.uniform:
-        kinds = sorted(set(geometry.layer_kinds) - {"none"})
-        raise NotModelled(
-            f"{geometry.architecture} mixes layer kinds {kinds}: vLLM sizes it with hybrid KV-cache groups "
-            "(sliding-window / Mamba / linear-attention / shared-KV), which the planner does not model yet; "
-            "use vLLM's startup log for this model"
-        )
-    if tp < 1 or pp < 1 or block_size < 1 or max_model_len < 1:
-        raise ValueError("tp, pp, block_size and max_model_len must be positive")
+    """Size the KV cache as vLLM ``version`` does for a per-rank budget of ``kv_cache_memory_bytes``.
+
+    ``max_num_batched_tokens`` and ``async_scheduling`` matter only for sliding-window layers, the ``mamba_*``
+    options only for Mamba layers (vLLM's flags of the same names; vLLM's CPU backend turns async scheduling off).
+    """
+    if tp < 1 or pp < 1 or block_size < 1 or max_model_len < 1 or max_num_batched_tokens < 1:
+        raise ValueError("tp, pp, block_size, max_model_len and max_num_batched_tokens must be positive")
     # V0 is the default engine before 0.8 (V1 was opt-in); from 0.8 V1 is, with V0 as a fallback until 0.10.
     engine = engine or ("v0" if version < (0, 8, 0) else "v1")
     if engine not in ("v0", "v1"):
         raise ValueError(f"engine {engine!r} is not v0 or v1")
+    if kv_cache_memory_bytes <= 0:
+        raise ImpossiblePlan(f"no memory is left for the KV cache ({kv_cache_memory_bytes / 2**30:.2f} GiB)")
+    if not geometry.uniform:
+        if engine == "v1" and version >= (0, 9, 1):
+            return _plan_hybrid(
+                geometry,
+                kv_cache_memory_bytes=kv_cache_memory_bytes,
+                max_model_len=max_model_len,
+                tp=tp,
+                pp=pp,
+                kv_cache_dtype=kv_cache_dtype,
+                block_size=block_size,
+                version=version,
+                max_num_batched_tokens=max_num_batched_tokens,
+                mamba_cache_mode=mamba_cache_mode,
+                mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
+                async_scheduling=async_scheduling,
+            )
+        geometry, note = _as_single_group(geometry, engine)
+        plan = plan_kv(
+            geometry,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            max_model_len=max_model_len,
+            tp=tp,
+            pp=pp,
+            kv_cache_dtype=kv_cache_dtype,
+            block_size=block_size,
+            version=version,
+            engine=engine,
+        )
+        plan.notes.append(note)
+        return plan
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype, geometry.dtype)
     per_layer = bytes_per_token_per_layer(geometry, tp, dtype_bytes)
     layers = layers_per_rank(geometry.kv_layers, pp)
     bytes_per_token = per_layer * layers
     page = per_layer * block_size
-    if kv_cache_memory_bytes <= 0:
-        raise ImpossiblePlan(f"no memory is left for the KV cache ({kv_cache_memory_bytes / 2**30:.2f} GiB)")
     if engine == "v0":
         blocks = int(kv_cache_memory_bytes // (page * layers))
     else:
@@ -150,6 +228,170 @@ def plan_kv(
         max_model_len=max_model_len,
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         rules=rules,
+        page_bytes=page,
+    )
+
+
+def _as_single_group(geometry: Geometry, engine: str) -> tuple[Geometry, str]:
+    """Before V1 0.9.1 there are no KV-cache groups: vLLM sizes every attention layer like full attention."""
+    kinds = set(geometry.layer_kinds)
+    if kinds & {"linear", "mamba"} and engine == "v1":
+        raise NotModelled(
+            f"{geometry.architecture} has Mamba / linear-attention layers: vLLM V1 before 0.9.1 did not serve such "
+            "hybrid models (V0 did: pass --engine v0)"
+        )
+    if "linear" in kinds:
+        raise NotModelled(f"{geometry.architecture}: V0 never served linear-attention (Gated DeltaNet) layers")
+    if "mla" in kinds:
+        raise NotModelled(f"{geometry.architecture} mixes MLA with other layer kinds {sorted(kinds)}")
+    flat = tuple("full" if k == "sliding" else "none" if k in ("mamba", "shared") else k for k in geometry.layer_kinds)
+    note = f"{engine} before 0.9.1 sizes sliding-window layers like full attention"
+    if "mamba" in kinds:
+        note += "; V0 keeps the Mamba state outside the KV-cache budget, so only attention layers count"
+    return replace(geometry, layer_kinds=flat), note
+
+
+MAMBA_BLOCKS_PER_REQUEST = {"none": 1, "align": 3}  # align (0.32): 2 state blocks + 1 prefill checkpoint (Mamba-2)
+
+
+def _resolve_mamba_mode(mode: str, version: tuple[int, int, int]) -> str:
+    if mode not in ("auto", "none", "align"):
+        raise ValueError(f"mamba cache mode {mode!r} is not auto, none or align")
+    if mode != "auto":
+        return mode
+    if version < (0, 20, 0):
+        return "none"  # checked on a real 0.19 start-up (granite-4.0-h-1b): one block per Mamba group and request
+    if version >= (0, 32, 0):
+        return "align"  # with prefix caching on (the default), checked on the real 0.32.0 CPU server
+    raise NotModelled(
+        f"vLLM {'.'.join(map(str, version))}: between 0.20 and 0.31 vLLM changed the Mamba cache mode that prefix "
+        "caching selects in steps the planner has not verified; pass --mamba-cache-mode none (prefix caching off, "
+        "one state block per request) or align (prefix caching on)"
+    )
+
+
+def _mamba_ssm_dtype(geometry: Geometry, requested: str, version: tuple[int, int, int]) -> tuple[str, str | None]:
+    """vLLM's ``mamba_ssm_cache_dtype``: an explicit value wins; ``auto`` takes the config's own field, Nemotron-H's
+    float32 default (0.32 ``NemotronHForCausalLMConfig``), else the conv state's dtype (the model's)."""
+    if requested != "auto":
+        return requested, None
+    if geometry.mamba is not None and geometry.mamba.ssm_cache_dtype:
+        return geometry.mamba.ssm_cache_dtype, "the SSM state dtype comes from config.json"
+    if geometry.architecture.startswith("NemotronH"):
+        return "float32", "Nemotron-H's SSM state is float32 unless --mamba-ssm-cache-dtype says otherwise"
+    return "auto", None
+
+
+def _plan_hybrid(
+    geometry: Geometry,
+    *,
+    kv_cache_memory_bytes: int,
+    max_model_len: int,
+    tp: int,
+    pp: int,
+    kv_cache_dtype: str,
+    block_size: int,
+    version: tuple[int, int, int],
+    max_num_batched_tokens: int,
+    mamba_cache_mode: str,
+    mamba_ssm_cache_dtype: str,
+    async_scheduling: bool,
+) -> KvPlan:
+    """vLLM V1 >= 0.9.1, ``_get_kv_cache_groups_uniform_page_size``: layers bucketed by kind, buckets split into
+    groups of ``group_size`` layers (the last one padded), one block pool of ``memory // (page x group_size)``
+    blocks that every group draws from, and a request holding ``sum(blocks per group)`` blocks."""
+    counts = Counter(k for k in geometry.layer_kinds if k not in ("none", "shared"))
+    where = f"{geometry.architecture} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))} layers)"
+    if "linear" in counts:
+        raise NotModelled(f"{where}: the state of linear-attention (Gated DeltaNet) layers is not modelled")
+    if "mla" in counts:
+        raise NotModelled(f"{where}: MLA mixed with other layer kinds is not modelled")
+    if pp > 1:
+        raise NotModelled(f"{where}: how pipeline stages split a hybrid layer pattern is not modelled; use PP 1")
+    notes: list[str] = []
+    dtype_bytes = kv_dtype_bytes(kv_cache_dtype, geometry.dtype)
+    per_layer = bytes_per_token_per_layer(geometry, tp, dtype_bytes)
+    mamba_blocks = 0
+    if "mamba" in counts:
+        if geometry.mamba is None:
+            raise NotModelled(f"{where}: config.json gives no Mamba-2 state fields (mamba_n_heads, mamba_d_state...)")
+        mode = _resolve_mamba_mode(mamba_cache_mode, version)
+        mamba_blocks = MAMBA_BLOCKS_PER_REQUEST[mode]
+        ssm_name, why = _mamba_ssm_dtype(geometry, mamba_ssm_cache_dtype, version)
+        conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
+        ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
+        state = geometry.mamba.state_bytes(tp, conv_bytes, ssm_bytes)
+        # the attention block grows until its page holds a Mamba state (platforms/interface.py)
+        align = max(16, block_size) if version >= (0, 30, 0) else 16
+        needed = align * math.ceil(state / (align * per_layer))
+        if block_size < needed:
+            notes.append(
+                f"vLLM raises the attention block size from {block_size} to {needed} tokens so that a page holds "
+                f"one Mamba state ({state:,} bytes)"
+            )
+            block_size = needed
+        padding = (block_size * per_layer - state) / state * 100
+        notes.append(
+            f"Mamba cache mode {mode} ({mamba_blocks} state block(s) per request and layer group); SSM state "
+            f"{ssm_bytes} B per element{f' ({why})' if why else ''}; Mamba page padded by {padding:.2f}%"
+        )
+    page = block_size * per_layer
+    smallest, largest = min(counts.values()), max(counts.values())
+    ratio = 1.5 if version >= (0, 30, 0) else 1.25  # "avoid too many padding layers" (1.25 in 0.10.2, 1.5 in 0.32)
+    group_size = largest if largest < smallest * ratio else smallest
+    # tokens a sliding-window layer keeps for a request: its window, plus what is scheduled but not yet settled
+    # (0.32 ``VllmConfig.max_in_flight_tokens``: one batch per concurrent step, two under async scheduling)
+    in_flight = max_num_batched_tokens * (2 if async_scheduling and version >= (0, 30, 0) else 1)
+    per_request = {
+        "full": math.ceil(max_model_len / block_size),
+        "sliding": math.ceil(min((geometry.sliding_window or 0) - 1 + in_flight, max_model_len) / block_size) + 1,
+        "mamba": mamba_blocks,
+    }
+    groups: list[KvGroup] = []
+    for kind, n in counts.items():
+        n_groups = math.ceil(n / group_size)
+        for i in range(n_groups):
+            groups.append(KvGroup(kind, len(range(i, n, n_groups)), per_request[kind]))
+        if n_groups * group_size != n:
+            pad = n_groups * group_size - n
+            notes.append(f"{pad} padding layer(s) for the {kind} layers: up to {pad / n * 100:.2f}% of its memory idle")
+    if "sliding" in counts:
+        notes.append(
+            f"sliding-window layers hold at most window {geometry.sliding_window} - 1 + {in_flight:,} in-flight tokens "
+            f"per request (max_num_batched_tokens {max_num_batched_tokens:,}"
+            f"{' x 2 batches under async scheduling' if in_flight != max_num_batched_tokens else ''})"
+        )
+    blocks = int(kv_cache_memory_bytes // (page * group_size))
+    request_blocks = sum(g.blocks_per_request for g in groups)
+    concurrency = blocks / request_blocks
+    if version >= (0, 20, 0):
+        tokens = int(concurrency * max_model_len)
+        token_rule = "int(max_concurrency x max_model_len)"
+    else:
+        tokens = blocks // len(groups) * block_size
+        token_rule = "blocks // groups x block_size"
+    if concurrency < 1:
+        needed = request_blocks * page * group_size
+        raise ImpossiblePlan(
+            f"one request of max_model_len {max_model_len:,} tokens needs {request_blocks:,} blocks of "
+            f"{page * group_size / 2**20:.2f} MiB ({needed / 2**30:.2f} GiB) per GPU, more than the "
+            f"{kv_cache_memory_bytes / 2**30:.2f} GiB available; vLLM would refuse to start"
+        )
+    growing = sum(n for k, n in counts.items() if k == "full")
+    return KvPlan(
+        kv_bytes_per_token=per_layer * growing,
+        kv_layers_per_rank=sum(counts.values()),
+        block_size=block_size,
+        num_gpu_blocks=blocks,
+        kv_cache_tokens=tokens,
+        max_concurrency=concurrency,
+        max_model_len=max_model_len,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        rules=f"v1 >= 0.9.1 hybrid groups: blocks / {request_blocks} blocks per request; tokens {token_rule}",
+        notes=notes,
+        groups=tuple(groups),
+        group_size=group_size,
+        page_bytes=page,
     )
 
 

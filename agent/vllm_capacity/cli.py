@@ -255,6 +255,31 @@ PLAN_OPTIONS = (
     Option("--max-model-len", _positive_int, None, "context length to plan for (default: max_position_embeddings)"),
     Option("--vllm-version", _version, "0.33.0", "whose sizing rules to apply (e.g. 0.10.2)"),
     Option("--engine", _choice("v0", "v1"), None, "v0 or v1 (default: v0 before 0.8, else v1)"),
+    Option(
+        "--max-num-batched-tokens",
+        _positive_int,
+        None,
+        "vLLM's --max-num-batched-tokens, which bounds sliding-window layers (default: vllm serve's for the GPU: "
+        "2048; 8192 from 70 GiB; 16384 from 160 GiB)",
+    ),
+    Option(
+        "--async-scheduling",
+        _choice("on", "off"),
+        "on",
+        "vLLM's async scheduling (off on its CPU backend): on doubles the in-flight tokens sliding windows keep",
+    ),
+    Option(
+        "--mamba-cache-mode",
+        _choice("auto", "none", "align"),
+        "auto",
+        "vLLM's --mamba-cache-mode (auto: the version's default with prefix caching on)",
+    ),
+    Option(
+        "--mamba-ssm-cache-dtype",
+        _choice("auto", "float32", "bfloat16", "float16"),
+        "auto",
+        "vLLM's --mamba-ssm-cache-dtype (auto: the config's, else the model's dtype)",
+    ),
     Option("--kv-cache-memory", _memory, None, "KV memory per GPU as vLLM logs it ('Available KV cache memory')"),
     Option("--gpu-memory", _memory, None, "memory of one GPU (e.g. 80GiB), to plan from the whole budget"),
     Option("--gpu-memory-utilization", _fraction, "0.9", "vLLM's --gpu-memory-utilization"),
@@ -385,7 +410,13 @@ async def _report(values: dict[str, Any]) -> int:
 
 def _plan(values: dict[str, Any]) -> int:
     from vllm_capacity import plan as planning
-    from vllm_capacity.capacity import ImpossiblePlan, MemoryBudget, NotModelled, plan_kv
+    from vllm_capacity.capacity import (
+        ImpossiblePlan,
+        MemoryBudget,
+        NotModelled,
+        default_max_num_batched_tokens,
+        plan_kv,
+    )
     from vllm_capacity.sources.model_config import GeometryError, load_config, model_dir_weights_bytes
 
     if (values["model_config_path"] is None) == (values["model_dir_path"] is None):
@@ -422,6 +453,11 @@ def _plan(values: dict[str, Any]) -> int:
             "block_size": values["block_size"],
             "version": values["vllm_version"],
             "engine": values["engine"],
+            "max_num_batched_tokens": values["max_num_batched_tokens"]
+            or default_max_num_batched_tokens(values["gpu_memory"]),
+            "async_scheduling": values["async_scheduling"] == "on",
+            "mamba_cache_mode": values["mamba_cache_mode"],
+            "mamba_ssm_cache_dtype": values["mamba_ssm_cache_dtype"],
         }
         result = plan_kv(geometry, **kwargs)
     except (GeometryError, NotModelled, ImpossiblePlan, ValueError) as err:

@@ -43,7 +43,7 @@ def what_if(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget
         smaller = plan_kv(geometry, **{**kwargs, "max_model_len": half})
         lines.append(
             f"  max_model_len {half:,} instead of {plan.max_model_len:,}: max concurrency "
-            f"{smaller.max_concurrency:.2f}x (the KV cache holds the same {smaller.kv_cache_tokens:,} tokens)"
+            f"{smaller.max_concurrency:.2f}x (vLLM's capacity figure: {smaller.kv_cache_tokens:,} tokens)"
         )
     if budget is not None and budget.gpu_memory_utilization < 0.95:
         more = replace(budget, gpu_memory_utilization=min(0.95, budget.gpu_memory_utilization + 0.05))
@@ -56,6 +56,34 @@ def what_if(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget
     return lines
 
 
+def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: int) -> list[str]:
+    """How the KV cache is cut up: one group of every layer, or vLLM's hybrid groups."""
+    if "mla" in geometry.layer_kinds:
+        shape = f"{plan.kv_layers_per_rank} layers x latent {geometry.head_dim} x {dtype_bytes} B"
+    else:
+        growing = plan.kv_bytes_per_token // max(1, 2 * kv_heads * geometry.head_dim * dtype_bytes)
+        shape = f"K and V x {growing} layers x {kv_heads} KV heads x {geometry.head_dim} x {dtype_bytes} B"
+    if not plan.groups:
+        return [
+            f"  bytes per token    {format_bytes(plan.kv_bytes_per_token):>14}   ({shape})",
+            f"  blocks             {plan.num_gpu_blocks:>14,}   of {plan.block_size} tokens",
+        ]
+    kinds: dict[str, list[int]] = {}
+    for g in plan.groups:
+        kinds.setdefault(g.kind, []).append(g.blocks_per_request)
+    per_request = ", ".join(f"{k} {'+'.join(map(str, v))}" for k, v in kinds.items())
+    return [
+        f"  bytes per token    {format_bytes(plan.kv_bytes_per_token):>14}   ({shape}: the full-attention layers, "
+        "which grow with the context)",
+        f"  groups             {len(plan.groups):>14}   of {plan.group_size} layers ("
+        + ", ".join(f"{len(v)} {k}" for k, v in kinds.items())
+        + f"), one {format_bytes(plan.page_bytes * plan.group_size)} block per group row",
+        f"  blocks             {plan.num_gpu_blocks:>14,}   of {plan.block_size} tokens, shared by every group",
+        f"  per request        {sum(g.blocks_per_request for g in plan.groups):>14}   blocks at max_model_len "
+        f"({per_request})",
+    ]
+
+
 def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget | None, tp: int) -> str:
     kv_heads = 1 if "mla" in geometry.layer_kinds else max(1, geometry.num_kv_heads // tp)
     lines = [
@@ -65,18 +93,11 @@ def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBu
     ]
     if budget is not None:
         lines += [*budget_picture(budget, plan.kv_cache_memory_bytes), ""]
-    per_token = plan.kv_bytes_per_token
     dtype_bytes = kv_dtype_bytes(kwargs["kv_cache_dtype"], geometry.dtype)
-    shape = (
-        f"{plan.kv_layers_per_rank} layers x latent {geometry.head_dim} x {dtype_bytes} B"
-        if "mla" in geometry.layer_kinds
-        else f"K and V x {plan.kv_layers_per_rank} layers x {kv_heads} KV heads x {geometry.head_dim} x {dtype_bytes} B"
-    )
     lines += [
         "KV cache per GPU",
         f"  memory             {format_bytes(plan.kv_cache_memory_bytes):>14}",
-        f"  bytes per token    {format_bytes(per_token):>14}   ({shape})",
-        f"  blocks             {plan.num_gpu_blocks:>14,}   of {plan.block_size} tokens",
+        *_layout_lines(plan, geometry, kv_heads, dtype_bytes),
         f"  capacity           {plan.kv_cache_tokens:>14,} tokens",
         f"  max concurrency    {plan.max_concurrency:>13.2f}x   at max_model_len {plan.max_model_len:,}",
         "",
@@ -84,10 +105,11 @@ def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBu
     ]
     for ctx in (*CONTEXTS, 32768):
         if ctx < plan.max_model_len:
-            lines.append(
-                f"  {ctx:>8,} tokens   {plan.concurrency_at(ctx):>9.2f}x   {format_bytes(ctx * per_token):>12} each"
-            )
+            each = format_bytes(plan.request_bytes(ctx))
+            lines.append(f"  {ctx:>8,} tokens   {plan.concurrency_at(ctx):>9.2f}x   {each:>12} each")
     lines += ["", "What would change it", *what_if(plan, geometry, kwargs, budget)]
+    if plan.notes:
+        lines += ["", "How vLLM sizes this model", *(f"  - {note}" for note in plan.notes)]
     return "\n".join(lines) + "\n"
 
 
@@ -101,6 +123,10 @@ def render_json(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBu
         "block_size": plan.block_size,
         "kv_layers_per_rank": plan.kv_layers_per_rank,
         "rules": plan.rules,
+        "notes": plan.notes,
+        "groups": [asdict(g) for g in plan.groups],
+        "group_size": plan.group_size or None,
+        "page_bytes": plan.page_bytes,
         "concurrency_at_context": {str(c): plan.concurrency_at(c) for c in CONTEXTS if c <= plan.max_model_len},
         "memory_budget": {
             "gpu_memory_bytes": budget.gpu_memory_bytes if budget else None,

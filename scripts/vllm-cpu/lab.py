@@ -47,13 +47,14 @@ def free_port() -> int:
 
 @dataclass
 class VllmServer:
-    """One vLLM API server (its own process group) serving the tiny model on 127.0.0.1."""
+    """One vLLM API server (its own process group) serving a tiny model (a directory in the cache) on 127.0.0.1."""
 
     log_path: Path
     port: int = field(default_factory=free_port)
     max_model_len: int = 1024
     extra_args: tuple[str, ...] = ()
     cache: Path = field(default_factory=cache_dir)
+    model: str = MODEL_NAME  # tiny-llama, or tiny-gemma3 / tiny-granite-hybrid (make_tiny_hybrids.py)
     proc: subprocess.Popen | None = None
 
     @property
@@ -72,9 +73,9 @@ class VllmServer:
             str(venv / "bin" / "python"),
             str(HERE / "vllm_cli.py"),
             "serve",
-            str(self.cache / "tiny-llama"),
+            str(self.cache / self.model),
             "--served-model-name",
-            MODEL_NAME,
+            self.model,
             "--host",
             "127.0.0.1",
             "--port",

@@ -6,6 +6,9 @@ I/O at the edges (reading files), plain data out. What the code does not underst
 Layer kinds: ``full`` (full attention), ``sliding`` (sliding-window attention), ``mla`` (multi-head latent
 attention: one latent vector per token), ``mamba`` / ``linear`` (per-request state instead of per-token KV),
 ``shared`` (reuses an earlier layer's KV), ``none`` (no cache, e.g. an MLP-only layer of a hybrid pattern).
+
+Mamba-2 layers carry their state shape in :class:`MambaGeometry` (the fields vLLM's
+``MambaStateShapeCalculator.mamba2_state_shape`` reads: Granite-4.0-H / Bamba ``mamba_*`` names and Nemotron-H's).
 """
 
 from __future__ import annotations
@@ -38,6 +41,30 @@ SAFETENSORS_DTYPE_BYTES = {
 }  # fmt: skip
 
 
+@dataclass(frozen=True)
+class MambaGeometry:
+    """A Mamba-2 layer's per-request state: a conv state and an SSM state (vLLM's ``mamba2_state_shape``)."""
+
+    intermediate_size: int
+    n_groups: int
+    n_heads: int
+    head_dim: int
+    d_state: int
+    conv_kernel: int
+    ssm_cache_dtype: str | None = None  # the config's own mamba_ssm_cache_dtype / mamba_ssm_dtype, if it sets one
+
+    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
+        """Bytes of one request's state in one layer on one TP rank (vLLM's MambaSpec page size, unpadded)."""
+        groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)  # groups follow head shards
+        conv_dim = self.intermediate_size + 2 * groups * self.d_state
+        for what, value in (("conv dim", conv_dim), ("mamba heads", self.n_heads)):
+            if value % tp:
+                raise ValueError(f"{what} {value} is not divisible by TP {tp}: vLLM cannot shard this model so")
+        conv = (self.conv_kernel - 1) * (conv_dim // tp) * conv_dtype_bytes
+        ssm = (self.n_heads // tp) * self.head_dim * self.d_state * ssm_dtype_bytes
+        return conv + ssm
+
+
 class GeometryError(ValueError):
     """The config says something the planner does not understand; ``field`` names it."""
 
@@ -56,6 +83,7 @@ class Geometry:
     layer_kinds: tuple[str, ...]
     sliding_window: int | None = None
     max_position_embeddings: int | None = None  # vLLM's default max_model_len
+    mamba: MambaGeometry | None = None  # the state shape of the "mamba" layers, when the config gives Mamba-2 fields
 
     @property
     def kv_layers(self) -> int:
@@ -84,6 +112,35 @@ def _int(cfg: dict[str, Any], key: str) -> int:
     return value
 
 
+def _mamba2(cfg: dict[str, Any]) -> MambaGeometry | None:
+    """Mamba-2 state geometry: Granite-4.0-H / Bamba (``mamba_n_heads``...) or Nemotron-H (``mamba_num_heads``...)."""
+    ssm_dtype = cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype")
+    if cfg.get("mamba_n_heads") is not None:
+        heads, head_dim = _int(cfg, "mamba_n_heads"), _int(cfg, "mamba_d_head")
+        expand = _opt_int(cfg, "mamba_expand")
+        return MambaGeometry(
+            intermediate_size=expand * _int(cfg, "hidden_size") if expand else heads * head_dim,
+            n_groups=_opt_int(cfg, "mamba_n_groups") or 1,
+            n_heads=heads,
+            head_dim=head_dim,
+            d_state=_int(cfg, "mamba_d_state"),
+            conv_kernel=_opt_int(cfg, "mamba_d_conv") or 4,
+            ssm_cache_dtype=ssm_dtype,
+        )
+    if cfg.get("mamba_num_heads") is not None:
+        heads, head_dim = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
+        return MambaGeometry(
+            intermediate_size=heads * head_dim,
+            n_groups=_opt_int(cfg, "n_groups") or 1,
+            n_heads=heads,
+            head_dim=head_dim,
+            d_state=_int(cfg, "ssm_state_size"),
+            conv_kernel=_opt_int(cfg, "conv_kernel") or 4,
+            ssm_cache_dtype=ssm_dtype,
+        )
+    return None
+
+
 def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int | None]:
     window = cfg.get("sliding_window")
     if cfg.get("use_sliding_window") is False:
@@ -96,10 +153,12 @@ def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int |
         if not isinstance(types, list) or len(types) != num_layers:
             raise GeometryError("layer_types", f"expected a list of {num_layers} layer types")
         kinds = []
+        # transformers >= 5 writes Granite-4.0-H's Mamba-2 layers as "linear_attention": the mamba_* fields say which
+        linear = "mamba" if _mamba2(cfg) is not None else "linear"
         for i, t in enumerate(types):
             if t not in _LAYER_TYPE_NAMES:
                 raise GeometryError(f"layer_types[{i}]", f"unknown layer type {t!r}")
-            kinds.append(_LAYER_TYPE_NAMES[t])
+            kinds.append(linear if _LAYER_TYPE_NAMES[t] == "linear" else _LAYER_TYPE_NAMES[t])
         return kinds, window
     if cfg.get("hybrid_override_pattern") is not None:  # Nemotron-H: M = Mamba, * = attention, - = MLP
         pattern = cfg["hybrid_override_pattern"]
@@ -143,6 +202,10 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             str(architecture), num_layers, 1, rank + rope, dtype, ("mla",) * num_layers, None, _max_pos(cfg)
         )
 
+    if cfg.get("attention_chunk_size") is not None:  # Llama 4: RoPE layers attend within chunks
+        raise GeometryError(
+            "attention_chunk_size", "chunked local attention (Llama 4) is sized by rules the planner does not model"
+        )
     heads = _int(cfg, "num_attention_heads")
     kv_heads = _opt_int(cfg, "num_key_value_heads") or heads
     head_dim = _opt_int(cfg, "head_dim")
@@ -157,7 +220,10 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         if not isinstance(shared, int) or shared >= num_layers:
             raise GeometryError("num_kv_shared_layers", f"{shared!r} is not a count below {num_layers}")
         kinds = kinds[: num_layers - shared] + ["shared"] * shared
-    return Geometry(str(architecture), num_layers, kv_heads, head_dim, dtype, tuple(kinds), window, _max_pos(cfg))
+    mamba = _mamba2(cfg) if "mamba" in kinds else None
+    return Geometry(
+        str(architecture), num_layers, kv_heads, head_dim, dtype, tuple(kinds), window, _max_pos(cfg), mamba
+    )
 
 
 def _max_pos(cfg: dict[str, Any]) -> int | None:

