@@ -321,3 +321,16 @@ def test_report_with_the_startup_log_and_model_config(fake_vllm_thread: str) -> 
         _run("report", "--vllm-url", fake_vllm_thread, "--model-dir", str(TINY), "--format", "json").stdout
     )
     assert doc["engines"][0]["kv_bytes_per_token_model"] == 512
+
+
+def _readme_row(opt: cli.Option, environment: bool) -> str:
+    default = f"`{opt.default}`" if opt.default is not None else "-"
+    cells = [f"`{opt.flag}`", *([f"`{opt.env}`"] if environment else []), default, opt.help]
+    return "| " + " | ".join(cells) + " |"
+
+
+@pytest.mark.parametrize(("options", "environment"), [(cli.SERVE_OPTIONS, True), (cli.PLAN_OPTIONS, False)])
+def test_readme_option_tables_match_the_code(options: tuple, environment: bool) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text().splitlines()
+    missing = [_readme_row(opt, environment) for opt in options if _readme_row(opt, environment) not in readme]
+    assert not missing, "README rows out of date:\n" + "\n".join(missing)

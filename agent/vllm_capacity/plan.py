@@ -71,7 +71,10 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
     kinds: dict[str, list[int]] = {}
     for g in plan.groups:
         kinds.setdefault(g.kind, []).append(g.blocks_per_request)
-    per_request = ", ".join(f"{k} {'+'.join(map(str, v))}" for k, v in kinds.items())
+    per_request = ", ".join(
+        f"{k} {len(v)} x {v[0]:,}" if len(set(v)) == 1 else f"{k} {'+'.join(f'{b:,}' for b in v)}"
+        for k, v in kinds.items()
+    )
     return [
         f"  bytes per token    {format_bytes(plan.kv_bytes_per_token):>14}   ({shape}: the full-attention layers, "
         "which grow with the context)",
@@ -79,7 +82,7 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
         + ", ".join(f"{len(v)} {k}" for k, v in kinds.items())
         + f"), one {format_bytes(plan.page_bytes * plan.group_size)} block per group row",
         f"  blocks             {plan.num_gpu_blocks:>14,}   of {plan.block_size} tokens, shared by every group",
-        f"  per request        {sum(g.blocks_per_request for g in plan.groups):>14}   blocks at max_model_len "
+        f"  per request        {sum(g.blocks_per_request for g in plan.groups):>14,}   blocks at max_model_len "
         f"({per_request})",
     ]
 
