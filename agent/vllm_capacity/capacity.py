@@ -270,7 +270,7 @@ def _resolve_mamba_mode(mode: str, version: tuple[int, int, int]) -> str:
     )
 
 
-def _mamba_ssm_dtype(geometry: Geometry, requested: str, version: tuple[int, int, int]) -> tuple[str, str | None]:
+def _mamba_ssm_dtype(geometry: Geometry, requested: str) -> tuple[str, str | None]:
     """vLLM's ``mamba_ssm_cache_dtype``: an explicit value wins; ``auto`` takes the config's own field, Nemotron-H's
     float32 default (0.32 ``NemotronHForCausalLMConfig``), else the conv state's dtype (the model's)."""
     if requested != "auto":
@@ -317,7 +317,7 @@ def _plan_hybrid(
             raise NotModelled(f"{where}: config.json gives no Mamba-2 state fields (mamba_n_heads, mamba_d_state...)")
         mode = _resolve_mamba_mode(mamba_cache_mode, version)
         mamba_blocks = MAMBA_BLOCKS_PER_REQUEST[mode]
-        ssm_name, why = _mamba_ssm_dtype(geometry, mamba_ssm_cache_dtype, version)
+        ssm_name, why = _mamba_ssm_dtype(geometry, mamba_ssm_cache_dtype)
         conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
         ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
         state = geometry.mamba.state_bytes(tp, conv_bytes, ssm_bytes)
