@@ -75,8 +75,8 @@ NOT_REPRODUCED = {
     "gemma-4-e2b-qat-w4a16-t4": "no geometry for the checkpoint",
     "myoceane-blog-gemma-4-26b-a4b-a100-eager": "no geometry, and nothing logged to compare",
     "vllm-issue31903-deepseek-v3.2-tp8-pp4": "no KV memory in the log",
-    "rwlove-qwen3.6-35b-a3b-dgx-spark-mml131072": "hybrid Gated-DeltaNet model, and no KV memory in the log",
-    "vllm-issue40691-qwen3.5-27b-h20-v0.19": "hybrid Gated-DeltaNet model, and no KV memory in the log",
+    "rwlove-qwen3.6-35b-a3b-dgx-spark-mml131072": "no KV memory in the log, and no vLLM version",
+    "vllm-issue40691-qwen3.5-27b-h20-v0.19": "no KV memory in the log (its figures fit the planner's layout: below)",
 }
 
 
@@ -384,8 +384,8 @@ def test_granite_4_h_hybrid_mamba_case_reproduced() -> None:
     """A real ~0.19 start-up: block size raised to 400, Mamba page padded by 1.59 %, 53,200 tokens, 66.95x."""
     case = CASES["granite-4.0-h-1b-gmu0.6"]
     g = parse_config(GRANITE_4_H_1B)
-    assert g.layer_kinds.count("mamba") == 36 and g.kv_layers == 4 and g.mamba is not None
-    assert g.mamba.state_bytes(tp=1, conv_dtype_bytes=2, ssm_dtype_bytes=2) == 3 * 3328 * 2 + 48 * 64 * 128 * 2
+    assert g.layer_kinds.count("mamba") == 36 and g.kv_layers == 4 and g.state is not None
+    assert g.state.state_bytes(tp=1, conv_dtype_bytes=2, ssm_dtype_bytes=2) == 3 * 3328 * 2 + 48 * 64 * 128 * 2
     plan = plan_kv(
         g,
         kv_cache_memory_bytes=int(case["kv_cache_memory_gib"] * GiB),
@@ -494,7 +494,7 @@ def test_mamba_modes_dtypes_and_tensor_parallel() -> None:
     assert plan_kv(nemotron, version=(0, 19, 0), **kwargs).block_size == f32.block_size
     # TP 2: KV heads and Mamba heads split, the single group is replicated to follow its heads
     tp2 = plan_kv(g, version=(0, 19, 0), tp=2, **kwargs)
-    assert g.mamba.state_bytes(2, 2, 2) == 3 * ((3072 + 2 * 2 * 128) // 2) * 2 + 24 * 64 * 128 * 2
+    assert g.state.state_bytes(2, 2, 2) == 3 * ((3072 + 2 * 2 * 128) // 2) * 2 + 24 * 64 * 128 * 2
     assert tp2.page_bytes == tp2.block_size * 2 * 2 * 128 * 2
     with pytest.raises(ValueError, match="not divisible by TP 5"):
         plan_kv(g, version=(0, 19, 0), tp=5, **kwargs)
@@ -505,12 +505,12 @@ def test_what_the_hybrid_planner_does_not_model_is_named() -> None:
         {"num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
          "full_attention_interval": 4, "torch_dtype": "bfloat16"}
     )  # fmt: skip
-    with pytest.raises(NotModelled, match="Gated DeltaNet"):
+    with pytest.raises(NotModelled, match="no state fields"):  # full_attention_interval without the linear_* fields
         plan_kv(qwen_next, kv_cache_memory_bytes=GiB, max_model_len=4096)
     with pytest.raises(NotModelled, match="pipeline stages"):
         plan_kv(parse_config(_gemma3_27b()), kv_cache_memory_bytes=GiB, max_model_len=4096, pp=2)
     no_state = parse_config({**GRANITE_4_H_1B, "mamba_n_heads": None})
-    with pytest.raises(NotModelled, match="no Mamba-2 state fields"):
+    with pytest.raises(NotModelled, match="no state fields"):
         plan_kv(no_state, kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 19, 0))
     with pytest.raises(GeometryError) as err:
         parse_config({**_hf_config("meta-llama/Llama-3.1-8B-Instruct"), "attention_chunk_size": 8192})
@@ -525,3 +525,54 @@ def test_transformers_5_writes_mamba_layers_as_linear_attention() -> None:
     assert parse_config(cfg).layer_kinds == parse_config(GRANITE_4_H_1B).layer_kinds
     gdn = {k: v for k, v in cfg.items() if not k.startswith("mamba_")}
     assert parse_config(gdn).layer_kinds.count("linear") == 36
+
+
+# Qwen/Qwen3.5-27B's text config (64 layers, every 4th full attention; Gated DeltaNet 16 key / 48 value heads of 128,
+# SSM state in float32 by its mamba_ssm_dtype), as third-party copies of its config.json give it.
+QWEN3_5_27B = {
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "text_config": {
+        "model_type": "qwen3_5_text",
+        "dtype": "bfloat16",
+        "num_hidden_layers": 64,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "hidden_size": 5120,
+        "full_attention_interval": 4,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "mamba_ssm_dtype": "float32",
+        "max_position_embeddings": 262144,
+    },
+}
+
+
+def test_qwen3_5_gated_deltanet_case_is_consistent() -> None:
+    """vLLM 0.19.0 logged 290,864 tokens and 33.04x at 32,768 for Qwen3.5-27B, but not its KV memory. The planner's
+    layout (attention block raised to 784 tokens by the float32 GDN state; 1 full + 3 GDN groups of 16 layers; 42 + 3
+    blocks per request) reproduces both figures from one block count, 1,487; a bf16 state's layout could not."""
+    case = CASES["vllm-issue40691-qwen3.5-27b-h20-v0.19"]
+    g = parse_config(QWEN3_5_27B)
+    assert g.layer_kinds.count("linear") == 48 and g.kv_layers == 16 and g.state is not None
+    probe = plan_kv(g, kv_cache_memory_bytes=100 * GiB, max_model_len=32768, version=(0, 19, 0))
+    assert probe.block_size == 784 and len(probe.groups) == 4 and probe.blocks_at(32768) == 42 + 3
+    assert any("from config.json" in n for n in probe.notes)  # the float32 SSM state
+    per_block_row = probe.page_bytes * probe.group_size
+    fits = []
+    for blocks in range(1000, 2000):
+        plan = plan_kv(g, kv_cache_memory_bytes=blocks * per_block_row, max_model_len=32768, version=(0, 19, 0))
+        if (
+            plan.kv_cache_tokens == case["kv_cache_tokens"]
+            and f"{plan.max_concurrency:.2f}" == f"{case['max_concurrency']:.2f}"
+        ):
+            fits.append(blocks)
+    assert fits == [1487]
+    bf16 = plan_kv(
+        g, kv_cache_memory_bytes=100 * GiB, max_model_len=32768, version=(0, 19, 0), mamba_ssm_cache_dtype="bfloat16"
+    )
+    assert bf16.block_size == 400 and case["kv_cache_tokens"] % bf16.block_size  # 290,864 is no multiple of 400

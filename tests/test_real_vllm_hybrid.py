@@ -4,7 +4,8 @@
 * tiny-gemma3: 3 sliding-window layers (window 64) and 2 full-attention layers: 3 groups of 2 layers, one padded;
   a small --max-num-batched-tokens so that the sliding groups' per-request bound is below max_model_len.
 * tiny-granite-hybrid: 3 Mamba-2 layers and 1 attention layer: the Mamba page padded to the attention page, and the
-  'align' Mamba cache mode that prefix caching selects.
+  'align' Mamba cache mode that prefix caching selects (3 blocks per request and Mamba-2 group).
+* tiny-qwen3-next: 3 Gated DeltaNet layers and 1 attention layer (2 blocks per request and GDN group in 'align').
 
 `vllm-capacity plan`, given the server's model directory and the settings vLLM reports, must give the server's own
 block count, KV cache size in tokens and maximum concurrency, exactly, and the same padding vLLM logs.
@@ -31,6 +32,7 @@ CASES = {
     # model: (max_model_len, vLLM's extra arguments, what vLLM logs about padding)
     "tiny-gemma3": (2048, ("--max-num-batched-tokens", "256"), r"Add (\d+) padding layers"),
     "tiny-granite-hybrid": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
+    "tiny-qwen3-next": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
 }
 
 
@@ -106,5 +108,5 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path
         by_kind = {g["kind"]: g["blocks_per_request"] for g in plan["groups"]}
         assert by_kind["sliding"] < by_kind["full"] == max_model_len // int(cc["block_size"])
     else:
-        assert f"Mamba page padded by {padding}%" in notes
+        assert f"page padded by {padding}%" in notes
         assert cc["mamba_cache_mode"] == "align" and "Mamba cache mode align" in notes

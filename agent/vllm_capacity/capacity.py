@@ -15,9 +15,10 @@ largest when they are close; the last group of a bucket padded), and one pool of
 blocks serves every group. A request of ``max_model_len`` holds ``ceil(max_model_len / block_size)`` blocks per full
 group, ``ceil(min(window - 1 + in-flight tokens, max_model_len) / block_size) + 1`` per sliding group and 1 (or 3 in
 'align' mode) per Mamba group. For Mamba the attention block size is raised until a page holds one Mamba state, and
-the Mamba page is padded to it. Before 0.9.1 (and in V0) sliding layers are sized like full ones and V0 keeps the
-Mamba state outside the KV budget. Shared-KV layers hold nothing of their own. Gated DeltaNet / Mamba-1 state, MLA
-mixed with other kinds, Llama 4's chunked attention and hybrid layouts under PP raise :class:`NotModelled`.
+the Mamba page is padded to it (Gated DeltaNet layers likewise, with 2 blocks in 'align' mode). Before 0.9.1 (and in
+V0) sliding layers are sized like full ones and V0 keeps the Mamba state outside the KV budget. Shared-KV layers hold
+nothing of their own. Mamba-1 state, MLA mixed with other kinds, Llama 4's chunked attention and hybrid layouts under
+PP raise :class:`NotModelled`.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class KvPlan:
         bounds: full groups grow with the context, sliding-window and Mamba groups stop at theirs)."""
         grows = math.ceil(context_tokens / self.block_size)
         return sum(
-            min(g.blocks_per_request, grows + (g.kind == "sliding")) if g.kind != "mamba" else g.blocks_per_request
+            g.blocks_per_request if g.kind in STATE_KINDS else min(g.blocks_per_request, grows + (g.kind == "sliding"))
             for g in self.groups
         )
 
@@ -235,7 +236,7 @@ def plan_kv(
 def _as_single_group(geometry: Geometry, engine: str) -> tuple[Geometry, str]:
     """Before V1 0.9.1 there are no KV-cache groups: vLLM sizes every attention layer like full attention."""
     kinds = set(geometry.layer_kinds)
-    if kinds & {"linear", "mamba"} and engine == "v1":
+    if kinds & set(STATE_KINDS) and engine == "v1":
         raise NotModelled(
             f"{geometry.architecture} has Mamba / linear-attention layers: vLLM V1 before 0.9.1 did not serve such "
             "hybrid models (V0 did: pass --engine v0)"
@@ -251,7 +252,7 @@ def _as_single_group(geometry: Geometry, engine: str) -> tuple[Geometry, str]:
     return replace(geometry, layer_kinds=flat), note
 
 
-MAMBA_BLOCKS_PER_REQUEST = {"none": 1, "align": 3}  # align (0.32): 2 state blocks + 1 prefill checkpoint (Mamba-2)
+STATE_KINDS = ("mamba", "linear")  # layers holding one state per request (Mamba-2, Gated DeltaNet), not KV per token
 
 
 def _resolve_mamba_mode(mode: str, version: tuple[int, int, int]) -> str:
@@ -275,8 +276,8 @@ def _mamba_ssm_dtype(geometry: Geometry, requested: str) -> tuple[str, str | Non
     float32 default (0.32 ``NemotronHForCausalLMConfig``), else the conv state's dtype (the model's)."""
     if requested != "auto":
         return requested, None
-    if geometry.mamba is not None and geometry.mamba.ssm_cache_dtype:
-        return geometry.mamba.ssm_cache_dtype, "the SSM state dtype comes from config.json"
+    if geometry.state is not None and geometry.state.ssm_cache_dtype:
+        return geometry.state.ssm_cache_dtype, "the SSM state dtype comes from config.json"
     if geometry.architecture.startswith("NemotronH"):
         return "float32", "Nemotron-H's SSM state is float32 unless --mamba-ssm-cache-dtype says otherwise"
     return "auto", None
@@ -302,8 +303,6 @@ def _plan_hybrid(
     blocks that every group draws from, and a request holding ``sum(blocks per group)`` blocks."""
     counts = Counter(k for k in geometry.layer_kinds if k not in ("none", "shared"))
     where = f"{geometry.architecture} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))} layers)"
-    if "linear" in counts:
-        raise NotModelled(f"{where}: the state of linear-attention (Gated DeltaNet) layers is not modelled")
     if "mla" in counts:
         raise NotModelled(f"{where}: MLA mixed with other layer kinds is not modelled")
     if pp > 1:
@@ -311,29 +310,32 @@ def _plan_hybrid(
     notes: list[str] = []
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype, geometry.dtype)
     per_layer = bytes_per_token_per_layer(geometry, tp, dtype_bytes)
-    mamba_blocks = 0
-    if "mamba" in counts:
-        if geometry.mamba is None:
-            raise NotModelled(f"{where}: config.json gives no Mamba-2 state fields (mamba_n_heads, mamba_d_state...)")
+    state_blocks = 0
+    state_kinds = [k for k in STATE_KINDS if k in counts]
+    if state_kinds:
+        if len(state_kinds) > 1 or geometry.state is None:
+            fields = "mamba_n_heads, mamba_d_state..." if "mamba" in counts else "linear_num_value_heads..."
+            raise NotModelled(f"{where}: config.json gives no state fields the planner reads ({fields})")
         mode = _resolve_mamba_mode(mamba_cache_mode, version)
-        mamba_blocks = MAMBA_BLOCKS_PER_REQUEST[mode]
+        state_blocks = 1 if mode == "none" else geometry.state.align_blocks
         ssm_name, why = _mamba_ssm_dtype(geometry, mamba_ssm_cache_dtype)
         conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
         ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
-        state = geometry.mamba.state_bytes(tp, conv_bytes, ssm_bytes)
-        # the attention block grows until its page holds a Mamba state (platforms/interface.py)
+        state = geometry.state.state_bytes(tp, conv_bytes, ssm_bytes)
+        # the attention block grows until its page holds a state (platforms/interface.py)
         align = max(16, block_size) if version >= (0, 30, 0) else 16
         needed = align * math.ceil(state / (align * per_layer))
         if block_size < needed:
             notes.append(
                 f"vLLM raises the attention block size from {block_size} to {needed} tokens so that a page holds "
-                f"one Mamba state ({state:,} bytes)"
+                f"one {geometry.state.name} state ({state:,} bytes)"
             )
             block_size = needed
         padding = (block_size * per_layer - state) / state * 100
         notes.append(
-            f"Mamba cache mode {mode} ({mamba_blocks} state block(s) per request and layer group); SSM state "
-            f"{ssm_bytes} B per element{f' ({why})' if why else ''}; Mamba page padded by {padding:.2f}%"
+            f"Mamba cache mode {mode} ({state_blocks} state block(s) per request and layer group); SSM state "
+            f"{ssm_bytes} B per element{f' ({why})' if why else ''}; {geometry.state.name} page padded by "
+            f"{padding:.2f}%"
         )
     page = block_size * per_layer
     smallest, largest = min(counts.values()), max(counts.values())
@@ -345,7 +347,8 @@ def _plan_hybrid(
     per_request = {
         "full": math.ceil(max_model_len / block_size),
         "sliding": math.ceil(min((geometry.sliding_window or 0) - 1 + in_flight, max_model_len) / block_size) + 1,
-        "mamba": mamba_blocks,
+        "mamba": state_blocks,
+        "linear": state_blocks,
     }
     groups: list[KvGroup] = []
     for kind, n in counts.items():

@@ -1,6 +1,7 @@
 """Build two tiny random-weight hybrid models beside the tiny Llama, sharing its tokenizer (no hub access needed).
 
-usage: make_tiny_hybrids.py CACHE_DIR        (CACHE_DIR holds tiny-llama; writes tiny-gemma3, tiny-granite-hybrid)
+usage: make_tiny_hybrids.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-gemma3, tiny-granite-hybrid and
+                                        tiny-qwen3-next, each with a .complete marker)
 
 They exercise vLLM's hybrid KV-cache groups on the real CPU server, for the planner's tests:
 
@@ -9,6 +10,8 @@ They exercise vLLM's hybrid KV-cache groups on the real CPU server, for the plan
 * tiny-granite-hybrid: Granite-4.0-H shape, 4 layers (3 Mamba-2, 1 attention), 2 KV heads x 32, bf16, Mamba-2
   state: 8 heads x 32 x 16 (SSM) and a 4-tap conv over 256 + 2 x 16 channels. vLLM pads the Mamba page to the
   attention page.
+* tiny-qwen3-next: Qwen3-Next shape, 4 layers (3 Gated DeltaNet, 1 attention), 2 KV heads x 32, bf16, a tiny MoE;
+  GDN state: 2 key / 4 value heads of 32, 4-tap conv.
 """
 
 import json
@@ -17,7 +20,14 @@ import shutil
 import sys
 
 import torch
-from transformers import Gemma3ForCausalLM, Gemma3TextConfig, GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
+from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
+    GraniteMoeHybridConfig,
+    GraniteMoeHybridForCausalLM,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
+)
 
 cache = sys.argv[1]
 src = os.path.join(cache, "tiny-llama")
@@ -33,6 +43,7 @@ def save(name: str, model: torch.nn.Module) -> None:
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         shutil.copy(os.path.join(src, f), out)
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    open(os.path.join(out, ".complete"), "w").close()
     print("tiny model written to", out)
 
 
@@ -65,3 +76,21 @@ granite = GraniteMoeHybridConfig(
     position_embedding_type="nope",
 )
 save("tiny-granite-hybrid", GraniteMoeHybridForCausalLM(granite))
+qwen3_next = Qwen3NextConfig(
+    **tokens,
+    **attention,
+    head_dim=32,
+    num_hidden_layers=4,
+    max_position_embeddings=4096,
+    layer_types=["linear_attention"] * 3 + ["full_attention"],
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=32,
+    linear_value_head_dim=32,
+    linear_conv_kernel_dim=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=64,
+    shared_expert_intermediate_size=64,
+)
+save("tiny-qwen3-next", Qwen3NextForCausalLM(qwen3_next))

@@ -7,8 +7,9 @@ Layer kinds: ``full`` (full attention), ``sliding`` (sliding-window attention), 
 attention: one latent vector per token), ``mamba`` / ``linear`` (per-request state instead of per-token KV),
 ``shared`` (reuses an earlier layer's KV), ``none`` (no cache, e.g. an MLP-only layer of a hybrid pattern).
 
-Mamba-2 layers carry their state shape in :class:`MambaGeometry` (the fields vLLM's
-``MambaStateShapeCalculator.mamba2_state_shape`` reads: Granite-4.0-H / Bamba ``mamba_*`` names and Nemotron-H's).
+State layers carry their per-request state shape: Mamba-2 (``mamba``) in :class:`MambaGeometry` (the fields vLLM's
+``MambaStateShapeCalculator.mamba2_state_shape`` reads: Granite-4.0-H / Bamba ``mamba_*`` names and Nemotron-H's),
+Gated DeltaNet (``linear``, Qwen3-Next / Qwen3.5) in :class:`GatedDeltaNetGeometry` (``linear_*`` fields).
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class MambaGeometry:
     d_state: int
     conv_kernel: int
     ssm_cache_dtype: str | None = None  # the config's own mamba_ssm_cache_dtype / mamba_ssm_dtype, if it sets one
+    name = "Mamba-2"
+    align_blocks = 3  # blocks per request in vLLM 0.32's 'align' mode: 2 states + 1 prefill checkpoint
 
     def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
         """Bytes of one request's state in one layer on one TP rank (vLLM's MambaSpec page size, unpadded)."""
@@ -63,6 +66,30 @@ class MambaGeometry:
         conv = (self.conv_kernel - 1) * (conv_dim // tp) * conv_dtype_bytes
         ssm = (self.n_heads // tp) * self.head_dim * self.d_state * ssm_dtype_bytes
         return conv + ssm
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetGeometry:
+    """A Gated DeltaNet layer's per-request state (vLLM's ``gated_delta_net_state_shape``): a conv state over the
+    keys, queries and values, and a recurrent state of one ``head_v_dim x head_k_dim`` matrix per value head."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    ssm_cache_dtype: str | None = None  # Qwen3.5's mamba_ssm_dtype (float32), if the config sets one
+    name = "Gated DeltaNet"
+    align_blocks = 2  # blocks per request in vLLM 0.32's 'align' mode: 2 states, no prefill checkpoint
+
+    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
+        conv_dim = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
+        for what, value in (("conv dim", conv_dim), ("value heads", self.num_v_heads)):
+            if value % tp:
+                raise ValueError(f"{what} {value} is not divisible by TP {tp}: vLLM cannot shard this model so")
+        conv = (self.conv_kernel - 1) * (conv_dim // tp) * conv_dtype_bytes
+        recurrent = (self.num_v_heads // tp) * self.head_v_dim * self.head_k_dim * ssm_dtype_bytes
+        return conv + recurrent
 
 
 class GeometryError(ValueError):
@@ -83,7 +110,7 @@ class Geometry:
     layer_kinds: tuple[str, ...]
     sliding_window: int | None = None
     max_position_embeddings: int | None = None  # vLLM's default max_model_len
-    mamba: MambaGeometry | None = None  # the state shape of the "mamba" layers, when the config gives Mamba-2 fields
+    state: MambaGeometry | GatedDeltaNetGeometry | None = None  # of the "mamba" / "linear" layers, from their fields
 
     @property
     def kv_layers(self) -> int:
@@ -139,6 +166,20 @@ def _mamba2(cfg: dict[str, Any]) -> MambaGeometry | None:
             ssm_cache_dtype=ssm_dtype,
         )
     return None
+
+
+def _gated_delta_net(cfg: dict[str, Any]) -> GatedDeltaNetGeometry | None:
+    """Gated DeltaNet state geometry (Qwen3-Next, Qwen3.5): the ``linear_*`` fields vLLM's Qwen GDN layer reads."""
+    if cfg.get("linear_num_value_heads") is None:
+        return None
+    return GatedDeltaNetGeometry(
+        num_k_heads=_int(cfg, "linear_num_key_heads"),
+        num_v_heads=_int(cfg, "linear_num_value_heads"),
+        head_k_dim=_int(cfg, "linear_key_head_dim"),
+        head_v_dim=_int(cfg, "linear_value_head_dim"),
+        conv_kernel=_opt_int(cfg, "linear_conv_kernel_dim") or 4,
+        ssm_cache_dtype=cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype"),
+    )
 
 
 def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int | None]:
@@ -220,9 +261,9 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         if not isinstance(shared, int) or shared >= num_layers:
             raise GeometryError("num_kv_shared_layers", f"{shared!r} is not a count below {num_layers}")
         kinds = kinds[: num_layers - shared] + ["shared"] * shared
-    mamba = _mamba2(cfg) if "mamba" in kinds else None
+    state = _mamba2(cfg) if "mamba" in kinds else _gated_delta_net(cfg) if "linear" in kinds else None
     return Geometry(
-        str(architecture), num_layers, kv_heads, head_dim, dtype, tuple(kinds), window, _max_pos(cfg), mamba
+        str(architecture), num_layers, kv_heads, head_dim, dtype, tuple(kinds), window, _max_pos(cfg), state
     )
 
 
