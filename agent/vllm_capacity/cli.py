@@ -272,7 +272,7 @@ PLAN_OPTIONS = (
         "--mamba-cache-mode",
         _choice("auto", "none", "align"),
         "auto",
-        "vLLM's --mamba-cache-mode (auto: the version's default with prefix caching on)",
+        "vLLM's --mamba-cache-mode (auto: as its default prefix caching picks: none before 0.28, align from 0.28)",
     ),
     Option(
         "--mamba-ssm-cache-dtype",

@@ -54,7 +54,11 @@ class MambaGeometry:
     conv_kernel: int
     ssm_cache_dtype: str | None = None  # the config's own mamba_ssm_cache_dtype / mamba_ssm_dtype, if it sets one
     name = "Mamba-2"
-    align_blocks = 3  # blocks per request in vLLM 0.32's 'align' mode: 2 states + 1 prefill checkpoint
+
+    @staticmethod
+    def align_blocks(checkpoint: bool) -> int:
+        """Blocks per request in vLLM's 'align' mode: 2 states, and a prefill checkpoint from 0.32."""
+        return 3 if checkpoint else 2
 
     def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
         """Bytes of one request's state in one layer on one TP rank (vLLM's MambaSpec page size, unpadded)."""
@@ -80,7 +84,11 @@ class GatedDeltaNetGeometry:
     conv_kernel: int
     ssm_cache_dtype: str | None = None  # Qwen3.5's mamba_ssm_dtype (float32), if the config sets one
     name = "Gated DeltaNet"
-    align_blocks = 2  # blocks per request in vLLM 0.32's 'align' mode: 2 states, no prefill checkpoint
+
+    @staticmethod
+    def align_blocks(checkpoint: bool) -> int:
+        """Blocks per request in vLLM's 'align' mode: 2 states (GDN keeps no prefill checkpoint block)."""
+        return 2
 
     def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
         conv_dim = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
