@@ -613,3 +613,16 @@ def test_where_vllm_changed_its_hybrid_rules() -> None:
     )
     assert old.kv_cache_tokens == old.num_gpu_blocks // len(old.groups) * 16
     assert new.kv_cache_tokens == int(new.max_concurrency * 8000)
+
+
+def test_hybrid_configs_that_contradict_themselves_are_named() -> None:
+    sliding_without_window = {
+        **_hf_config("Qwen/Qwen3-8B"),
+        "layer_types": ["sliding_attention", "full_attention"] * 18,
+    }
+    with pytest.raises(GeometryError) as err:
+        parse_config(sliding_without_window)
+    assert err.value.field == "sliding_window"
+    odd_dtype = parse_config({**GRANITE_4_H_1B, "mamba_ssm_cache_dtype": "fp33"})
+    with pytest.raises(ValueError, match=r"SSM state dtype 'fp33' \(the SSM state dtype comes from config.json\)"):
+        plan_kv(odd_dtype, kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 19, 0))

@@ -322,7 +322,12 @@ def _plan_hybrid(
         state_blocks = 1 if mode == "none" else geometry.state.align_blocks(version >= MAMBA2_CHECKPOINT)
         ssm_name, why = _mamba_ssm_dtype(geometry, mamba_ssm_cache_dtype)
         conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
-        ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
+        try:
+            ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
+        except ValueError:
+            raise ValueError(
+                f"SSM state dtype {ssm_name!r}{f' ({why})' if why else ''} is not a dtype vLLM knows"
+            ) from None
         state = geometry.state.state_bytes(tp, conv_bytes, ssm_bytes)
         # the attention block grows until its page holds a state (platforms/interface.py)
         align = max(16, block_size) if version >= STATE_BLOCK_ALIGNMENT else 16

@@ -208,6 +208,8 @@ def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int |
             if t not in _LAYER_TYPE_NAMES:
                 raise GeometryError(f"layer_types[{i}]", f"unknown layer type {t!r}")
             kinds.append(linear if _LAYER_TYPE_NAMES[t] == "linear" else _LAYER_TYPE_NAMES[t])
+        if "sliding" in kinds and window is None:
+            raise GeometryError("sliding_window", "layer_types has sliding-window layers, but no window is given")
         return kinds, window
     if cfg.get("hybrid_override_pattern") is not None:  # Nemotron-H: M = Mamba, * = attention, - = MLP
         pattern = cfg["hybrid_override_pattern"]
