@@ -1,4 +1,4 @@
-"""Build two tiny random-weight hybrid models beside the tiny Llama, sharing its tokenizer (no hub access needed).
+"""Build three tiny random-weight hybrid models beside the tiny Llama, sharing its tokenizer (no hub access needed).
 
 usage: make_tiny_hybrids.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-gemma3, tiny-granite-hybrid and
                                         tiny-qwen3-next, each with a .complete marker)
