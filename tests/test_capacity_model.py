@@ -521,6 +521,10 @@ def test_what_the_hybrid_planner_does_not_model_is_named() -> None:
     no_state = parse_config({**GRANITE_4_H_1B, "mamba_n_heads": None})
     with pytest.raises(NotModelled, match="no state fields"):
         plan_kv(no_state, kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 19, 0))
+    attention_free = parse_config({**GRANITE_4_H_1B, "layer_types": ["mamba"] * 40})
+    for engine in ("v0", "v1"):
+        with pytest.raises(NotModelled, match="no attention layer"):
+            plan_kv(attention_free, kv_cache_memory_bytes=GiB, max_model_len=4096, engine=engine)
     with pytest.raises(GeometryError) as err:
         parse_config({**_hf_config("meta-llama/Llama-3.1-8B-Instruct"), "attention_chunk_size": 8192})
     assert err.value.field == "attention_chunk_size"

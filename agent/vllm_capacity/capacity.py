@@ -17,8 +17,8 @@ group, ``ceil(min(window - 1 + in-flight tokens, max_model_len) / block_size) + 
 'align' mode) per Mamba group. For Mamba the attention block size is raised until a page holds one Mamba state, and
 the Mamba page is padded to it (Gated DeltaNet layers likewise, with 2 blocks in 'align' mode). Before 0.9.1 (and in
 V0) sliding layers are sized like full ones and V0 keeps the Mamba state outside the KV budget. Shared-KV layers hold
-nothing of their own. Mamba-1 state, MLA mixed with other kinds, Llama 4's chunked attention and hybrid layouts under
-PP raise :class:`NotModelled`.
+nothing of their own. Mamba-1 state, attention-free models, MLA mixed with other kinds and hybrid layouts under PP
+raise :class:`NotModelled` (Llama 4's chunked attention is refused earlier, by the geometry parser).
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def observed_bytes_per_token(kv_cache_memory_bytes: float, kv_cache_tokens: int)
 class KvGroup:
     """One of vLLM's KV-cache groups (V1 >= 0.9.1 hybrid models): layers of one kind sharing a block table."""
 
-    kind: str  # full | sliding | mla | mamba
+    kind: str  # full | sliding | mamba | linear
     layers: int  # real layers in the group; group_size - layers are padding layers
     blocks_per_request: int  # blocks one request of max_model_len holds in this group
 
@@ -173,6 +173,8 @@ def plan_kv(
     if kv_cache_memory_bytes <= 0:
         raise ImpossiblePlan(f"no memory is left for the KV cache ({kv_cache_memory_bytes / 2**30:.2f} GiB)")
     if not geometry.uniform:
+        if not set(geometry.layer_kinds) & {"full", "sliding", "mla"}:
+            raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
         if engine == "v1" and version >= (0, 9, 1):
             return _plan_hybrid(
                 geometry,

@@ -61,7 +61,7 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
     if "mla" in geometry.layer_kinds:
         shape = f"{plan.kv_layers_per_rank} layers x latent {geometry.head_dim} x {dtype_bytes} B"
     else:
-        growing = plan.kv_bytes_per_token // max(1, 2 * kv_heads * geometry.head_dim * dtype_bytes)
+        growing = sum(g.layers for g in plan.groups if g.kind == "full") if plan.groups else plan.kv_layers_per_rank
         shape = f"K and V x {growing} layers x {kv_heads} KV heads x {geometry.head_dim} x {dtype_bytes} B"
     if not plan.groups:
         return [
