@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +35,24 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for s in family.samples:
             out[(s.name, tuple(sorted(s.labels.items())))] = s.value
     return out
+
+
+def run_plan(model_dir: Path, cc: dict[str, str], max_model_len: int, version: str, *extra: str) -> dict:
+    """`vllm-capacity plan --format json` for a real server's model, with the KV budget and block size it reports
+    in vllm:cache_config_info (``cc``) and its version."""
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "vllm_capacity", "plan", "--model-dir", str(model_dir), "--format", "json"),
+            *("--kv-cache-memory", cc["kv_cache_memory_bytes"], "--block-size", cc["block_size"]),
+            *("--max-model-len", str(max_model_len), "--vllm-version", version),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
 
 
 def value(text: str, metric: str, /, **labels: str) -> float | None:

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 import lab
-from conftest import samples, value
+from conftest import run_plan, samples, value
 from vllm_capacity.derive import derive_all
 from vllm_capacity.sources.vllm import parse_models
 from vllm_capacity.sources.vllm_parse import SCHEMA_V1_CAPACITY, parse_metrics
@@ -285,31 +285,7 @@ def test_plan_agrees_with_the_real_server(vllm: lab.VllmServer) -> None:
     raw = httpx.get(vllm.url + "/metrics").text
     cc = _cache_config(raw)
     version = httpx.get(vllm.url + "/version").json()["version"]
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vllm_capacity",
-            "plan",
-            "--model-dir",
-            str(vllm.cache / "tiny-llama"),
-            "--kv-cache-memory",
-            cc["kv_cache_memory_bytes"],
-            "--block-size",
-            cc["block_size"],
-            "--max-model-len",
-            str(vllm.max_model_len),
-            "--vllm-version",
-            version,
-            "--format",
-            "json",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
+    plan = run_plan(vllm.cache / "tiny-llama", cc, vllm.max_model_len, version)
     logged = vllm.startup_figures()
     assert plan["kv_cache_tokens"] == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"]
     assert plan["num_gpu_blocks"] == int(cc["num_gpu_blocks"])

@@ -13,17 +13,14 @@ block count, KV cache size in tokens and maximum concurrency, exactly, and the s
 
 from __future__ import annotations
 
-import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
 import lab
-from conftest import samples
+from conftest import run_plan, samples
 
 pytestmark = pytest.mark.realvllm
 KV_BYTES = str(4 * 2**20)
@@ -34,35 +31,6 @@ CASES = {
     "tiny-granite-hybrid": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
     "tiny-qwen3-next": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
 }
-
-
-def _plan(server: lab.VllmServer, cc: dict[str, str], version: str, *extra: str) -> dict:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "vllm_capacity",
-            "plan",
-            "--model-dir",
-            str(server.cache / server.model),
-            "--kv-cache-memory",
-            cc["kv_cache_memory_bytes"],
-            "--block-size",
-            cc["block_size"],
-            "--max-model-len",
-            str(server.max_model_len),
-            "--vllm-version",
-            version,
-            "--format",
-            "json",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 @pytest.mark.parametrize("model", sorted(CASES))
@@ -89,7 +57,7 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path
     plan_args = ["--async-scheduling", "off", "--mamba-ssm-cache-dtype", cc["mamba_ssm_cache_dtype"]]
     if "--max-num-batched-tokens" in extra_args:
         plan_args += ["--max-num-batched-tokens", extra_args[extra_args.index("--max-num-batched-tokens") + 1]]
-    plan = _plan(server, cc, version, *plan_args)
+    plan = run_plan(server.cache / server.model, cc, server.max_model_len, version, *plan_args)
     print(
         f"\n{model}: vLLM {logged}, blocks {cc['num_gpu_blocks']}; plan {plan['kv_cache_tokens']} tokens, "
         f"{plan['max_concurrency']:.4f}x, {plan['num_gpu_blocks']} blocks, groups {plan['groups']}"

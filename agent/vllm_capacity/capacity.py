@@ -175,33 +175,26 @@ def plan_kv(
     if not geometry.uniform:
         if not set(geometry.layer_kinds) & {"full", "sliding", "mla"}:
             raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
+        common = {
+            "kv_cache_memory_bytes": kv_cache_memory_bytes,
+            "max_model_len": max_model_len,
+            "tp": tp,
+            "pp": pp,
+            "kv_cache_dtype": kv_cache_dtype,
+            "block_size": block_size,
+            "version": version,
+        }
         if engine == "v1" and version >= (0, 9, 1):
             return _plan_hybrid(
                 geometry,
-                kv_cache_memory_bytes=kv_cache_memory_bytes,
-                max_model_len=max_model_len,
-                tp=tp,
-                pp=pp,
-                kv_cache_dtype=kv_cache_dtype,
-                block_size=block_size,
-                version=version,
+                **common,
                 max_num_batched_tokens=max_num_batched_tokens,
                 mamba_cache_mode=mamba_cache_mode,
                 mamba_ssm_cache_dtype=mamba_ssm_cache_dtype,
                 async_scheduling=async_scheduling,
             )
         geometry, note = _as_single_group(geometry, engine)
-        plan = plan_kv(
-            geometry,
-            kv_cache_memory_bytes=kv_cache_memory_bytes,
-            max_model_len=max_model_len,
-            tp=tp,
-            pp=pp,
-            kv_cache_dtype=kv_cache_dtype,
-            block_size=block_size,
-            version=version,
-            engine=engine,
-        )
+        plan = plan_kv(geometry, **common, engine=engine)
         plan.notes.append(note)
         return plan
     dtype_bytes = kv_dtype_bytes(kv_cache_dtype, geometry.dtype)

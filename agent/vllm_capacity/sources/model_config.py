@@ -42,6 +42,13 @@ SAFETENSORS_DTYPE_BYTES = {
 }  # fmt: skip
 
 
+def _per_rank(what: str, value: int, tp: int) -> int:
+    """A state dimension vLLM splits over the TP ranks (its ``divide``: exact, or the model cannot be sharded so)."""
+    if value % tp:
+        raise ValueError(f"{what} {value} is not divisible by TP {tp}: vLLM cannot shard this model so")
+    return value // tp
+
+
 @dataclass(frozen=True)
 class MambaGeometry:
     """A Mamba-2 layer's per-request state: a conv state and an SSM state (vLLM's ``mamba2_state_shape``)."""
@@ -63,12 +70,10 @@ class MambaGeometry:
     def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
         """Bytes of one request's state in one layer on one TP rank (vLLM's MambaSpec page size, unpadded)."""
         groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)  # groups follow head shards
-        conv_dim = self.intermediate_size + 2 * groups * self.d_state
-        for what, value in (("conv dim", conv_dim), ("mamba heads", self.n_heads)):
-            if value % tp:
-                raise ValueError(f"{what} {value} is not divisible by TP {tp}: vLLM cannot shard this model so")
-        conv = (self.conv_kernel - 1) * (conv_dim // tp) * conv_dtype_bytes
-        ssm = (self.n_heads // tp) * self.head_dim * self.d_state * ssm_dtype_bytes
+        conv_dim = _per_rank("conv dim", self.intermediate_size + 2 * groups * self.d_state, tp)
+        heads = _per_rank("mamba heads", self.n_heads, tp)
+        conv = (self.conv_kernel - 1) * conv_dim * conv_dtype_bytes
+        ssm = heads * self.head_dim * self.d_state * ssm_dtype_bytes
         return conv + ssm
 
 
@@ -91,12 +96,12 @@ class GatedDeltaNetGeometry:
         return 2
 
     def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
-        conv_dim = 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
-        for what, value in (("conv dim", conv_dim), ("value heads", self.num_v_heads)):
-            if value % tp:
-                raise ValueError(f"{what} {value} is not divisible by TP {tp}: vLLM cannot shard this model so")
-        conv = (self.conv_kernel - 1) * (conv_dim // tp) * conv_dtype_bytes
-        recurrent = (self.num_v_heads // tp) * self.head_v_dim * self.head_k_dim * ssm_dtype_bytes
+        conv_dim = _per_rank(
+            "conv dim", 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim, tp
+        )
+        heads = _per_rank("value heads", self.num_v_heads, tp)
+        conv = (self.conv_kernel - 1) * conv_dim * conv_dtype_bytes
+        recurrent = heads * self.head_v_dim * self.head_k_dim * ssm_dtype_bytes
         return conv + recurrent
 
 
