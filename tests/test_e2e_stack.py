@@ -1,7 +1,7 @@
 """End to end, all real, on loopback: vLLM (CPU) -> vllm-capacity -> Prometheus (the shipped rules, only their
 `for` shortened) -> Alertmanager (the shipped example, its receivers pointed at a local webhook) -> webhook.
 
-Load saturates a 32-block KV cache: VLLMKVCacheSaturated reaches the pager receiver with the model's name and real
+Load saturates a 200-block KV cache: VLLMKVCacheSaturated reaches the pager receiver with the model's name and real
 numbers, and resolves when the load stops; killing vLLM pages VLLMTargetDown. Every dashboard query returns data
 from this Prometheus at least once, except those listed in NO_DATA_HERE with the reason.
 """
@@ -30,12 +30,7 @@ from test_dashboards import exprs, promql_for_promtool
 pytestmark = pytest.mark.realvllm
 ROOT = Path(__file__).resolve().parents[1]
 FOR = "2s"  # the only change made to the shipped rules
-# 200 blocks of 128 tokens (25,600 tokens) for up to 64 sequences: one request's blocks are a few percent of the cache,
-# so under load usage stays above the 95 % threshold for seconds at a time, as in a real pod's cache of thousands of
-# blocks. (With 32 blocks, one preemption dropped it below 95 %, and the sustained 'for' took minutes to line up.)
-KV_ARGS = ("--num-gpu-blocks-override", "200", "--max-num-seqs", "64")
-CAPACITY_TOKENS = 200 * 128
-PARALLEL = 96  # requests per round of load
+CAPACITY_TOKENS = lab.SATURATION_BLOCKS * 128  # the cache under load (lab.SATURATION_KV_ARGS)
 # Dashboard queries that cannot return data on this machine, and why.
 NO_DATA_HERE = {
     "vllm_capacity_gpu_": "no GPU here: NVML has no library, so no GPU series exist",
@@ -107,7 +102,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=logs[-1]))
 
     lab.install()
-    vllm = lab.VllmServer(log_path=work / "vllm.log", extra_args=KV_ARGS).start()
+    vllm = lab.VllmServer(log_path=work / "vllm.log", extra_args=lab.SATURATION_KV_ARGS).start()
     hook = Webhook()
     try:
         # Alertmanager: the shipped example, receivers pointed here, group timings shortened
@@ -248,7 +243,7 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     load = subprocess.Popen(
         [
             *("nice", "-n", "10", sys.executable, str(ROOT / "scripts" / "vllm-cpu" / "load.py"), vllm.url),
-            *("--parallel", str(PARALLEL), "--max-tokens", "900"),
+            *lab.SATURATION_LOAD_ARGS,
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -260,7 +255,7 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
         out, _ = load.communicate(timeout=300)
     rounds = [json.loads(line) for line in out.splitlines()]
     completed, errors = sum(r["requests"] for r in rounds), sum(r["errors"] for r in rounds)
-    print(f"\nload: {len(rounds)} rounds of {PARALLEL} requests: {completed} completed, {errors} errors")
+    print(f"\nload: {len(rounds)} rounds of {lab.SATURATION_PARALLEL} requests: {completed} completed, {errors} errors")
     stop_watch.set()
     took = paged_at - onset.get("saturated", paged_at)
     print(

