@@ -16,6 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 FIXTURES = Path(__file__).parent / "fixtures"
 VLLM_FIXTURES = FIXTURES / "vllm"
+# real vLLM start-ups (figures, verbatim log lines, upstream source of each) and the geometry of their models
+CASES = FIXTURES / "cases"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

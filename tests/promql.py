@@ -13,7 +13,7 @@ KEYWORDS = {
     "by", "on", "without", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
     "inf", "nan", "le",
 }  # fmt: skip
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-metrics.md"
+VLLM_METRIC_NAMES = Path(__file__).resolve().parent / "fixtures" / "vllm" / "metric-names.tsv"
 
 
 def metric_names(expr: str) -> set[str]:
@@ -39,9 +39,13 @@ def agent_names() -> set[str]:
 
 
 def vllm_names() -> set[str]:
-    """Every vllm: metric of the reference's presence tables, with a histogram's _bucket/_sum/_count series."""
+    """Every vllm: metric family vLLM has registered (fixtures/vllm/metric-names.tsv), with a histogram's
+    _bucket/_sum/_count series."""
     names = set()
-    for name, kind in re.findall(r"^\| `(vllm:[a-z0-9_:]+)` \| (\w+) \|", REFERENCE.read_text(), re.MULTILINE):
+    for line in VLLM_METRIC_NAMES.read_text().splitlines():
+        if line.startswith("#") or line.startswith("name\t"):
+            continue
+        name, kind = line.split("\t")[:2]
         names.add(name)
         if kind == "histogram":
             names |= {f"{name}_bucket", f"{name}_sum", f"{name}_count"}

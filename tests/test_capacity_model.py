@@ -1,5 +1,5 @@
 """The capacity model against vLLM's own figures: the seed's worked example and the real startup logs in
-../shared/cases/capacity-dev.json, with each model's geometry written as a Hugging Face config.json."""
+fixtures/cases/capacity-dev.json (each case names its upstream source), with each model's geometry written as a Hugging Face config.json."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import CASES as CASES_DIR
 from vllm_capacity.capacity import (
     ImpossiblePlan,
     MemoryBudget,
@@ -26,9 +27,8 @@ from vllm_capacity.sources.model_config import (
 )
 
 GiB = 2**30
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-CASES = {c["id"]: c for c in json.loads((SHARED / "cases" / "capacity-dev.json").read_text())}
-GEOMETRY = json.loads((SHARED / "cases" / "model-geometry.json").read_text())
+CASES = {c["id"]: c for c in json.loads((CASES_DIR / "capacity-dev.json").read_text())}
+GEOMETRY = json.loads((CASES_DIR / "model-geometry.json").read_text())
 
 
 def test_seed_worked_example() -> None:

@@ -1,5 +1,6 @@
-"""vLLM startup-log lines of every version (verbatim excerpts from ../shared/reference/vllm-startup-logs.md and
-../shared/cases/capacity-dev.json), and the real CPU server's own log; following a log through rotation."""
+"""vLLM startup-log lines of every version (verbatim excerpts of what vLLM's model_runner.py, worker.py and
+gpu_executor.py (V0) and gpu_model_runner.py, gpu_worker.py and kv_cache_utils.py (V1) print, and the logs quoted in
+fixtures/cases/capacity-dev.json), and the real CPU server's own log; following a log through rotation."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import VLLM_FIXTURES
+from conftest import CASES, VLLM_FIXTURES
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
 
 GiB = 2**30
-SHARED = Path(__file__).resolve().parents[2] / "shared"
 
 
 def figures(text: str) -> StartupFigures:
@@ -94,7 +94,7 @@ def test_tensor_parallel_workers_each_log_their_budget() -> None:
 
 
 def test_verbatim_logs_of_the_cases() -> None:
-    cases = json.loads((SHARED / "cases" / "capacity-dev.json").read_text())
+    cases = json.loads((CASES / "capacity-dev.json").read_text())
     checked = 0
     for case in cases:
         s = figures(case["verbatim_log"])

@@ -1,5 +1,6 @@
 """Parsing real exposition text of every metric generation (captures of the real 0.32.0 server, and the
-older generations transcribed from ../shared/reference/vllm-metrics.md)."""
+older generations transcribed from vLLM's metric definitions of those releases: vllm/engine/metrics.py,
+vllm/v1/metrics/loggers.py)."""
 
 import pytest
 

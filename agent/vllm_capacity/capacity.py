@@ -1,6 +1,7 @@
 """vLLM's KV-cache sizing rules, per version: from geometry and memory to blocks, tokens and max concurrency.
 
-Pure functions over plain data (``../shared/reference/vllm-kv-sizing.md``):
+Pure functions over plain data, after vLLM's ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.py``
+(V1) and ``vllm/worker/cache_engine.py`` (V0); the rules per version are explained in ``docs/planning.md``:
 
 * bytes per token per GPU rank, per KV layer: ``2 x max(1, kv_heads // tp) x head_dim x kv_dtype_bytes``
   (MLA: ``1 x latent x kv_dtype_bytes``); pipeline parallelism splits the layers over stages.

@@ -1,6 +1,7 @@
 """Capacity derivations: plain functions over plain data, no I/O.
 
-Every formula here is documented with where vLLM defines it (``../shared/reference/vllm-kv-sizing.md``). A value
+Every formula here follows where vLLM defines it (``vllm/v1/core/kv_cache_utils.py``, ``vllm/v1/metrics/loggers.py``;
+the formulas are tabled in ``docs/metrics.md``). A value
 that cannot be known is ``None``, never 0: the exposition drops ``None`` series instead of exporting a wrong number.
 
 Per engine (``model_name``, ``engine``):

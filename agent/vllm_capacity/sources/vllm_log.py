@@ -2,7 +2,8 @@
 
 ``parse_line`` is pure (one line in, the figures it carries out); :class:`StartupFigures` accumulates them, a new
 start of vLLM clearing the old; :class:`LogFollower` reads a log file that vLLM writes to a shared volume,
-surviving rotation and truncation. Formats: ``../shared/reference/vllm-startup-logs.md`` (GB that are GiB,
+surviving rotation and truncation. Formats: the lines vLLM's workers and KV-cache code print per release, quoted
+verbatim in ``tests/test_vllm_log.py`` (GB that are GiB,
 thousands separators, V0's multi-line profiling output, per-worker lines under TP, ANSI colour, process prefixes).
 """
 

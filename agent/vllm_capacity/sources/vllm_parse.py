@@ -3,7 +3,8 @@
 Pure: text in, :class:`VllmMetrics` out. The grammar is prometheus-client's own text parser; for speed the lines of
 families the agent does not need (histograms, mostly) are dropped with one regular expression before parsing.
 
-Facts relied on (see ``../shared/reference/vllm-metrics.md``):
+Facts relied on (vLLM's ``vllm/engine/metrics.py`` (V0) and ``vllm/v1/metrics/loggers.py`` (V1), read per release;
+``docs/metrics.md`` tables the generations):
 
 * KV usage is ``vllm:kv_cache_usage_perc`` (V1 >= 0.9.2) or ``vllm:gpu_cache_usage_perc`` (V0; V1 <= 0.11), 0-1.
 * Series carry ``model_name``, and from V1 0.8.4 ``engine`` (data-parallel index). V0 has no ``engine``: "0".
