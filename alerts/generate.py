@@ -10,12 +10,16 @@ YAML differs from what this script produces. Alerts say what hurts users (critic
 from __future__ import annotations
 
 import sys
+import tomllib
 from pathlib import Path
 
 import yaml
 
 HERE = Path(__file__).resolve().parent
-RUNBOOK = "https://github.com/vllm-capacity/vllm-capacity/blob/main/alerts/runbook.md"
+# The one place the project's address lives is pyproject.toml's [project.urls]: a fork or an internal mirror changes
+# it there and regenerates (this script, then deploy/generate.py), and every alert's runbook_url follows.
+REPOSITORY = tomllib.loads((HERE.parent / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+RUNBOOK = f"{REPOSITORY}/blob/main/alerts/runbook.md"
 
 THRESHOLDS = {
     "exporter_job": "vllm-capacity",  # the scrape job of the sidecar (a regex is matched: `.*<job>.*`)

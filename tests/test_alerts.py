@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -67,12 +68,14 @@ def test_every_alert_is_complete() -> None:
     alerts = _alerts()
     assert {a["alert"] for a in alerts} == REQUIRED
     runbook = (ALERTS / "runbook.md").read_text()
+    repository = tomllib.loads((ALERTS.parent / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
     for a in alerts:
         assert a["labels"]["severity"] in ("critical", "warning", "info"), a["alert"]
         assert re.fullmatch(r"\d+[smh]", a["for"]), a["alert"]
         ann = a["annotations"]
         assert ann["summary"].endswith("."), a["alert"]
         assert "{{" in ann["description"], f"{a['alert']}: the description should give the values"
+        assert ann["runbook_url"].startswith(f"{repository}/blob/main/alerts/runbook.md#"), a["alert"]
         anchor = ann["runbook_url"].rsplit("#", 1)[1]
         assert f"## {anchor}\n" in runbook, f"{a['alert']}: runbook.md has no section {anchor}"
     assert {a["alert"] for a in alerts if a["labels"]["severity"] == "critical"} == {

@@ -71,7 +71,7 @@ REPRODUCED = {
     "l40s-qwen3-235b-2507-fp8-tp4-ep": ("Qwen/Qwen3-235B-A22B", "0.10.2", None, {}),
     "phi-4-bnb4-a100-unsloth-v0.8.2": ("microsoft/phi-4", "0.8.2", "v0", {}),
 }
-# Cases the planner cannot reproduce, and why (also listed in the README).
+# Cases the planner cannot reproduce, and why (also listed in docs/planning.md).
 NOT_REPRODUCED = {
     "vllm-pr12569-llama31-70b-w8a8": "no KV memory in the log (its block-count concurrency is in test_derive)",
     "vllm-issue19996-llama31-8b-h100-eagle": "an EAGLE draft layer shares the KV pool: 33 layers, not the model's 32",

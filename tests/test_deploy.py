@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,8 @@ def test_dockerfile_contract() -> None:
     assert ":" in base and "latest" not in base and "slim" in base, "an exact slim tag"
     assert 'ENTRYPOINT ["vllm-capacity"]' in text and 'CMD ["serve"]' in text
     assert "USER 65532:65532" in text
-    assert "org.opencontainers.image.source" in text
+    repository = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+    assert f'org.opencontainers.image.source="{repository}"' in text, "the address pyproject.toml gives"
 
 
 def test_dockerfile_install_steps_in_a_fresh_virtualenv(tmp_path: Path) -> None:

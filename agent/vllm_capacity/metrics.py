@@ -1,6 +1,6 @@
 """Every metric the agent exports: name, type, labels and HELP (which says where the value comes from).
 
-This table is the contract that dashboards, alerts and users rely on; the README's metrics table is checked
+This table is the contract that dashboards, alerts and users rely on; the table in docs/metrics.md is checked
 against it by the test suite. Exposition (:mod:`vllm_capacity.exposition`) refuses names that are not here.
 """
 

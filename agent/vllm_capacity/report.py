@@ -143,7 +143,7 @@ def gpu_picture(snap: Snapshot) -> list[str]:
         lines.append(rule)
         missing = [_COMPONENT_NAMES[c] for c in COMPONENTS if c not in budget.components]
         if missing:
-            lines.append(f"  unknown: {', '.join(missing)} (see README: GPU memory budget)")
+            lines.append(f"  unknown: {', '.join(missing)} (see docs/gpu-budget.md)")
         if budget.budget_bytes:
             lines.append(f"  vLLM's budget (gpu_memory_utilization): {format_bytes(budget.budget_bytes)}")
     return lines

@@ -1,0 +1,58 @@
+"""The repository stands on its own: a copy of it with nothing beside it collects the whole suite, and nothing in it
+reads or cites a folder outside it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _tracked_and_new_files() -> list[str]:
+    """What a clone of this checkout would hold once its changes are committed: tracked files and new ones not ignored."""
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [f for f in out.split("\0") if f and (ROOT / f).is_file()]
+
+
+def _collected(cwd: Path, pythonpath: Path) -> list[str]:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath)}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider"],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, f"collection failed in {cwd}:\n{result.stdout[-4000:]}\n{result.stderr[-2000:]}"
+    return [line for line in result.stdout.splitlines() if "::" in line]
+
+
+def test_a_clone_alone_collects_the_whole_suite(tmp_path: Path) -> None:
+    """The checkout's files in an empty directory (no sibling folders): every test is collected there too."""
+    alone = tmp_path / "empty" / "vllm-capacity"
+    for name in _tracked_and_new_files():
+        target = alone / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    assert sorted(p.name for p in alone.parent.iterdir()) == ["vllm-capacity"]
+    here = _collected(ROOT, ROOT / "agent")
+    there = _collected(alone, alone / "agent")  # the copy's own package, ahead of the editable install
+    assert len(here) > 200  # the whole suite, not a stray file
+    assert there == here
+
+
+def test_nothing_reads_or_cites_a_folder_beside_the_repository() -> None:
+    sibling = ".." + "/shared"  # spelled apart so that this test does not find itself
+    found = subprocess.run(["git", "grep", "--untracked", "-n", "-F", sibling], cwd=ROOT, capture_output=True, text=True)
+    assert found.returncode == 1, f"references outside the repository:\n{found.stdout}"
