@@ -1,5 +1,6 @@
-"""The capacity model against vLLM's own figures: the seed's worked example and the real startup logs in
-fixtures/cases/capacity-dev.json (each case names its upstream source), with each model's geometry written as a Hugging Face config.json."""
+"""The capacity model against vLLM's own figures: the README's worked example and the real startup logs in
+fixtures/cases/capacity-dev.json (each case names its upstream source), with each model's geometry written as a
+Hugging Face config.json."""
 
 from __future__ import annotations
 

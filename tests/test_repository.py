@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _tracked_and_new_files() -> list[str]:
-    """What a clone of this checkout would hold once its changes are committed: tracked files and new ones not ignored."""
+    """What a clone of this checkout holds once its changes are committed: tracked files and new ones not ignored."""
     out = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
         cwd=ROOT,
@@ -54,5 +54,6 @@ def test_a_clone_alone_collects_the_whole_suite(tmp_path: Path) -> None:
 
 def test_nothing_reads_or_cites_a_folder_beside_the_repository() -> None:
     sibling = ".." + "/shared"  # spelled apart so that this test does not find itself
-    found = subprocess.run(["git", "grep", "--untracked", "-n", "-F", sibling], cwd=ROOT, capture_output=True, text=True)
+    grep = ["git", "grep", "--untracked", "-n", "-F", sibling]
+    found = subprocess.run(grep, cwd=ROOT, capture_output=True, text=True)
     assert found.returncode == 1, f"references outside the repository:\n{found.stdout}"
