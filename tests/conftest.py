@@ -26,6 +26,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+class FakeClock:
+    """A monotonic clock that moves only when the test moves it, for ``Agent(monotonic=...)``: backoffs and
+    intervals are then exercised exactly, without waiting for them in real time."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def fixture_text(name: str) -> str:
     return (VLLM_FIXTURES / name).read_text()
 

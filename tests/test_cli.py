@@ -1,18 +1,25 @@
-"""The command line: flags and their environment twins, one-line errors, `serve` as a process, `report`."""
+"""The command line: flags and their environment twins, one-line errors, `serve` as a process, `report`.
+
+Most tests call ``cli.main(argv, environ)`` in this process (``_main``); a few start the real command
+(``_run``) for what only a process shows: the entry point, exit codes through the interpreter, signals."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+import structlog
 
 from conftest import FakeVllm, fixture_text, value
 from vllm_capacity import cli
@@ -22,6 +29,27 @@ VLLM_CAPACITY = [sys.executable, "-m", "vllm_capacity"]
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*VLLM_CAPACITY, *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+@dataclass(frozen=True)
+class Result:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _main(*args: str, env: dict[str, str] | None = None) -> Result:
+    """`vllm-capacity ARGS` in this process, with only ``env`` as its environment."""
+    out, err = io.StringIO(), io.StringIO()
+    logging = structlog.get_config()  # the command configures logging for the process: put it back afterwards
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(list(args), dict(env or {}))
+        except SystemExit as exit_:  # argparse's own errors, and --version
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        finally:
+            structlog.configure(**logging)
+    return Result(code, out.getvalue(), err.getvalue())
 
 
 def _resolve(argv: list[str], environ: dict[str, str]) -> dict:
@@ -67,12 +95,19 @@ def test_every_option_has_a_documented_twin() -> None:
     ],
 )
 def test_invalid_input_exits_2_with_one_line(argv: list[str], env: dict[str, str], message: str) -> None:
-    result = _run(*argv, env={**os.environ, **env})
+    result = _main(*argv, env=env)
     assert result.returncode == 2
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert message in lines[0]
+
+
+def test_the_real_command_exits_2_on_a_bad_flag() -> None:
+    result = _run("serve", "--interval", "often")
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("vllm-capacity serve: error: --interval: 'often' is not a duration")
 
 
 def test_listen_address_in_use_is_a_clear_error() -> None:
@@ -122,10 +157,13 @@ async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
                     break
         assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096
         assert value(text, "vllm_capacity_process_resident_memory_bytes") > 0
-        fake_vllm.metrics = fixture_text("v1-0.24-seed.prom")
-        await asyncio.sleep(0.5)
+        fake_vllm.metrics = fixture_text("v1-0.24-seed.prom")  # vLLM now serves another model: the agent follows
         async with httpx.AsyncClient() as client:
-            text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            for _ in range(100):
+                text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+                if value(text, "vllm_capacity_kv_cache_capacity_tokens", model_name="gemma-12b") is not None:
+                    break
+                await asyncio.sleep(0.1)
         assert value(text, "vllm_capacity_kv_cache_capacity_tokens", model_name="gemma-12b") == 208625
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -138,14 +176,14 @@ async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
 
 
 def test_report_text_and_json(fake_vllm_thread: str) -> None:
-    text = _run("report", "--vllm-url", fake_vllm_thread)
+    text = _main("report", "--vllm-url", fake_vllm_thread)
     assert text.returncode == 0, text.stderr
     out = text.stdout
     assert "capacity" in out and "4,096 tokens" in out and "(32 blocks x 128 tokens)" in out
     assert "max_model_len 1,024" in out and "4.00x" in out
     assert "longer than max_model_len" in out  # 2K/4K/8K exceed the tiny model's 1,024
     assert "bytes per token       unknown" in out  # a block override and no log or model config
-    js = _run("report", "--vllm-url", fake_vllm_thread, "--format", "json")
+    js = _main("report", "--vllm-url", fake_vllm_thread, "--format", "json")
     doc = json.loads(js.stdout)
     (e,) = doc["engines"]
     assert doc["schema"] == "v1-capacity" and doc["vllm_version"] == "0.32.0"
@@ -155,7 +193,7 @@ def test_report_text_and_json(fake_vllm_thread: str) -> None:
 
 
 def test_report_unreachable_vllm() -> None:
-    result = _run("report", "--vllm-url", "http://127.0.0.1:9", "--timeout", "1s")
+    result = _main("report", "--vllm-url", "http://127.0.0.1:9", "--timeout", "1s")
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "vllm-capacity report: error: cannot read http://127.0.0.1:9/metrics (connect)"
@@ -166,7 +204,7 @@ TINY = Path(__file__).parent / "fixtures" / "models" / "tiny-llama"
 
 
 def test_plan_json(tmp_path: Path) -> None:
-    result = _run(
+    result = _main(
         "plan",
         "--model-config",
         str(TINY / "config.json"),
@@ -203,7 +241,7 @@ def test_plan_text_with_the_whole_budget(tmp_path: Path) -> None:
             }
         )
     )
-    result = _run(
+    result = _main(
         "plan",
         "--model-config",
         str(config),
@@ -246,7 +284,7 @@ def test_plan_text_with_the_whole_budget(tmp_path: Path) -> None:
 )
 def test_plan_usage_errors(args: list[str], message: str) -> None:
     args = [a.replace("{tiny}", str(TINY / "config.json")) for a in args]
-    result = _run("plan", *args)
+    result = _main("plan", *args)
     assert result.returncode == 2
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
@@ -272,7 +310,7 @@ def _sliding_config(tmp_path: Path, **extra: object) -> Path:
 
 def test_plan_refuses_what_it_does_not_model(tmp_path: Path) -> None:
     config = _sliding_config(tmp_path, full_attention_interval=2, layer_types=None)  # Qwen3-Next's Gated DeltaNet
-    result = _run("plan", "--model-config", str(config), "--kv-cache-memory", "1GiB", "--max-model-len", "4096")
+    result = _main("plan", "--model-config", str(config), "--kv-cache-memory", "1GiB", "--max-model-len", "4096")
     assert result.returncode == 1
     assert (
         "NotModelled" in result.stderr
@@ -285,11 +323,11 @@ def test_plan_of_a_sliding_window_hybrid(tmp_path: Path) -> None:
     """The text plan shows vLLM's groups and says what it assumed; the batch size default follows the GPU."""
     config = _sliding_config(tmp_path)
     args = ("plan", "--model-config", str(config), "--max-model-len", "32768", "--weights-memory", "10GiB")
-    h100 = _run(*args, "--gpu-memory", "80GiB")
+    h100 = _main(*args, "--gpu-memory", "80GiB")
     assert h100.returncode == 0, h100.stderr
     assert "groups                          2   of 2 layers (1 sliding, 1 full)" in h100.stdout
     assert "max_num_batched_tokens 8,192 x 2 batches under async scheduling" in h100.stdout
-    small = _run(*args, "--gpu-memory", "24GiB", "--async-scheduling", "off", "--format", "json")
+    small = _main(*args, "--gpu-memory", "24GiB", "--async-scheduling", "off", "--format", "json")
     plan = json.loads(small.stdout)
     sliding = [g for g in plan["groups"] if g["kind"] == "sliding"]
     assert sliding == [{"kind": "sliding", "layers": 2, "blocks_per_request": (128 - 1 + 2048 + 15) // 16 + 1}]
@@ -299,14 +337,14 @@ def test_plan_of_a_sliding_window_hybrid(tmp_path: Path) -> None:
 def test_serve_rejects_a_config_it_cannot_read(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text('{"num_attention_heads": 8}')
-    result = _run("serve", "--model-config", str(config))
+    result = _main("serve", "--model-config", str(config))
     assert result.returncode == 2
     assert "--model-config: num_hidden_layers: missing from config.json" in result.stderr
 
 
 def test_report_with_the_startup_log_and_model_config(fake_vllm_thread: str) -> None:
     fixtures = Path(__file__).parent / "fixtures"
-    result = _run(
+    result = _main(
         "report",
         "--vllm-url",
         fake_vllm_thread,
@@ -322,7 +360,7 @@ def test_report_with_the_startup_log_and_model_config(fake_vllm_thread: str) -> 
     assert re.search(r"KV cache pool +2\.00 MiB", out)
     assert "max_model_len 1,024" in out and "512.00 KiB" in out  # KV per request of max_model_len tokens
     doc = json.loads(
-        _run("report", "--vllm-url", fake_vllm_thread, "--model-dir", str(TINY), "--format", "json").stdout
+        _main("report", "--vllm-url", fake_vllm_thread, "--model-dir", str(TINY), "--format", "json").stdout
     )
     assert doc["engines"][0]["kv_bytes_per_token_model"] == 512
 

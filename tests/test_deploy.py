@@ -64,6 +64,7 @@ def test_dockerfile_contract() -> None:
     assert f'org.opencontainers.image.source="{repository}"' in text, "the address pyproject.toml gives"
 
 
+@pytest.mark.slow  # a fresh virtualenv and a wheel build: a minute or more, and it needs the package index
 def test_dockerfile_install_steps_in_a_fresh_virtualenv(tmp_path: Path) -> None:
     """The Dockerfile's two steps, here: build the wheel (no deps), install it alone into a clean environment.
     Then the installed agent runs from a tree it never writes to (as under a read-only root filesystem)."""

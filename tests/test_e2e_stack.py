@@ -190,6 +190,17 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
             f.close()
 
 
+def _wait_for_data(prom: str, query: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(timeout=10) as client:
+        while time.monotonic() < deadline:
+            r = client.get(prom + "/api/v1/query", params={"query": query})
+            if r.status_code == 200 and r.json()["data"]["result"]:
+                return
+            time.sleep(0.5)
+    raise AssertionError(f"Prometheus has no data for {query} after {timeout}s")
+
+
 def dashboard_queries() -> list[str]:
     return sorted(
         {
@@ -279,7 +290,8 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     print(f"VLLMTargetDown paged {down_at - killed_at:.1f} s after vLLM was killed")
     assert path == "/pager" and alert["labels"]["pod"] == "vllm-0"
 
-    time.sleep(4)  # the sidecar's errors after vLLM's death reach Prometheus
+    # the sidecar's errors after vLLM's death reach Prometheus with its next scrapes
+    _wait_for_data(prom, 'vllm_capacity_source_errors_total{source="vllm"} > 0', timeout=30)
     queries = dashboard_queries()
     with_data = queries_with_data(prom, started, time.time())
     missing = [q for q in queries if q not in with_data]

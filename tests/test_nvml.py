@@ -14,7 +14,7 @@ import pynvml
 import pytest
 import structlog
 
-from conftest import FakeVllm, fixture_text, value
+from conftest import FakeClock, FakeVllm, fixture_text, value
 from fake_nvml import FakeGpu, FakeNvml, GiB, seed_gpu
 from vllm_capacity.agent import Agent
 from vllm_capacity.budget import COMPONENTS, gpu_budget
@@ -160,7 +160,8 @@ async def test_mig_instances_are_their_own_devices(fake_vllm: FakeVllm, tmp_path
 async def test_gpu_lost_mid_run_backs_off_and_recovers(fake_vllm: FakeVllm, tmp_path) -> None:
     gpu = seed_gpu()
     fake = FakeNvml([gpu])
-    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: fake), {4242})
+    clock = FakeClock()
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: fake), {4242}, monotonic=clock)
     await agent.cycle()
     assert agent.snapshot.gpus
     gpu.lost = True
@@ -174,7 +175,10 @@ async def test_gpu_lost_mid_run_backs_off_and_recovers(fake_vllm: FakeVllm, tmp_
     assert "vllm_capacity_gpu_memory_total_bytes" not in text  # nothing stale
     assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 208625  # vLLM metrics keep flowing
     gpu.lost = False
-    await asyncio.sleep(0.06)
+    clock.advance(agent.interval * 0.9)
+    await agent.cycle()  # still within the first backoff (one interval): NVML is not asked
+    assert not agent.sources["nvml"].up and fake.init_calls == 1
+    clock.advance(agent.interval * 0.1)
     await agent.cycle()
     assert agent.sources["nvml"].up and agent.snapshot.gpus
     assert fake.init_calls == 2  # NVML started afresh after the GPU was lost
@@ -184,16 +188,23 @@ async def test_gpu_lost_mid_run_backs_off_and_recovers(fake_vllm: FakeVllm, tmp_
 async def test_a_hanging_call_times_out_and_is_not_piled_on(fake_vllm: FakeVllm, tmp_path) -> None:
     gpu = seed_gpu()
     gpu.hang = threading.Event()
-    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu]), deadline=0.2), {4242})
+    clock = FakeClock()
+    nvml = NvmlSource(loader=lambda: FakeNvml([gpu]), deadline=0.2)
+    agent = await _agent(fake_vllm, tmp_path, nvml, {4242}, monotonic=clock)
     snap = await agent.cycle()
     assert snap.up and snap.engines[0].capacity_tokens == 208625  # vLLM was read while NVML hung
     assert agent.errors[("nvml", "timeout")] == 1
-    await asyncio.sleep(0.06)  # past the first backoff
+    clock.advance(agent.interval)  # the first backoff: one interval
     await agent.cycle()
     assert agent.errors[("nvml", "hung")] == 1  # the earlier call still blocks: no second thread
+    assert [t.name for t in threading.enumerate()].count("nvml") == 1
     gpu.hang.set()
-    await asyncio.sleep(0.3)
-    agent._nvml_next_attempt = 0  # skip the rest of the backoff
+    (worker,) = [t for t in threading.enumerate() if t.name == "nvml"]
+    await asyncio.to_thread(worker.join, 10)  # the wedged call returns
+    clock.advance(agent.interval)  # half of the doubled backoff: not yet
+    await agent.cycle()
+    assert agent.errors[("nvml", "hung")] == 1 and not agent.sources["nvml"].up
+    clock.advance(agent.interval * 1.5)  # past it
     await agent.cycle()
     assert agent.sources["nvml"].up
     await agent.client.aclose()
