@@ -28,6 +28,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import TypedDict
 
 from vllm_capacity.sources.model_config import Geometry
 
@@ -144,6 +145,18 @@ def default_max_num_batched_tokens(gpu_memory_bytes: int | None) -> int:
     return 2048
 
 
+class _CommonArgs(TypedDict):
+    """The arguments plan_kv passes on unchanged to the hybrid planner or to itself on the flattened geometry."""
+
+    kv_cache_memory_bytes: int
+    max_model_len: int
+    tp: int
+    pp: int
+    kv_cache_dtype: str
+    block_size: int
+    version: tuple[int, int, int]
+
+
 def plan_kv(
     geometry: Geometry,
     *,
@@ -176,7 +189,7 @@ def plan_kv(
     if not geometry.uniform:
         if not set(geometry.layer_kinds) & {"full", "sliding", "mla"}:
             raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
-        common = {
+        common: _CommonArgs = {
             "kv_cache_memory_bytes": kv_cache_memory_bytes,
             "max_model_len": max_model_len,
             "tp": tp,

@@ -21,12 +21,14 @@ from vllm_capacity.budget import COMPONENTS
 from vllm_capacity.derive import BASIS_MAX_MODEL_LEN, BASIS_OBSERVED
 from vllm_capacity.metrics import BY_NAME, NAMESPACE, MetricSpec
 
+Family = CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily
+
 
 class _Families:
     """Families keyed by catalogue name, created on first use, yielded in catalogue order, empty ones left out."""
 
     def __init__(self) -> None:
-        self._families: dict[str, Metric] = {}
+        self._families: dict[str, Family] = {}
 
     def add(self, name: str, labels: Iterable[str], value: float | dict[str, str] | None) -> None:
         if value is None:
@@ -34,13 +36,19 @@ class _Families:
         spec: MetricSpec = BY_NAME[name]
         family = self._families.get(name)
         if family is None:
-            family = self._families[name] = _new_family(spec)
+            family = _new_family(spec)
+            self._families[name] = family
         labels = list(labels)
         if len(labels) != len(spec.labels):
             raise ValueError(f"{name}: {len(labels)} label values for labels {spec.labels}")
-        if isinstance(value, dict) and tuple(value) != spec.info_labels:
-            raise ValueError(f"{name}: info labels {tuple(value)} are not {spec.info_labels}")
-        family.add_metric(labels, value)
+        if isinstance(family, InfoMetricFamily):
+            if not isinstance(value, dict) or tuple(value) != spec.info_labels:
+                raise ValueError(f"{name}: info labels {value!r} are not {spec.info_labels}")
+            family.add_metric(labels, value)
+        else:
+            if isinstance(value, dict):
+                raise ValueError(f"{name}: a {spec.kind} takes a number, not labels {value!r}")
+            family.add_metric(labels, value)
 
     def __iter__(self) -> Iterator[Metric]:
         order = {name: i for i, name in enumerate(BY_NAME)}
@@ -55,7 +63,7 @@ def _spec_name(family: Metric) -> str:
     return family.name
 
 
-def _new_family(spec: MetricSpec) -> Metric:
+def _new_family(spec: MetricSpec) -> Family:
     if spec.kind == "counter":
         return CounterMetricFamily(spec.name, spec.help, labels=spec.labels)
     if spec.kind == "info":

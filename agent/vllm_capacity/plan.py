@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
+from typing import Any
 
 from vllm_capacity.capacity import KvPlan, MemoryBudget, kv_dtype_bytes, plan_kv
 from vllm_capacity.report import CONTEXTS, format_bytes
@@ -36,7 +37,7 @@ def budget_picture(budget: MemoryBudget, kv_bytes: int, width: int = 46) -> list
     return lines
 
 
-def what_if(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget | None) -> list[str]:
+def what_if(plan: KvPlan, geometry: Geometry, kwargs: dict[str, Any], budget: MemoryBudget | None) -> list[str]:
     lines = []
     half = plan.max_model_len // 2
     if half >= plan.block_size:
@@ -87,7 +88,7 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
     ]
 
 
-def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget | None, tp: int) -> str:
+def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict[str, Any], budget: MemoryBudget | None, tp: int) -> str:
     kv_heads = 1 if "mla" in geometry.layer_kinds else max(1, geometry.num_kv_heads // tp)
     lines = [
         f"Plan for {geometry.architecture}: TP {kwargs['tp']}, PP {kwargs['pp']}, KV dtype {kwargs['kv_cache_dtype']}"
@@ -116,7 +117,7 @@ def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBu
     return "\n".join(lines) + "\n"
 
 
-def render_json(plan: KvPlan, geometry: Geometry, kwargs: dict, budget: MemoryBudget | None) -> str:
+def render_json(plan: KvPlan, geometry: Geometry, kwargs: dict[str, Any], budget: MemoryBudget | None) -> str:
     doc = {
         "kv_bytes_per_token": plan.kv_bytes_per_token,
         "num_gpu_blocks": plan.num_gpu_blocks,

@@ -85,11 +85,11 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
     rows: list[tuple[str, float | None, float | None]] = []
     if e.max_model_len:
         rows.append((f"max_model_len {e.max_model_len:,}", e.max_concurrency, e.max_model_len))
-    for ctx in CONTEXTS:
-        if e.max_model_len and ctx > e.max_model_len:
-            rows.append((f"{ctx:,}", None, None))
+    for context in CONTEXTS:
+        if e.max_model_len and context > e.max_model_len:
+            rows.append((f"{context:,}", None, None))
         else:
-            rows.append((f"{ctx:,}", e.concurrency_at(ctx), ctx))
+            rows.append((f"{context:,}", e.concurrency_at(context), context))
     if e.mean_context_tokens:
         rows.append(
             (f"observed {e.mean_context_tokens:,.0f} (mean)", e.max_concurrency_observed, e.mean_context_tokens)

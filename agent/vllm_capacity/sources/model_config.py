@@ -142,7 +142,7 @@ def _opt_int(cfg: dict[str, Any], key: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise GeometryError(key, f"{value!r} is not a positive integer")
-    return value
+    return int(value)
 
 
 def _int(cfg: dict[str, Any], key: str) -> int:

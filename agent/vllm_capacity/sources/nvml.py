@@ -88,7 +88,8 @@ def load_pynvml() -> ModuleType:
         import pynvml
     except ImportError as err:
         raise SourceError("library_not_found", f"the nvidia-ml-py package is not installed: {err}") from err
-    return pynvml
+    module: ModuleType = pynvml  # nvidia-ml-py ships no type information
+    return module
 
 
 def visible_selection(environ: dict[str, str]) -> list[str] | None:
@@ -104,7 +105,7 @@ def visible_selection(environ: dict[str, str]) -> list[str] | None:
 
 def vllm_pids_in_namespace(proc: Path = Path("/proc")) -> set[int]:
     """PIDs of processes whose command line mentions vllm, as far as this process can see (shared PID namespace)."""
-    pids = set()
+    pids: set[int] = set()
     try:
         entries = list(proc.iterdir())
     except OSError:
@@ -143,11 +144,11 @@ class NvmlSource:
             self._initialized = True
         return self._nvml
 
-    def _optional(self, fn: Callable[[], Any]) -> Any:
-        """A field: NotSupported (and the like, for MIG instances) means absent."""
+    def _optional(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A field, ``fn(*args)``: NotSupported (and the like, for MIG instances) means absent."""
         nvml = self._nvml
         try:
-            return fn()
+            return fn(*args)
         except nvml.NVMLError as err:
             if err.value in (NOT_SUPPORTED, 2, 6, 21):  # not supported, invalid argument, not found, no data
                 return None
@@ -205,12 +206,10 @@ class NvmlSource:
                 uuid = _text(nvml.nvmlDeviceGetUUID(handle))
                 if self.selection is not None and str(i) not in self.selection and uuid not in self.selection:
                     continue
-                mig = self._optional(lambda h=handle: nvml.nvmlDeviceGetMigMode(h))
+                mig = self._optional(nvml.nvmlDeviceGetMigMode, handle)
                 if mig is not None and mig[0] == nvml.NVML_DEVICE_MIG_ENABLE:
                     for m in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-                        mig_handle = self._optional(
-                            lambda h=handle, m=m: nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, m)
-                        )
+                        mig_handle = self._optional(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, m)
                         if mig_handle is not None:
                             readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid))
                 else:
@@ -221,7 +220,7 @@ class NvmlSource:
             raise SourceError(reason_of(err), f"NVML: {err}") from err
         return readings
 
-    def _run(self, done: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+    def _run(self, done: asyncio.Future[list[GpuReading]], loop: asyncio.AbstractEventLoop) -> None:
         try:
             result: Any = self._read_sync()
         except BaseException as err:  # delivered to the awaiting coroutine
@@ -243,7 +242,7 @@ class NvmlSource:
         if self._busy.is_set():
             raise SourceError("hung", "an earlier NVML call has not returned: not starting another")
         loop = asyncio.get_running_loop()
-        done: asyncio.Future = loop.create_future()
+        done: asyncio.Future[list[GpuReading]] = loop.create_future()
         self._busy.set()
         threading.Thread(target=self._run, args=(done, loop), name="nvml", daemon=True).start()
         try:
