@@ -8,6 +8,7 @@ thresholds, or when a query names a metric that neither the agent, the recording
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -32,6 +33,20 @@ from grafana_foundation_sdk.models.dashboard import (
 )
 
 HERE = Path(__file__).resolve().parent
+
+
+def _alert_thresholds() -> dict:
+    """alerts/generate.py's THRESHOLDS: the forecast panel shows what VLLMKVCacheExhaustionPredicted evaluates."""
+    spec = importlib.util.spec_from_file_location("alerts_generate", HERE.parent / "alerts" / "generate.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.THRESHOLDS
+
+
+ALERTS = _alert_thresholds()
+HORIZON = ALERTS["exhaustion_horizon_seconds"]
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
 POD = 'namespace=~"$namespace",pod=~"$pod"'
 SEL = POD + ',model_name=~"$model"'
@@ -275,11 +290,12 @@ def capacity_dashboard() -> Dashboard:
         )
         .with_panel(
             series(
-                "KV cache exhaustion forecast (1 h ahead)",
+                f"KV cache exhaustion forecast ({HORIZON / 3600:g} h ahead)",
                 "short",
                 query(
-                    f"predict_linear(vllm_capacity_kv_cache_used_tokens{{{SEL}}}[30m], 3600)",
-                    "used in 1 h {{pod}}/{{engine}}",
+                    f"predict_linear(vllm_capacity_kv_cache_used_tokens{{{SEL}}}[{ALERTS['exhaustion_lookback']}], "
+                    f"{HORIZON})",
+                    f"used in {HORIZON / 3600:g} h {{{{pod}}}}/{{{{engine}}}}",
                 ),
                 query(f"vllm_capacity_kv_cache_capacity_tokens{{{SEL}}}", "capacity {{pod}}/{{engine}}"),
             )

@@ -306,8 +306,8 @@ def test_serve_with_nvml_auto_on_this_machine(fake_vllm_thread: str) -> None:
 
 
 def test_report_draws_each_gpus_budget() -> None:
-    from vllm_capacity.agent import Snapshot
     from vllm_capacity.report import gpu_picture
+    from vllm_capacity.snapshot import Snapshot
 
     (reading,) = NvmlSource(loader=lambda: FakeNvml([seed_gpu()]))._read_sync()
     budget = gpu_budget(

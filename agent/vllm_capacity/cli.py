@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_capacity import __version__
+from vllm_capacity.capacity import NEWEST_VERSION
 from vllm_capacity.units import format_duration, parse_duration, parse_listen, parse_size
 
 ENV_PREFIX = "VLLM_CAPACITY_"
@@ -253,7 +254,7 @@ PLAN_OPTIONS = (
     ),
     Option("--block-size", _positive_int, "16", "tokens per KV block (vLLM's CUDA default is 16)"),
     Option("--max-model-len", _positive_int, None, "context length to plan for (default: max_position_embeddings)"),
-    Option("--vllm-version", _version, "0.33.0", "whose sizing rules to apply (e.g. 0.10.2)"),
+    Option("--vllm-version", _version, NEWEST_VERSION, "whose sizing rules to apply (e.g. 0.10.2)"),
     Option("--engine", _choice("v0", "v1"), None, "v0 or v1 (default: v0 before 0.8, else v1)"),
     Option(
         "--max-num-batched-tokens",
@@ -461,8 +462,6 @@ def _plan(values: dict[str, Any]) -> int:
         }
         result = plan_kv(geometry, **kwargs)
     except (GeometryError, NotModelled, ImpossiblePlan, ValueError) as err:
-        if isinstance(err, UsageError):
-            raise
         print(f"vllm-capacity plan: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
     if values["format"] == "json":

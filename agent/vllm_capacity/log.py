@@ -7,8 +7,6 @@ import sys
 
 import structlog
 
-LEVELS = ("debug", "info", "warning", "error")
-
 
 def configure(fmt: str = "console", level: str = "info") -> None:
     renderer: structlog.typing.Processor = (

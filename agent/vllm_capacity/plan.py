@@ -7,10 +7,8 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from vllm_capacity.capacity import KvPlan, MemoryBudget, kv_dtype_bytes, plan_kv
-from vllm_capacity.report import CONTEXTS, format_bytes
 from vllm_capacity.sources.model_config import Geometry
-
-GiB = 2**30
+from vllm_capacity.units import CONTEXTS, format_bytes
 
 
 def budget_picture(budget: MemoryBudget, kv_bytes: int, width: int = 46) -> list[str]:

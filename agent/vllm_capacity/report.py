@@ -6,26 +6,16 @@ import dataclasses
 import json
 from datetime import UTC, datetime
 
-from vllm_capacity.agent import Snapshot
 from vllm_capacity.budget import COMPONENTS
 from vllm_capacity.derive import EngineCapacity
-
-CONTEXTS = (2048, 4096, 8192)
+from vllm_capacity.snapshot import Snapshot
+from vllm_capacity.units import CONTEXTS, format_bytes
 
 
 def _n(value: float | None, digits: int = 0) -> str:
     if value is None:
         return "unknown"
     return f"{value:,.{digits}f}"
-
-
-def format_bytes(value: float | None) -> str:
-    if value is None:
-        return "unknown"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if value >= size:
-            return f"{value / size:,.2f} {unit}"
-    return f"{value:,.0f} B"
 
 
 def _pct(value: float | None) -> str:

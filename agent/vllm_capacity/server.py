@@ -10,8 +10,6 @@ from vllm_capacity import __version__
 from vllm_capacity.agent import Agent
 from vllm_capacity.exposition import build_registry, render
 
-AGENT_KEY = web.AppKey("agent", Agent)
-
 
 def make_app(agent: Agent, *, process_metrics: bool = True) -> web.Application:
     registry = build_registry(agent, process_metrics=process_metrics)
@@ -42,7 +40,6 @@ def make_app(agent: Agent, *, process_metrics: bool = True) -> web.Application:
         return web.Response(text=page, content_type="text/html")
 
     app = web.Application()
-    app[AGENT_KEY] = agent
     app.add_routes(
         [web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/", landing)]
     )

@@ -1,11 +1,26 @@
-"""Parsing of the human-readable values operators type on the command line: durations, listen addresses.
+"""Units, and the human-readable values operators type and read: durations, sizes, listen addresses, bytes.
 
-Pure functions; each raises ValueError with a message that names what was wrong, ready for a one-line error.
+Pure functions; each parser raises ValueError with a message that names what was wrong, ready for a one-line error.
 """
 
 from __future__ import annotations
 
 import re
+
+KiB, MiB, GiB = 2**10, 2**20, 2**30
+# context lengths a report or a plan shows the concurrency at, beside max_model_len and the observed context
+CONTEXTS = (2048, 4096, 8192)
+
+
+def format_bytes(value: float | None) -> str:
+    """1536 -> '1.50 KiB', 4.31 * 2**30 -> '4.31 GiB', None -> 'unknown'."""
+    if value is None:
+        return "unknown"
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if value >= size:
+            return f"{value / size:,.2f} {unit}"
+    return f"{value:,.0f} B"
+
 
 _DURATION = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s|m|h)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
@@ -49,9 +64,9 @@ _SIZE_UNITS = {
     "mb": 10**6,
     "gb": 10**9,
     "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
+    "kib": KiB,
+    "mib": MiB,
+    "gib": GiB,
     "tib": 2**40,
 }
 

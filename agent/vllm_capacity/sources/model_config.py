@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_capacity.units import MiB
+
 KV_KINDS = ("full", "sliding", "mla")  # kinds that hold per-token KV of their own
 
 _LAYER_TYPE_NAMES = {
@@ -136,7 +138,7 @@ class Geometry:
         return kinds in ({"full"}, {"mla"})
 
 
-def _opt_int(cfg: dict[str, Any], key: str) -> int | None:
+def _positive_int_field(cfg: dict[str, Any], key: str) -> int | None:
     value = cfg.get(key)
     if value is None:
         return None
@@ -146,7 +148,7 @@ def _opt_int(cfg: dict[str, Any], key: str) -> int | None:
 
 
 def _int(cfg: dict[str, Any], key: str) -> int:
-    value = _opt_int(cfg, key)
+    value = _positive_int_field(cfg, key)
     if value is None:
         raise GeometryError(key, "missing from config.json")
     return value
@@ -157,25 +159,25 @@ def _mamba2(cfg: dict[str, Any]) -> MambaGeometry | None:
     ssm_dtype = cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype")
     if cfg.get("mamba_n_heads") is not None:
         heads, head_dim = _int(cfg, "mamba_n_heads"), _int(cfg, "mamba_d_head")
-        expand = _opt_int(cfg, "mamba_expand")
+        expand = _positive_int_field(cfg, "mamba_expand")
         return MambaGeometry(
             intermediate_size=expand * _int(cfg, "hidden_size") if expand else heads * head_dim,
-            n_groups=_opt_int(cfg, "mamba_n_groups") or 1,
+            n_groups=_positive_int_field(cfg, "mamba_n_groups") or 1,
             n_heads=heads,
             head_dim=head_dim,
             d_state=_int(cfg, "mamba_d_state"),
-            conv_kernel=_opt_int(cfg, "mamba_d_conv") or 4,
+            conv_kernel=_positive_int_field(cfg, "mamba_d_conv") or 4,
             ssm_cache_dtype=ssm_dtype,
         )
     if cfg.get("mamba_num_heads") is not None:
         heads, head_dim = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
         return MambaGeometry(
             intermediate_size=heads * head_dim,
-            n_groups=_opt_int(cfg, "n_groups") or 1,
+            n_groups=_positive_int_field(cfg, "n_groups") or 1,
             n_heads=heads,
             head_dim=head_dim,
             d_state=_int(cfg, "ssm_state_size"),
-            conv_kernel=_opt_int(cfg, "conv_kernel") or 4,
+            conv_kernel=_positive_int_field(cfg, "conv_kernel") or 4,
             ssm_cache_dtype=ssm_dtype,
         )
     return None
@@ -190,7 +192,7 @@ def _gated_delta_net(cfg: dict[str, Any]) -> GatedDeltaNetGeometry | None:
         num_v_heads=_int(cfg, "linear_num_value_heads"),
         head_k_dim=_int(cfg, "linear_key_head_dim"),
         head_v_dim=_int(cfg, "linear_value_head_dim"),
-        conv_kernel=_opt_int(cfg, "linear_conv_kernel_dim") or 4,
+        conv_kernel=_positive_int_field(cfg, "linear_conv_kernel_dim") or 4,
         ssm_cache_dtype=cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype"),
     )
 
@@ -263,8 +265,8 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             "attention_chunk_size", "chunked local attention (Llama 4) is sized by rules the planner does not model"
         )
     heads = _int(cfg, "num_attention_heads")
-    kv_heads = _opt_int(cfg, "num_key_value_heads") or heads
-    head_dim = _opt_int(cfg, "head_dim")
+    kv_heads = _positive_int_field(cfg, "num_key_value_heads") or heads
+    head_dim = _positive_int_field(cfg, "head_dim")
     if head_dim is None:
         hidden = _int(cfg, "hidden_size")
         if hidden % heads:
@@ -304,7 +306,7 @@ def safetensors_bytes(path: Path) -> int:
         if len(raw) != 8:
             raise GeometryError(str(path), "too short for a safetensors header")
         (length,) = struct.unpack("<Q", raw)
-        if length > 100 * 2**20:
+        if length > 100 * MiB:
             raise GeometryError(str(path), f"header of {length} bytes: not a safetensors file")
         try:
             header = json.loads(f.read(length))

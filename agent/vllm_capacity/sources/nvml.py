@@ -190,7 +190,7 @@ class NvmlSource:
             throttle_reasons={k: bool(reasons & bit) for k, bit in THROTTLE_REASONS.items()}
             if reasons is not None
             else None,
-            processes=tuple(GpuProcess(int(p.pid), _opt_int(p.usedGpuMemory)) for p in procs)
+            processes=tuple(GpuProcess(int(p.pid), _int_or_none(p.usedGpuMemory)) for p in procs)
             if procs is not None
             else None,
             mig_parent=mig_parent,
@@ -255,5 +255,5 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _opt_int(value: Any) -> int | None:
+def _int_or_none(value: Any) -> int | None:
     return int(value) if value is not None else None

@@ -17,8 +17,9 @@ import httpx
 from vllm_capacity import __version__
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm_parse import VllmMetrics, parse_metrics
+from vllm_capacity.units import MiB
 
-DEFAULT_MAX_BODY_BYTES = 32 * 2**20
+DEFAULT_MAX_BODY_BYTES = 32 * MiB
 
 
 @dataclass(frozen=True)

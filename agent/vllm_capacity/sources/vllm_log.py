@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-GiB = 2**30
+from vllm_capacity.units import GiB, MiB
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 _ENGINE = re.compile(r"\((?:[A-Za-z]*Engine[A-Za-z]*_?(?:DP)?|[^)]*\bDP)(\d+)[^)]*pid=\d+\)")
@@ -141,7 +142,7 @@ class StartupFigures:
 class LogFollower:
     """Reads what was appended to a log file since the last call; starts over after rotation or truncation."""
 
-    def __init__(self, path: Path, *, max_read: int = 8 * 2**20) -> None:
+    def __init__(self, path: Path, *, max_read: int = 8 * MiB) -> None:
         self.path = Path(path)
         self.max_read = max_read
         self._inode: int | None = None

@@ -1,0 +1,28 @@
+"""What the agent serves: an immutable snapshot of its latest derived view, swapped in whole after each cycle."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vllm_capacity.budget import GpuBudget
+from vllm_capacity.derive import EngineCapacity
+from vllm_capacity.sources.nvml import GpuReading
+
+EngineKey = tuple[str, str]  # (model_name, engine)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What /metrics shows. Immutable: the loop swaps in a new one; a scrape renders one consistent view."""
+
+    up: bool = False
+    timestamp: float | None = None
+    schema: str | None = None
+    version: str | None = None
+    itl_metric: str | None = None
+    engines: tuple[EngineCapacity, ...] = ()
+    cache_info: Mapping[EngineKey, Mapping[str, str]] = field(default_factory=dict)
+    preemptions_total: Mapping[EngineKey, float] = field(default_factory=dict)
+    gpus: tuple[GpuReading, ...] = ()  # from NVML, independent of vLLM being up
+    gpu_budgets: Mapping[str, GpuBudget] = field(default_factory=dict)
