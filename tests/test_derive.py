@@ -4,6 +4,8 @@ import pytest
 
 from conftest import fixture_text
 from vllm_capacity import derive
+from vllm_capacity.capacity import plan_kv
+from vllm_capacity.sources.model_config import parse_config
 from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_LEGACY, parse_metrics
 
 
@@ -58,15 +60,64 @@ def test_unknown_capacity_stays_unknown() -> None:
     ],
 )
 def test_max_concurrency_formulas(schema: str, blocks: int, block_size: int, max_model_len: int, expected: float):
+    engine, version = derive.sizing_rules(schema, None)  # /version unknown: the generation's rules
     got = derive.max_concurrency_at_max_model_len(
-        reported=None, blocks=blocks, block_size=block_size, max_model_len=max_model_len, schema=schema
+        reported=None, blocks=blocks, block_size=block_size, max_model_len=max_model_len, engine=engine, version=version
     )
     assert round(got, 2) == expected
 
 
+@pytest.mark.parametrize(
+    ("schema", "version", "expected"),
+    [
+        (SCHEMA_V0, "0.6.6", ("v0", (0, 6, 6))),
+        (SCHEMA_V1_LEGACY, "0.9.1", ("v1", (0, 9, 1))),  # /version settles what the generation leaves open
+        (SCHEMA_V1_LEGACY, None, ("v1", (0, 7, 3))),
+        (SCHEMA_V1, "0.10.2+cu128", ("v1", (0, 10, 2))),
+        (SCHEMA_V1, "not a version", ("v1", (0, 9, 2))),
+    ],
+)
+def test_sizing_rules_follow_vllms_version(schema: str, version: str | None, expected: tuple) -> None:
+    assert derive.sizing_rules(schema, version) == expected
+
+
+@pytest.mark.parametrize(
+    ("engine", "version"), [("v0", (0, 6, 6)), ("v1", (0, 8, 5)), ("v1", (0, 9, 1)), ("v1", (0, 32, 0))]
+)
+@pytest.mark.parametrize("max_model_len", [1000, 1024, 32768])
+def test_live_and_plan_agree_on_the_same_cache(engine: str, version: tuple, max_model_len: int) -> None:
+    """The planner's blocks fed to the live derivation give the planner's own maximum concurrency: one formula."""
+    geometry = parse_config(
+        {
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "torch_dtype": "bfloat16",
+        }
+    )
+    plan = plan_kv(
+        geometry,
+        kv_cache_memory_bytes=9 * 2**30,
+        max_model_len=max_model_len,
+        block_size=16,
+        engine=engine,
+        version=version,
+    )
+    live = derive.max_concurrency_at_max_model_len(
+        reported=None,
+        blocks=plan.num_gpu_blocks,
+        block_size=16,
+        max_model_len=max_model_len,
+        engine=engine,
+        version=version,
+    )
+    assert live == plan.max_concurrency
+
+
 def test_reported_concurrency_wins() -> None:
     got = derive.max_concurrency_at_max_model_len(
-        reported=4.0, blocks=10, block_size=16, max_model_len=1000, schema=SCHEMA_V1
+        reported=4.0, blocks=10, block_size=16, max_model_len=1000, engine="v1", version=(0, 24, 0)
     )
     assert got == 4.0
 

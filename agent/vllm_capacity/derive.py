@@ -32,13 +32,20 @@ max_model_len come from the startup log.
 
 from __future__ import annotations
 
-import math
+import contextlib
 from dataclasses import dataclass
 
 from vllm_capacity import capacity as sizing
 from vllm_capacity.sources.model_config import Geometry
 from vllm_capacity.sources.vllm_log import EngineFigures
-from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1_LEGACY, EngineMetrics, VllmMetrics
+from vllm_capacity.sources.vllm_parse import (
+    SCHEMA_V0,
+    SCHEMA_V1,
+    SCHEMA_V1_CAPACITY,
+    SCHEMA_V1_LEGACY,
+    EngineMetrics,
+    VllmMetrics,
+)
 
 BASIS_MAX_MODEL_LEN = "max_model_len"
 BASIS_OBSERVED = "observed_context"
@@ -75,25 +82,42 @@ def free_tokens(capacity: int | None, used: float | None) -> float | None:
     return capacity - used
 
 
+# The oldest release of each metric generation: whose sizing rules apply when vLLM's /version cannot be read.
+# (V1 0.9.1 already counts whole blocks per request; SCHEMA_V1_LEGACY spans it, and the two differ by < 1 block.)
+GENERATION_OLDEST = {
+    SCHEMA_V0: (0, 3, 3),
+    SCHEMA_V1_LEGACY: (0, 7, 3),
+    SCHEMA_V1: (0, 9, 2),
+    SCHEMA_V1_CAPACITY: (0, 24, 0),
+}
+
+
+def sizing_rules(schema: str, version: str | None) -> tuple[str, tuple[int, int, int]]:
+    """The engine (v0, v1) and the release whose sizing rules apply: vLLM's /version when it answered, else the
+    oldest release of the metric generation it serves."""
+    engine = "v0" if schema == SCHEMA_V0 else "v1"
+    if version:
+        with contextlib.suppress(ValueError):
+            return engine, sizing.parse_version(version)
+    return engine, GENERATION_OLDEST.get(schema, GENERATION_OLDEST[SCHEMA_V1])
+
+
 def max_concurrency_at_max_model_len(
     *,
     reported: float | None,
     blocks: int | None,
     block_size: int | None,
     max_model_len: int | None,
-    schema: str,
+    engine: str,
+    version: tuple[int, int, int],
 ) -> float | None:
-    """Requests of exactly ``max_model_len`` tokens that fit in the KV cache ("Maximum concurrency ... 6.37x")."""
+    """Requests of exactly ``max_model_len`` tokens that fit in the KV cache ("Maximum concurrency ... 6.37x"):
+    vLLM's own figure when it reports one, else its formula for ``engine`` and ``version``."""
     if reported is not None:
         return reported
     if blocks is None or block_size is None or not max_model_len or block_size <= 0:
         return None
-    if schema in (SCHEMA_V0, SCHEMA_V1_LEGACY):
-        # V0 (executor_base.py) and V1 <= 0.9.0: num_gpu_blocks * block_size / max_model_len.
-        # (V1 0.9.1 already rounds up per request; SCHEMA_V1_LEGACY spans both, and the two differ by < 1 block.)
-        return blocks * block_size / max_model_len
-    # V1 >= 0.9.1, full attention: a request needs ceil(max_model_len / block_size) whole blocks.
-    return blocks / math.ceil(max_model_len / block_size)
+    return sizing.max_concurrency(blocks, block_size, max_model_len, engine=engine, version=version)
 
 
 def mean_context_tokens(used: float | None, running: float | None) -> float | None:
@@ -200,8 +224,10 @@ def derive_engine(
     geometry: Geometry | None = None,
     tp: int = 1,
     pp: int = 1,
+    version: str | None = None,
 ) -> EngineCapacity:
     cc = m.cache_config
+    engine, rules_version = sizing_rules(schema, version)
     block_size = cc.block_size if cc else None
     blocks = blocks_per_engine(cc.num_gpu_blocks if cc else None, dp_engines, schema)
     if blocks is None and log is not None:
@@ -215,7 +241,8 @@ def derive_engine(
         blocks=blocks,
         block_size=block_size,
         max_model_len=max_model_len,
-        schema=schema,
+        engine=engine,
+        version=rules_version,
     )
     if max_conc is None and log is not None and log.max_model_len == max_model_len:
         max_conc = log.max_concurrency
@@ -271,8 +298,10 @@ def derive_all(
     geometry: Geometry | None = None,
     tp: int = 1,
     pp: int = 1,
+    version: str | None = None,
 ) -> list[EngineCapacity]:
-    """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``log`` engine -> figures."""
+    """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``log`` engine -> figures;
+    ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation)."""
     out = []
     for m in metrics.engines:
         figures = (log or {}).get(m.engine)
@@ -295,6 +324,7 @@ def derive_all(
                 geometry=geometry,
                 tp=tp,
                 pp=pp,
+                version=version,
             )
         )
     return out
