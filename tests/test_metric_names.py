@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from vllm_capacity.metrics import SPECS
+from vllm_capacity.sources import Reason
 
 UNIT_SUFFIXES = ("_bytes", "_seconds", "_tokens", "_ratio", "_total", "_info", "_celsius", "_watts", "_hertz")
 UNITLESS = {  # counts and states without a base unit
@@ -46,3 +47,11 @@ def test_documented_metrics_table_matches_catalogue() -> None:
         row = next(line for line in readme.splitlines() if line.startswith(f"| `{spec.name}`"))
         for label in spec.all_labels:
             assert f"`{label}`" in row, f"docs/metrics.md row of {spec.name} lacks label {label}"
+
+
+def test_documented_failure_reasons_match_the_code() -> None:
+    """Every `reason` label value the agent can export is documented, and nothing else is."""
+    text = (Path(__file__).parents[1] / "docs" / "metrics.md").read_text()
+    section = text[text.index("## Failure handling") :]
+    documented = re.findall(r"^\| `([a-z0-9_]+)` \|", section, re.MULTILINE)
+    assert sorted(documented) == sorted(r.value for r in Reason)

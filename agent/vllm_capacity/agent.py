@@ -21,7 +21,7 @@ from vllm_capacity import derive
 from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.snapshot import EngineKey, Snapshot
-from vllm_capacity.sources import SourceError
+from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.model_config import Geometry
 from vllm_capacity.sources.nvml import GpuReading, NvmlSource, vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
@@ -150,13 +150,13 @@ class Agent:
         try:
             lines = await asyncio.to_thread(self.vllm_log.read_lines)
         except FileNotFoundError as err:
-            self._fail(SOURCE_LOG, SourceError("missing", f"vLLM log {err.filename} does not exist (yet)"), 0.0)
+            self._fail(SOURCE_LOG, SourceError(Reason.MISSING, f"vLLM log {err.filename} does not exist (yet)"), 0.0)
             return
         except PermissionError as err:
-            self._fail(SOURCE_LOG, SourceError("permission", f"cannot read vLLM log {err.filename}"), 0.0)
+            self._fail(SOURCE_LOG, SourceError(Reason.PERMISSION, f"cannot read vLLM log {err.filename}"), 0.0)
             return
         except OSError as err:
-            self._fail(SOURCE_LOG, SourceError("io_error", f"reading the vLLM log: {err}"), 0.0)
+            self._fail(SOURCE_LOG, SourceError(Reason.IO_ERROR, f"reading the vLLM log: {err}"), 0.0)
             return
         for line in lines:
             self.figures.feed(line)

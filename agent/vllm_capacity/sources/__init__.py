@@ -1,15 +1,54 @@
 """Sources: everything that reads the outside world (vLLM's HTTP API, NVML, model files, logs).
 
-Each source turns what it reads into plain data and reports failures as :class:`SourceError` with a short,
-stable ``reason`` (the ``reason`` label of ``vllm_capacity_source_errors_total``) and a human message.
+Each source turns what it reads into plain data and reports failures as :class:`SourceError` with a
+:class:`Reason` (the ``reason`` label of ``vllm_capacity_source_errors_total``) and a human message.
 """
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class Reason(StrEnum):
+    """Why a read of a source failed: the ``reason`` label of ``vllm_capacity_source_errors_total``. Stable: alerts,
+    dashboards and people's queries use these values; docs/metrics.md lists them (a test keeps the two in step)."""
+
+    # reading vLLM over HTTP (sources/vllm.py)
+    CONNECT = "connect"  # the connection was refused or could not be made
+    TIMEOUT = "timeout"  # no complete answer within --timeout (also NVML: no answer within its deadline)
+    TRUNCATED = "truncated"  # the connection closed mid-response, or a body ends without its last newline
+    CONNECTION_ERROR = "connection_error"  # any other transport failure
+    HTTP_4XX = "http_4xx"
+    HTTP_5XX = "http_5xx"
+    UNAUTHORIZED = "unauthorized"  # 401/403: the API key is missing or wrong
+    BODY_TOO_LARGE = "body_too_large"  # over --max-body-size
+    EMPTY_BODY = "empty_body"
+    NOT_METRICS = "not_metrics"  # an HTML or JSON page where metrics text was expected
+    NOT_VLLM = "not_vllm"  # metrics without any vllm: family
+    PARSE_ERROR = "parse_error"  # not valid Prometheus text, not UTF-8, or not an OpenAI model list
+    MISSING_MAX_MODEL_LEN = "missing_max_model_len"  # /v1/models lists no max_model_len
+    # vLLM's log file (--vllm-log)
+    MISSING = "missing"
+    PERMISSION = "permission"
+    IO_ERROR = "io_error"
+    # NVML (sources/nvml.py): the driver's error, named as in nvml.h
+    HUNG = "hung"  # an earlier NVML call has not returned: no second one is started
+    UNINITIALIZED = "uninitialized"
+    NOT_SUPPORTED = "not_supported"
+    NO_PERMISSION = "no_permission"
+    DRIVER_NOT_LOADED = "driver_not_loaded"
+    LIBRARY_NOT_FOUND = "library_not_found"
+    FUNCTION_NOT_FOUND = "function_not_found"
+    GPU_LOST = "gpu_lost"
+    RESET_REQUIRED = "reset_required"
+    DRIVER_VERSION_MISMATCH = "driver_version_mismatch"
+    GPU_NOT_FOUND = "gpu_not_found"
+    NVML_ERROR = "nvml_error"  # any other NVML error
+
 
 class SourceError(Exception):
-    """A source could not produce data. ``reason`` is a stable snake_case token; ``str(err)`` is the cause."""
+    """A source could not produce data: ``reason`` says why in one stable token; ``str(err)`` is the cause."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: Reason, message: str) -> None:
         super().__init__(message)
         self.reason = reason

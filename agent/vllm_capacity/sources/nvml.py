@@ -17,23 +17,39 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from vllm_capacity.sources import SourceError
+import pynvml  # nvidia-ml-py, a dependency: importing it loads no driver library (nvmlInit does)
 
-# NVML error code -> the reason label of vllm_capacity_source_errors_total{source="nvml"}
+from vllm_capacity.sources import Reason, SourceError
+
+# NVML error code (pynvml's NVML_ERROR_*, nvml.h's nvmlReturn_t) -> reason of source_errors_total{source="nvml"}
 _REASONS = {
-    1: "uninitialized",
-    3: "not_supported",
-    4: "no_permission",
-    9: "driver_not_loaded",
-    10: "timeout",
-    12: "library_not_found",
-    13: "function_not_found",
-    15: "gpu_lost",
-    16: "reset_required",
-    18: "driver_version_mismatch",
-    28: "gpu_not_found",
+    pynvml.NVML_ERROR_UNINITIALIZED: Reason.UNINITIALIZED,
+    pynvml.NVML_ERROR_NOT_SUPPORTED: Reason.NOT_SUPPORTED,
+    pynvml.NVML_ERROR_NO_PERMISSION: Reason.NO_PERMISSION,
+    pynvml.NVML_ERROR_DRIVER_NOT_LOADED: Reason.DRIVER_NOT_LOADED,
+    pynvml.NVML_ERROR_TIMEOUT: Reason.TIMEOUT,
+    pynvml.NVML_ERROR_LIBRARY_NOT_FOUND: Reason.LIBRARY_NOT_FOUND,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND: Reason.FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_GPU_IS_LOST: Reason.GPU_LOST,
+    pynvml.NVML_ERROR_RESET_REQUIRED: Reason.RESET_REQUIRED,
+    pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: Reason.DRIVER_VERSION_MISMATCH,
+    pynvml.NVML_ERROR_GPU_NOT_FOUND: Reason.GPU_NOT_FOUND,
 }
-NOT_SUPPORTED = 3
+# a field a device cannot answer is absent, not an error: MIG instances answer few
+_FIELD_ABSENT = (
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_INVALID_ARGUMENT,
+    pynvml.NVML_ERROR_NOT_FOUND,
+    pynvml.NVML_ERROR_NO_DATA,
+)
+# memory info v2 not answered: fall back to v1
+_NO_MEMORY_INFO_V2 = (
+    pynvml.NVML_ERROR_NOT_SUPPORTED,
+    pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+)
+# errors after which NVML is started afresh on the next attempt
+_RESTART = (Reason.GPU_LOST, Reason.RESET_REQUIRED, Reason.UNINITIALIZED, Reason.DRIVER_NOT_LOADED)
 
 # clock event (throttle) reason bits, as nvmlClocksEventReason* in pynvml
 THROTTLE_REASONS = {
@@ -78,16 +94,12 @@ class GpuReading:
     mig_parent: str | None = None
 
 
-def reason_of(err: BaseException) -> str:
-    return _REASONS.get(getattr(err, "value", None), "nvml_error")  # type: ignore[arg-type]
+def reason_of(err: BaseException) -> Reason:
+    return _REASONS.get(getattr(err, "value", None), Reason.NVML_ERROR)
 
 
 def load_pynvml() -> ModuleType:
-    """The real NVML binding (nvidia-ml-py). Raises SourceError when the package itself is missing."""
-    try:
-        import pynvml
-    except ImportError as err:
-        raise SourceError("library_not_found", f"the nvidia-ml-py package is not installed: {err}") from err
+    """The real NVML binding (nvidia-ml-py); a test injects a double with the same functions and errors."""
     module: ModuleType = pynvml  # nvidia-ml-py ships no type information
     return module
 
@@ -150,7 +162,7 @@ class NvmlSource:
         try:
             return fn(*args)
         except nvml.NVMLError as err:
-            if err.value in (NOT_SUPPORTED, 2, 6, 21):  # not supported, invalid argument, not found, no data
+            if err.value in _FIELD_ABSENT:
                 return None
             raise
 
@@ -161,7 +173,7 @@ class NvmlSource:
             mem = nvml.nvmlDeviceGetMemoryInfo(handle, version=nvml.nvmlMemory_v2)
             reserved = int(mem.reserved)
         except nvml.NVMLError as err:
-            if err.value not in (NOT_SUPPORTED, 25, 13):  # v2 not supported here: fall back to v1
+            if err.value not in _NO_MEMORY_INFO_V2:
                 raise
             mem, reserved = nvml.nvmlDeviceGetMemoryInfo(handle), None
         util = self._optional(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
@@ -215,7 +227,7 @@ class NvmlSource:
                 else:
                     readings.append(self._device(nvml, handle, str(i)))
         except nvml.NVMLError as err:
-            if reason_of(err) in ("gpu_lost", "reset_required", "uninitialized", "driver_not_loaded"):
+            if reason_of(err) in _RESTART:
                 self._initialized = False  # start NVML afresh on the next attempt
             raise SourceError(reason_of(err), f"NVML: {err}") from err
         return readings
@@ -240,7 +252,7 @@ class NvmlSource:
 
     async def read(self) -> list[GpuReading]:
         if self._busy.is_set():
-            raise SourceError("hung", "an earlier NVML call has not returned: not starting another")
+            raise SourceError(Reason.HUNG, "an earlier NVML call has not returned: not starting another")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[list[GpuReading]] = loop.create_future()
         self._busy.set()
@@ -248,7 +260,7 @@ class NvmlSource:
         try:
             return await asyncio.wait_for(done, timeout=self.deadline)
         except TimeoutError as err:
-            raise SourceError("timeout", f"NVML did not answer within {self.deadline:g}s") from err
+            raise SourceError(Reason.TIMEOUT, f"NVML did not answer within {self.deadline:g}s") from err
 
 
 def _text(value: Any) -> str:

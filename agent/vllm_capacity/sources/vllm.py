@@ -1,9 +1,7 @@
 """vLLM's HTTP API: ``/metrics`` every interval, ``/v1/models`` (max_model_len) and ``/version`` now and then.
 
 I/O only: bodies are handed to :mod:`vllm_capacity.sources.vllm_parse`. Every failure becomes a
-:class:`SourceError` whose ``reason`` is one of: ``connect``, ``timeout``, ``connection_error``, ``truncated``,
-``http_4xx``, ``http_5xx``, ``body_too_large``, ``not_metrics``, ``not_vllm``, ``empty_body``, ``parse_error``,
-``missing_max_model_len``, ``unauthorized``.
+:class:`SourceError` with the :class:`Reason` of the HTTP part (connect, timeout, http_5xx, body_too_large, ...).
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from vllm_capacity import __version__
-from vllm_capacity.sources import SourceError
+from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_parse import VllmMetrics, parse_metrics
 from vllm_capacity.units import MiB
 
@@ -64,44 +62,48 @@ class VllmClient:
             async with asyncio.timeout(self.timeout):
                 async with self._client.stream("GET", path, headers={"Accept": accept, **(headers or {})}) as resp:
                     if resp.status_code in (401, 403):
-                        raise SourceError("unauthorized", f"{url} answered {resp.status_code}: check --api-key-file")
+                        raise SourceError(
+                            Reason.UNAUTHORIZED, f"{url} answered {resp.status_code}: check --api-key-file"
+                        )
                     if resp.status_code >= 400:
-                        kind = "http_5xx" if resp.status_code >= 500 else "http_4xx"
+                        kind = Reason.HTTP_5XX if resp.status_code >= 500 else Reason.HTTP_4XX
                         raise SourceError(kind, f"{url} answered HTTP {resp.status_code} {resp.reason_phrase}")
                     declared = resp.headers.get("content-length")
                     if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
                         raise SourceError(
-                            "body_too_large", f"{url} body is {declared} bytes, over the {self.max_body_bytes} cap"
+                            Reason.BODY_TOO_LARGE, f"{url} body is {declared} bytes, over the {self.max_body_bytes} cap"
                         )
                     chunks, size = [], 0
                     async for chunk in resp.aiter_bytes():
                         size += len(chunk)
                         if size > self.max_body_bytes:
                             raise SourceError(
-                                "body_too_large", f"{url} body exceeds the {self.max_body_bytes}-byte cap"
+                                Reason.BODY_TOO_LARGE, f"{url} body exceeds the {self.max_body_bytes}-byte cap"
                             )
                         chunks.append(chunk)
                     content_type = resp.headers.get("content-type", "")
         except TimeoutError as err:
-            raise SourceError("timeout", f"{url} did not answer in full within {self.timeout:g}s") from err
+            raise SourceError(Reason.TIMEOUT, f"{url} did not answer in full within {self.timeout:g}s") from err
         except httpx.TimeoutException as err:
-            raise SourceError("timeout", f"{url} timed out after {self.timeout:g}s ({type(err).__name__})") from err
+            raise SourceError(
+                Reason.TIMEOUT, f"{url} timed out after {self.timeout:g}s ({type(err).__name__})"
+            ) from err
         except httpx.ConnectError as err:
-            raise SourceError("connect", f"cannot connect to {url}: {err or type(err).__name__}") from err
+            raise SourceError(Reason.CONNECT, f"cannot connect to {url}: {err or type(err).__name__}") from err
         except httpx.RemoteProtocolError as err:
-            raise SourceError("truncated", f"{url} closed the connection mid-response: {err}") from err
+            raise SourceError(Reason.TRUNCATED, f"{url} closed the connection mid-response: {err}") from err
         except httpx.HTTPError as err:
-            raise SourceError("connection_error", f"{url}: {type(err).__name__}: {err}") from err
+            raise SourceError(Reason.CONNECTION_ERROR, f"{url}: {type(err).__name__}: {err}") from err
         body = b"".join(chunks)
         try:
             return body.decode("utf-8"), content_type
         except UnicodeDecodeError as err:
-            raise SourceError("parse_error", f"{url} body is not UTF-8 text") from err
+            raise SourceError(Reason.PARSE_ERROR, f"{url} body is not UTF-8 text") from err
 
     async def fetch_metrics_text(self) -> str:
         text, content_type = await self._get("/metrics", accept="text/plain;version=0.0.4;q=1,*/*;q=0.1")
         if "html" in content_type or "json" in content_type:
-            raise SourceError("not_metrics", f"{self.base_url}/metrics returned {content_type}, not metrics text")
+            raise SourceError(Reason.NOT_METRICS, f"{self.base_url}/metrics returned {content_type}, not metrics text")
         return text
 
     async def fetch_metrics(self) -> VllmMetrics:
@@ -129,7 +131,7 @@ def parse_models(text: str, base_url: str = "vLLM") -> ModelsInfo:
         if not isinstance(cards, list):
             raise TypeError("data is not a list")
     except (ValueError, KeyError, TypeError) as err:
-        raise SourceError("parse_error", f"{base_url}/v1/models is not an OpenAI model list: {err}") from err
+        raise SourceError(Reason.PARSE_ERROR, f"{base_url}/v1/models is not an OpenAI model list: {err}") from err
     found: dict[str, int] = {}
     for card in cards:
         if not isinstance(card, dict) or card.get("parent"):
@@ -139,7 +141,7 @@ def parse_models(text: str, base_url: str = "vLLM") -> ModelsInfo:
             found[str(card.get("id", ""))] = mml
     if not found:
         raise SourceError(
-            "missing_max_model_len",
+            Reason.MISSING_MAX_MODEL_LEN,
             f"{base_url}/v1/models lists no base model with max_model_len (vLLM < 0.5.0?): use --max-model-len",
         )
     return ModelsInfo(max_model_len=found)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_capacity.sources import SourceError
+from vllm_capacity.sources import Reason, SourceError
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
@@ -177,18 +177,20 @@ def filter_wanted(text: str) -> str:
 def parse_metrics(text: str) -> VllmMetrics:
     """Parse a vLLM /metrics body. Raises :class:`SourceError` when it is not a (whole) vLLM exposition."""
     if not text.strip():
-        raise SourceError("empty_body", "vLLM /metrics returned an empty body")
+        raise SourceError(Reason.EMPTY_BODY, "vLLM /metrics returned an empty body")
     head = text.lstrip()[:200].lower()
     if head.startswith(("<!doctype", "<html", "<?xml", "{")):
-        raise SourceError("not_metrics", f"vLLM /metrics returned a document, not metrics text: {text.lstrip()[:60]!r}")
+        raise SourceError(
+            Reason.NOT_METRICS, f"vLLM /metrics returned a document, not metrics text: {text.lstrip()[:60]!r}"
+        )
     if not text.endswith("\n"):
-        raise SourceError("truncated", "vLLM /metrics body does not end with a newline: truncated")
+        raise SourceError(Reason.TRUNCATED, "vLLM /metrics body does not end with a newline: truncated")
     if "vllm:" not in text:
-        raise SourceError("not_vllm", "the /metrics body has no vllm: metric at all: is --vllm-url a vLLM server?")
+        raise SourceError(Reason.NOT_VLLM, "the /metrics body has no vllm: metric at all: is --vllm-url a vLLM server?")
     try:
         families = list(text_string_to_metric_families(filter_wanted(text)))
     except (ValueError, TypeError, IndexError) as err:
-        raise SourceError("parse_error", f"vLLM /metrics is not valid Prometheus text: {err}") from err
+        raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not valid Prometheus text: {err}") from err
 
     values: dict[tuple[str, str], dict[str, object]] = {}
     cache_configs: dict[str, CacheConfig] = {}
