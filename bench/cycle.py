@@ -23,9 +23,10 @@ from aiohttp import web
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from vllm_capacity.agent import Agent, Snapshot
+from vllm_capacity.agent import Agent
 from vllm_capacity.derive import derive_all
 from vllm_capacity.exposition import build_registry
+from vllm_capacity.snapshot import Snapshot
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_parse import parse_metrics
 

@@ -21,8 +21,8 @@ def test_seed_worked_example() -> None:
     assert e.free_tokens == pytest.approx(0.6 * 208625)
     assert e.mean_context_tokens == pytest.approx(0.4 * 208625 / 20)
     assert e.max_concurrency_observed == pytest.approx(50.0)
-    assert e.utilization == pytest.approx(20 / 6.366729736328125)
-    assert e.utilization_observed == pytest.approx(20 / 50)
+    assert e.concurrency_utilization == pytest.approx(20 / 6.366729736328125)
+    assert e.concurrency_utilization_observed == pytest.approx(20 / 50)
     assert e.waiting_for_capacity == 4.0
 
 

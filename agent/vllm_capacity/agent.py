@@ -13,7 +13,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -252,7 +252,7 @@ class Agent:
                 metrics,
                 max_model_len,
                 self.max_model_len_override,
-                log=self.figures.engines,
+                startup=self.figures.engines,
                 geometry=self.geometry,
                 tp=self.tp,
                 pp=self.pp,
@@ -261,6 +261,9 @@ class Agent:
         )
         self._check_agreement(engines)
         self._carry_counters(metrics, restarted)
+        engines = tuple(
+            replace(e, preemptions_total=self._preemptions_total.get((e.model_name, e.engine))) for e in engines
+        )
         self._last_metrics = metrics
         self.snapshot = Snapshot(
             up=True,
@@ -269,10 +272,6 @@ class Agent:
             version=self._version,
             itl_metric=metrics.itl_metric,
             engines=engines,
-            cache_info={
-                (e.model_name, e.engine): dict(e.cache_config.labels) for e in metrics.engines if e.cache_config
-            },
-            preemptions_total=dict(self._preemptions_total),
             gpus=self._gpus,
             gpu_budgets=self._budgets(engines, metrics),
         )

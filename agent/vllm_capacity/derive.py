@@ -33,7 +33,8 @@ max_model_len come from the startup log.
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from vllm_capacity import capacity as sizing
 from vllm_capacity.sources.model_config import Geometry
@@ -134,7 +135,7 @@ def max_concurrency_at_context(capacity: int | None, context_tokens: float | Non
     return capacity / context_tokens
 
 
-def utilization(running: float | None, max_concurrency: float | None) -> float | None:
+def concurrency_utilization(running: float | None, max_concurrency: float | None) -> float | None:
     if running is None or not max_concurrency or max_concurrency <= 0:
         return None
     return running / max_concurrency
@@ -181,19 +182,21 @@ class EngineCapacity:
     max_concurrency: float | None
     mean_context_tokens: float | None
     max_concurrency_observed: float | None
-    utilization: float | None
-    utilization_observed: float | None
+    concurrency_utilization: float | None
+    concurrency_utilization_observed: float | None
     running: float | None
     waiting: float | None
     waiting_for_capacity: float | None
     swapped: float | None
-    kv_bytes_per_token: float | None  # method cache_config
+    kv_bytes_per_token_cache_config: float | None  # kv_cache_memory_bytes / capacity
     kv_bytes_per_token_log: float | None = None  # method startup_log
     kv_bytes_per_token_model: float | None = None  # method model_config
     kv_pool_bytes: float | None = None
     weights_bytes: float | None = None
     cuda_graph_bytes: float | None = None
     activation_peak_bytes: float | None = None
+    preemptions_total: float | None = None  # vLLM's counter carried across its restarts (set by the agent)
+    cache_info: Mapping[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels
 
     def concurrency_at(self, context_tokens: int) -> float | None:
         """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
@@ -220,7 +223,7 @@ def derive_engine(
     schema: str,
     dp_engines: int,
     max_model_len: int | None,
-    log: EngineFigures | None = None,
+    startup: EngineFigures | None = None,
     geometry: Geometry | None = None,
     tp: int = 1,
     pp: int = 1,
@@ -230,11 +233,11 @@ def derive_engine(
     engine, rules_version = sizing_rules(schema, version)
     block_size = cc.block_size if cc else None
     blocks = blocks_per_engine(cc.num_gpu_blocks if cc else None, dp_engines, schema)
-    if blocks is None and log is not None:
-        blocks = log.num_gpu_blocks
+    if blocks is None and startup is not None:
+        blocks = startup.num_gpu_blocks
     cap = capacity_tokens(cc.kv_cache_size_tokens if cc else None, blocks, block_size)
-    if cap is None and log is not None:
-        cap = log.kv_cache_tokens  # V1 0.8.x: only the log says it
+    if cap is None and startup is not None:
+        cap = startup.kv_cache_tokens  # V1 0.8.x: only the log says it
     used = used_tokens(m.kv_cache_usage, cap)
     max_conc = max_concurrency_at_max_model_len(
         reported=cc.kv_cache_max_concurrency if cc else None,
@@ -244,10 +247,10 @@ def derive_engine(
         engine=engine,
         version=rules_version,
     )
-    if max_conc is None and log is not None and log.max_model_len == max_model_len:
-        max_conc = log.max_concurrency
+    if max_conc is None and startup is not None and startup.max_model_len == max_model_len:
+        max_conc = startup.max_concurrency
     overridden = cc is not None and cc.num_gpu_blocks_override is not None
-    pool = log.kv_pool_bytes if log is not None else None
+    pool = startup.kv_pool_bytes if startup is not None else None
     if pool is None and cc is not None and not overridden:
         pool = cc.kv_cache_memory_bytes
     mean_ctx = mean_context_tokens(used, m.running)
@@ -265,19 +268,20 @@ def derive_engine(
         max_concurrency=max_conc,
         mean_context_tokens=mean_ctx,
         max_concurrency_observed=max_conc_obs,
-        utilization=utilization(m.running, max_conc),
-        utilization_observed=utilization(m.running, max_conc_obs),
+        concurrency_utilization=concurrency_utilization(m.running, max_conc),
+        concurrency_utilization_observed=concurrency_utilization(m.running, max_conc_obs),
         running=m.running,
         waiting=m.waiting,
         waiting_for_capacity=m.waiting_for_capacity,
         swapped=m.swapped,
-        kv_bytes_per_token=kv_bytes_per_token(cc.kv_cache_memory_bytes if cc else None, cap, overridden),
-        kv_bytes_per_token_log=log.kv_bytes_per_token if log is not None else None,
+        kv_bytes_per_token_cache_config=kv_bytes_per_token(cc.kv_cache_memory_bytes if cc else None, cap, overridden),
+        kv_bytes_per_token_log=startup.kv_bytes_per_token if startup is not None else None,
         kv_bytes_per_token_model=model_kv_bytes_per_token(geometry, cc.cache_dtype if cc else None, tp, pp),
         kv_pool_bytes=pool,
-        weights_bytes=log.weights_bytes if log is not None else None,
-        cuda_graph_bytes=log.cuda_graph_bytes if log is not None else None,
-        activation_peak_bytes=log.activation_peak_bytes if log is not None else None,
+        weights_bytes=startup.weights_bytes if startup is not None else None,
+        cuda_graph_bytes=startup.cuda_graph_bytes if startup is not None else None,
+        activation_peak_bytes=startup.activation_peak_bytes if startup is not None else None,
+        cache_info=dict(cc.labels) if cc else {},
     )
 
 
@@ -294,17 +298,17 @@ def derive_all(
     max_model_len: dict[str, int],
     fallback_max_model_len: int | None,
     *,
-    log: dict[str, EngineFigures] | None = None,
+    startup: dict[str, EngineFigures] | None = None,
     geometry: Geometry | None = None,
     tp: int = 1,
     pp: int = 1,
     version: str | None = None,
 ) -> list[EngineCapacity]:
-    """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``log`` engine -> figures;
-    ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation)."""
+    """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``startup`` engine -> its
+    startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation)."""
     out = []
     for m in metrics.engines:
-        figures = (log or {}).get(m.engine)
+        figures = (startup or {}).get(m.engine)
         mml = max_model_len.get(m.model_name)
         if mml is None and len(max_model_len) == 1:
             mml = next(iter(max_model_len.values()))  # one base model served under another name
@@ -320,7 +324,7 @@ def derive_all(
                 schema=metrics.schema,
                 dp_engines=metrics.dp_engines,
                 max_model_len=mml,
-                log=figures,
+                startup=figures,
                 geometry=geometry,
                 tp=tp,
                 pp=pp,

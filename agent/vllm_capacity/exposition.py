@@ -18,8 +18,9 @@ from prometheus_client.registry import Collector
 from vllm_capacity import __version__
 from vllm_capacity.agent import Agent
 from vllm_capacity.budget import COMPONENTS
-from vllm_capacity.derive import BASIS_MAX_MODEL_LEN, BASIS_OBSERVED
-from vllm_capacity.metrics import BY_NAME, NAMESPACE, MetricSpec
+from vllm_capacity.metrics import BY_NAME, NAMESPACE, SPECS, MetricSpec
+
+ENGINE_SPECS = tuple(s for s in SPECS if s.engine_values)
 
 Family = CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily
 
@@ -84,31 +85,10 @@ class AgentCollector(Collector):
         f.add(n + "up", [], 1.0 if snap.up else 0.0)
         for e in snap.engines:
             key = [e.model_name, e.engine]
-            f.add(n + "kv_cache_capacity_tokens", key, e.capacity_tokens)
-            f.add(n + "kv_cache_used_tokens", key, e.used_tokens)
-            f.add(n + "kv_cache_free_tokens", key, e.free_tokens)
-            f.add(n + "kv_cache_usage_ratio", key, e.usage_ratio)
-            f.add(n + "kv_cache_blocks", key, e.blocks)
-            f.add(n + "kv_cache_block_size_tokens", key, e.block_size)
-            f.add(n + "kv_cache_bytes_per_token", [*key, "cache_config"], e.kv_bytes_per_token)
-            f.add(n + "kv_cache_bytes_per_token", [*key, "startup_log"], e.kv_bytes_per_token_log)
-            f.add(n + "kv_cache_bytes_per_token", [*key, "model_config"], e.kv_bytes_per_token_model)
-            f.add(n + "kv_cache_pool_bytes", key, e.kv_pool_bytes)
-            f.add(n + "model_weights_bytes", key, e.weights_bytes)
-            f.add(n + "cuda_graph_bytes", key, e.cuda_graph_bytes)
-            f.add(n + "activation_peak_bytes", key, e.activation_peak_bytes)
-            f.add(n + "max_model_len_tokens", key, e.max_model_len)
-            f.add(n + "max_concurrency", [*key, BASIS_MAX_MODEL_LEN], e.max_concurrency)
-            f.add(n + "max_concurrency", [*key, BASIS_OBSERVED], e.max_concurrency_observed)
-            f.add(n + "concurrency_utilization_ratio", [*key, BASIS_MAX_MODEL_LEN], e.utilization)
-            f.add(n + "concurrency_utilization_ratio", [*key, BASIS_OBSERVED], e.utilization_observed)
-            f.add(n + "mean_context_tokens", key, e.mean_context_tokens)
-            f.add(n + "requests_running", key, e.running)
-            f.add(n + "requests_waiting", key, e.waiting)
-            f.add(n + "requests_waiting_for_capacity", key, e.waiting_for_capacity)
-            f.add(n + "requests_swapped", key, e.swapped)
-            f.add(n + "preemptions_total", key, snap.preemptions_total.get((e.model_name, e.engine)))
-            cc = snap.cache_info.get((e.model_name, e.engine), {})
+            for spec in ENGINE_SPECS:  # every per-engine value metric, as the catalogue says to read it
+                for label, read in spec.engine_values:
+                    f.add(spec.name, key if label is None else [*key, label], read(e))
+            cc = e.cache_info  # vllm_info: the one per-engine metric with facts of the whole server too
             f.add(
                 n + "vllm_info",
                 key,

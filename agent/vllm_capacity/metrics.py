@@ -1,12 +1,21 @@
-"""Every metric the agent exports: name, type, labels and HELP (which says where the value comes from).
+"""Every metric the agent exports: name, type, labels, HELP (which says where the value comes from) and, for the
+per-engine metrics, how each series' value is read from the engine's record.
 
 This table is the contract that dashboards, alerts and users rely on; the table in docs/metrics.md is checked
-against it by the test suite. Exposition (:mod:`vllm_capacity.exposition`) refuses names that are not here.
+against it by the test suite. Exposition (:mod:`vllm_capacity.exposition`) refuses names that are not here, and
+emits every per-engine metric by looping over this table: adding one is a row here plus its derivation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from vllm_capacity.derive import EngineCapacity
+
+EngineValue = Callable[["EngineCapacity"], float | None]
 
 NAMESPACE = "vllm_capacity"
 ENGINE_LABELS = ("model_name", "engine")
@@ -21,14 +30,28 @@ class MetricSpec:
     help: str
     #: For info metrics: the labels that carry the information (``labels`` identify the series).
     info_labels: tuple[str, ...] = ()
+    #: For per-engine metrics: (value of the label after model_name and engine, or None when there is none, how the
+    #: value is read from the engine's record). One series per engine and entry; a None value is left out.
+    engine_values: tuple[tuple[str | None, EngineValue], ...] = ()
 
     @property
     def all_labels(self) -> tuple[str, ...]:
         return self.labels + self.info_labels
 
 
-def _m(name: str, kind: str, labels: tuple[str, ...], help_text: str, info: tuple[str, ...] = ()) -> MetricSpec:
-    return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info)
+def _m(
+    name: str,
+    kind: str,
+    labels: tuple[str, ...],
+    help_text: str,
+    info: tuple[str, ...] = (),
+    *,
+    value: EngineValue | None = None,
+    by: tuple[tuple[str, EngineValue], ...] = (),
+) -> MetricSpec:
+    """A catalogue row; a per-engine metric gives ``value`` (one series per engine) or ``by`` (one per label value)."""
+    engine_values = ((None, value),) if value is not None else by
+    return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info, engine_values)
 
 
 E = ENGINE_LABELS
@@ -41,87 +64,152 @@ SPECS: tuple[MetricSpec, ...] = (
         E,
         "KV-cache capacity in tokens: vLLM's cache_config_info kv_cache_size_tokens (>=0.24), "
         "else num_gpu_blocks per engine x block_size.",
+        value=lambda e: e.capacity_tokens,
     ),
     _m(
         "kv_cache_used_tokens",
         "gauge",
         E,
         "KV-cache tokens held by live requests: vllm:kv_cache_usage_perc (or gpu_cache_usage_perc) x capacity.",
+        value=lambda e: e.used_tokens,
     ),
     _m(
         "kv_cache_free_tokens",
         "gauge",
         E,
         "KV-cache tokens free for new work: capacity - used (prefix cache counts free).",
+        value=lambda e: e.free_tokens,
     ),
     _m(
         "kv_cache_usage_ratio",
         "gauge",
         E,
         "Fraction of KV-cache blocks held by live requests, 0-1: vllm:kv_cache_usage_perc (V0: gpu_cache_usage_perc).",
+        value=lambda e: e.usage_ratio,
     ),
     _m(
         "kv_cache_blocks",
         "gauge",
         E,
         "KV-cache blocks of this engine: cache_config_info num_gpu_blocks (V1: divided by the data-parallel engines).",
+        value=lambda e: e.blocks,
     ),
-    _m("kv_cache_block_size_tokens", "gauge", E, "Tokens per KV-cache block: cache_config_info block_size."),
+    _m(
+        "kv_cache_block_size_tokens",
+        "gauge",
+        E,
+        "Tokens per KV-cache block: cache_config_info block_size.",
+        value=lambda e: e.block_size,
+    ),
     _m(
         "kv_cache_bytes_per_token",
         "gauge",
         (*E, "method"),
         "KV-cache bytes per token per GPU rank. method=cache_config: kv_cache_memory_bytes / capacity; "
         "startup_log: the log's KV memory / KV tokens; model_config: from config.json geometry, TP and KV dtype.",
+        by=(
+            ("cache_config", lambda e: e.kv_bytes_per_token_cache_config),
+            ("startup_log", lambda e: e.kv_bytes_per_token_log),
+            ("model_config", lambda e: e.kv_bytes_per_token_model),
+        ),
     ),
     _m(
         "kv_cache_pool_bytes",
         "gauge",
         E,
         "KV-cache memory per GPU rank: the startup log's 'Available KV cache memory', else kv_cache_memory_bytes.",
+        value=lambda e: e.kv_pool_bytes,
     ),
-    _m("model_weights_bytes", "gauge", E, "Model weights per GPU rank: the startup log's 'Model loading took'."),
-    _m("cuda_graph_bytes", "gauge", E, "CUDA graph memory per GPU rank: the startup log's 'Graph capturing ... took'."),
+    _m(
+        "model_weights_bytes",
+        "gauge",
+        E,
+        "Model weights per GPU rank: the startup log's 'Model loading took'.",
+        value=lambda e: e.weights_bytes,
+    ),
+    _m(
+        "cuda_graph_bytes",
+        "gauge",
+        E,
+        "CUDA graph memory per GPU rank: the startup log's 'Graph capturing ... took'.",
+        value=lambda e: e.cuda_graph_bytes,
+    ),
     _m(
         "activation_peak_bytes",
         "gauge",
         E,
         "Activation peak per GPU rank from vLLM's memory profile in the startup log (V0; V1 at debug level).",
+        value=lambda e: e.activation_peak_bytes,
     ),
-    _m("max_model_len_tokens", "gauge", E, "Longest request context vLLM accepts: /v1/models max_model_len."),
+    _m(
+        "max_model_len_tokens",
+        "gauge",
+        E,
+        "Longest request context vLLM accepts: /v1/models max_model_len.",
+        value=lambda e: e.max_model_len,
+    ),
     _m(
         "max_concurrency",
         "gauge",
         (*E, "basis"),
         "Requests whose KV cache fits at once. basis=max_model_len: vLLM's 'Maximum concurrency' figure; "
         "basis=observed_context: capacity / mean context of running requests.",
+        by=(
+            ("max_model_len", lambda e: e.max_concurrency),
+            ("observed_context", lambda e: e.max_concurrency_observed),
+        ),
     ),
     _m(
         "concurrency_utilization_ratio",
         "gauge",
         (*E, "basis"),
         "Running requests / max_concurrency of the same basis (above 1 at max_model_len when requests are short).",
+        by=(
+            ("max_model_len", lambda e: e.concurrency_utilization),
+            ("observed_context", lambda e: e.concurrency_utilization_observed),
+        ),
     ),
     _m(
         "mean_context_tokens",
         "gauge",
         E,
         "Mean KV-cache tokens per running request: used tokens / vllm:num_requests_running (absent when idle).",
+        value=lambda e: e.mean_context_tokens,
     ),
-    _m("requests_running", "gauge", E, "Requests in model execution batches: vllm:num_requests_running."),
-    _m("requests_waiting", "gauge", E, "Requests queued: vllm:num_requests_waiting."),
+    _m(
+        "requests_running",
+        "gauge",
+        E,
+        "Requests in model execution batches: vllm:num_requests_running.",
+        value=lambda e: e.running,
+    ),
+    _m(
+        "requests_waiting",
+        "gauge",
+        E,
+        "Requests queued: vllm:num_requests_waiting.",
+        value=lambda e: e.waiting,
+    ),
     _m(
         "requests_waiting_for_capacity",
         "gauge",
         E,
         "Requests queued because the KV cache is full: vllm:num_requests_waiting_by_reason{reason=capacity} (>=0.20).",
+        value=lambda e: e.waiting_for_capacity,
     ),
-    _m("requests_swapped", "gauge", E, "Requests swapped to CPU memory: vllm:num_requests_swapped (legacy V0 only)."),
+    _m(
+        "requests_swapped",
+        "gauge",
+        E,
+        "Requests swapped to CPU memory: vllm:num_requests_swapped (legacy V0 only).",
+        value=lambda e: e.swapped,
+    ),
     _m(
         "preemptions_total",
         "counter",
         E,
         "Requests preempted for lack of KV cache: vllm:num_preemptions_total, carried across vLLM restarts.",
+        value=lambda e: e.preemptions_total,
     ),
     _m(
         "vllm_info",

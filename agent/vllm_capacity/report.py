@@ -24,7 +24,7 @@ def _pct(value: float | None) -> str:
 
 def _bytes_per_token_lines(e: EngineCapacity) -> list[str]:
     methods = [
-        ("cache_config", e.kv_bytes_per_token, "kv_cache_memory_bytes / capacity"),
+        ("cache_config", e.kv_bytes_per_token_cache_config, "kv_cache_memory_bytes / capacity"),
         ("startup_log", e.kv_bytes_per_token_log, "the log's KV memory / KV tokens"),
         ("model_config", e.kv_bytes_per_token_model, "config.json geometry"),
     ]
@@ -49,13 +49,17 @@ def _memory_lines(e: EngineCapacity) -> list[str]:
 
 def _best_bytes_per_token(e: EngineCapacity) -> float | None:
     return next(
-        (v for v in (e.kv_bytes_per_token_log, e.kv_bytes_per_token, e.kv_bytes_per_token_model) if v is not None),
+        (
+            v
+            for v in (e.kv_bytes_per_token_log, e.kv_bytes_per_token_cache_config, e.kv_bytes_per_token_model)
+            if v is not None
+        ),
         None,
     )
 
 
 def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
-    cc = snap.cache_info.get((e.model_name, e.engine), {})
+    cc = e.cache_info
     bpt = _best_bytes_per_token(e)
     lines = [
         f"model {e.model_name} · engine {e.engine} · vLLM {snap.version or 'version unknown'} · "
@@ -93,11 +97,11 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
     lines += [
         "",
         "Load",
-        f"  running          {_n(e.running):>12}   {_pct(e.utilization)} of max at max_model_len, "
-        f"{_pct(e.utilization_observed)} at observed context",
+        f"  running          {_n(e.running):>12}   {_pct(e.concurrency_utilization)} of max at max_model_len, "
+        f"{_pct(e.concurrency_utilization_observed)} at observed context",
         f"  waiting          {_n(e.waiting):>12}"
         + (f"   ({_n(e.waiting_for_capacity)} for KV capacity)" if e.waiting_for_capacity is not None else ""),
-        f"  preemptions      {_n(snap.preemptions_total.get((e.model_name, e.engine))):>12}   (total)",
+        f"  preemptions      {_n(e.preemptions_total):>12}   (total)",
     ]
     return lines
 
@@ -152,13 +156,23 @@ def render_text(snap: Snapshot, url: str) -> str:
     return "\n".join(out) + "\n"
 
 
+# report --format json keeps the keys it had before the record's fields got names that say what they are
+JSON_NAMES = {
+    "kv_bytes_per_token_cache_config": "kv_bytes_per_token",
+    "concurrency_utilization": "utilization",
+    "concurrency_utilization_observed": "utilization_observed",
+}
+
+
 def render_json(snap: Snapshot, url: str) -> str:
     engines = []
     for e in snap.engines:
         d = dataclasses.asdict(e)
+        cache_info, preemptions = d.pop("cache_info"), d.pop("preemptions_total")
+        d = {JSON_NAMES.get(k, k): v for k, v in d.items()}
         d["concurrency_at_context"] = {str(c): e.concurrency_at(c) for c in CONTEXTS}
-        d["preemptions_total"] = snap.preemptions_total.get((e.model_name, e.engine))
-        d["cache_config"] = dict(snap.cache_info.get((e.model_name, e.engine), {}))
+        d["preemptions_total"] = preemptions
+        d["cache_config"] = dict(cache_info)
         engines.append(d)
     doc = {
         "vllm_url": url,

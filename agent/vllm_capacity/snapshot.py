@@ -22,7 +22,5 @@ class Snapshot:
     version: str | None = None
     itl_metric: str | None = None
     engines: tuple[EngineCapacity, ...] = ()
-    cache_info: Mapping[EngineKey, Mapping[str, str]] = field(default_factory=dict)
-    preemptions_total: Mapping[EngineKey, float] = field(default_factory=dict)
     gpus: tuple[GpuReading, ...] = ()  # from NVML, independent of vLLM being up
     gpu_budgets: Mapping[str, GpuBudget] = field(default_factory=dict)
