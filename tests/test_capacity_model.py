@@ -18,13 +18,8 @@ from vllm_capacity.capacity import (
     parse_version,
     plan_kv,
 )
-from vllm_capacity.sources.model_config import (
-    Geometry,
-    GeometryError,
-    load_config,
-    model_dir_weights_bytes,
-    parse_config,
-)
+from vllm_capacity.geometry import Geometry, GeometryError
+from vllm_capacity.sources.model_config import load_config, model_dir_weights_bytes, parse_config
 
 GiB = 2**30
 CASES = {c["id"]: c for c in json.loads((CASES_DIR / "capacity-dev.json").read_text())}

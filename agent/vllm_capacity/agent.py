@@ -20,9 +20,9 @@ import structlog
 from vllm_capacity import derive
 from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
+from vllm_capacity.geometry import Geometry
 from vllm_capacity.snapshot import EngineKey, Snapshot
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.model_config import Geometry
 from vllm_capacity.sources.nvml import GpuReading, NvmlSource, vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures

@@ -30,7 +30,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
-from vllm_capacity.sources.model_config import Geometry
+from vllm_capacity.geometry import Geometry
 from vllm_capacity.units import GiB, MiB
 
 NEWEST_RULES = (0, 33)  # the newest vLLM release whose sizing rules were read; plan's default --vllm-version

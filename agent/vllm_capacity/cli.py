@@ -112,7 +112,8 @@ MAX_BODY = Option("--max-body-size", _size, "32MiB", "largest vLLM response acce
 
 
 def _model_config(text: str) -> Any:
-    from vllm_capacity.sources.model_config import GeometryError, load_config
+    from vllm_capacity.geometry import GeometryError
+    from vllm_capacity.sources.model_config import load_config
 
     try:
         return load_config(Path(text))
@@ -418,7 +419,8 @@ def _plan(values: dict[str, Any]) -> int:
         default_max_num_batched_tokens,
         plan_kv,
     )
-    from vllm_capacity.sources.model_config import GeometryError, load_config, model_dir_weights_bytes
+    from vllm_capacity.geometry import GeometryError
+    from vllm_capacity.sources.model_config import load_config, model_dir_weights_bytes
 
     if (values["model_config_path"] is None) == (values["model_dir_path"] is None):
         raise UsageError("give one of --model-config or --model-dir")

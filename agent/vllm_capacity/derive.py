@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from vllm_capacity import capacity as sizing
-from vllm_capacity.sources.model_config import Geometry
+from vllm_capacity.geometry import Geometry
 from vllm_capacity.sources.vllm_log import EngineFigures
 from vllm_capacity.sources.vllm_parse import (
     SCHEMA_V0,

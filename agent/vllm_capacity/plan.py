@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from vllm_capacity.capacity import KvPlan, MemoryBudget, kv_dtype_bytes, plan_kv
-from vllm_capacity.sources.model_config import Geometry
+from vllm_capacity.geometry import Geometry
 from vllm_capacity.units import CONTEXTS, format_bytes
 
 

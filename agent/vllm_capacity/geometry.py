@@ -1,0 +1,112 @@
+"""A model's geometry as vLLM's KV-cache sizing sees it: its layers by kind, KV heads and head size, dtype, sliding
+window, and the per-request state shape of Mamba-2 / Gated DeltaNet layers. Plain data and shape maths, no I/O:
+:mod:`vllm_capacity.sources.model_config` reads it from a ``config.json``.
+
+Layer kinds: ``full`` (full attention), ``sliding`` (sliding-window attention), ``mla`` (multi-head latent
+attention: one latent vector per token), ``mamba`` / ``linear`` (per-request state instead of per-token KV),
+``shared`` (reuses an earlier layer's KV), ``none`` (no cache, e.g. an MLP-only layer of a hybrid pattern).
+
+State layers carry their per-request state shape: Mamba-2 (``mamba``) in :class:`MambaGeometry` (the fields vLLM's
+``MambaStateShapeCalculator.mamba2_state_shape`` reads: Granite-4.0-H / Bamba ``mamba_*`` names and Nemotron-H's),
+Gated DeltaNet (``linear``, Qwen3-Next / Qwen3.5) in :class:`GatedDeltaNetGeometry` (``linear_*`` fields).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KV_KINDS = ("full", "sliding", "mla")  # kinds that hold per-token KV of their own
+
+
+def _per_rank(what: str, value: int, tp: int) -> int:
+    """A state dimension vLLM splits over the TP ranks (its ``divide``: exact, or the model cannot be sharded so)."""
+    if value % tp:
+        raise ValueError(f"{what} {value} is not divisible by TP {tp}: vLLM cannot shard this model so")
+    return value // tp
+
+
+@dataclass(frozen=True)
+class MambaGeometry:
+    """A Mamba-2 layer's per-request state: a conv state and an SSM state (vLLM's ``mamba2_state_shape``)."""
+
+    intermediate_size: int
+    n_groups: int
+    n_heads: int
+    head_dim: int
+    d_state: int
+    conv_kernel: int
+    ssm_cache_dtype: str | None = None  # the config's own mamba_ssm_cache_dtype / mamba_ssm_dtype, if it sets one
+    name = "Mamba-2"
+
+    @staticmethod
+    def align_blocks(checkpoint: bool) -> int:
+        """Blocks per request in vLLM's 'align' mode: 2 states, and a prefill checkpoint from 0.32."""
+        return 3 if checkpoint else 2
+
+    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
+        """Bytes of one request's state in one layer on one TP rank (vLLM's MambaSpec page size, unpadded)."""
+        groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)  # groups follow head shards
+        conv_dim = _per_rank("conv dim", self.intermediate_size + 2 * groups * self.d_state, tp)
+        heads = _per_rank("mamba heads", self.n_heads, tp)
+        conv = (self.conv_kernel - 1) * conv_dim * conv_dtype_bytes
+        ssm = heads * self.head_dim * self.d_state * ssm_dtype_bytes
+        return conv + ssm
+
+
+@dataclass(frozen=True)
+class GatedDeltaNetGeometry:
+    """A Gated DeltaNet layer's per-request state (vLLM's ``gated_delta_net_state_shape``): a conv state over the
+    keys, queries and values, and a recurrent state of one ``head_v_dim x head_k_dim`` matrix per value head."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    ssm_cache_dtype: str | None = None  # Qwen3.5's mamba_ssm_dtype (float32), if the config sets one
+    name = "Gated DeltaNet"
+
+    @staticmethod
+    def align_blocks(checkpoint: bool) -> int:
+        """Blocks per request in vLLM's 'align' mode: 2 states (GDN keeps no prefill checkpoint block)."""
+        return 2
+
+    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
+        conv_dim = _per_rank(
+            "conv dim", 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim, tp
+        )
+        heads = _per_rank("value heads", self.num_v_heads, tp)
+        conv = (self.conv_kernel - 1) * conv_dim * conv_dtype_bytes
+        recurrent = heads * self.head_v_dim * self.head_k_dim * ssm_dtype_bytes
+        return conv + recurrent
+
+
+class GeometryError(ValueError):
+    """The config says something the planner does not understand; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@dataclass(frozen=True)
+class Geometry:
+    architecture: str
+    num_layers: int
+    num_kv_heads: int  # total, before tensor parallelism (1 for MLA)
+    head_dim: int  # per KV head; for MLA the latent width kv_lora_rank + qk_rope_head_dim
+    dtype: str | None  # the model's dtype (torch_dtype), the KV dtype when --kv-cache-dtype is auto
+    layer_kinds: tuple[str, ...]
+    sliding_window: int | None = None
+    max_position_embeddings: int | None = None  # vLLM's default max_model_len
+    state: MambaGeometry | GatedDeltaNetGeometry | None = None  # of the "mamba" / "linear" layers, from their fields
+
+    @property
+    def kv_layers(self) -> int:
+        return sum(kind in KV_KINDS for kind in self.layer_kinds)
+
+    @property
+    def uniform(self) -> bool:
+        """One kind of KV layer and nothing else that holds cache: vLLM's single-group case."""
+        kinds = {k for k in self.layer_kinds if k != "none"}
+        return kinds in ({"full"}, {"mla"})
