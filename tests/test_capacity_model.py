@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from conftest import CASES as CASES_DIR
-from vllm_capacity.capacity import (
+from vllm_capacity.geometry import Geometry, GeometryError
+from vllm_capacity.sizing import (
     ImpossiblePlan,
     MemoryBudget,
     NotModelled,
     parse_version,
     plan_kv,
 )
-from vllm_capacity.geometry import Geometry, GeometryError
 from vllm_capacity.sources.model_config import load_config, model_dir_weights_bytes, parse_config
 
 GiB = 2**30

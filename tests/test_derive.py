@@ -4,7 +4,7 @@ import pytest
 
 from conftest import fixture_text
 from vllm_capacity import derive
-from vllm_capacity.capacity import plan_kv
+from vllm_capacity.sizing import plan_kv
 from vllm_capacity.sources.model_config import parse_config
 from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_LEGACY, parse_metrics
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_capacity import __version__
-from vllm_capacity.capacity import NEWEST_VERSION
+from vllm_capacity.sizing import NEWEST_VERSION
 from vllm_capacity.units import format_duration, parse_duration, parse_listen, parse_size
 
 ENV_PREFIX = "VLLM_CAPACITY_"
@@ -224,7 +224,7 @@ def _fraction(text: str) -> float:
 
 
 def _version(text: str) -> tuple[int, int, int]:
-    from vllm_capacity.capacity import parse_version
+    from vllm_capacity.sizing import parse_version
 
     return parse_version(text)
 
@@ -412,15 +412,9 @@ async def _report(values: dict[str, Any]) -> int:
 
 def _plan(values: dict[str, Any]) -> int:
     from vllm_capacity import plan as planning
-    from vllm_capacity.capacity import (
-        ImpossiblePlan,
-        MemoryBudget,
-        NotModelled,
-        default_max_num_batched_tokens,
-        plan_kv,
-    )
+    from vllm_capacity import sizing
     from vllm_capacity.geometry import GeometryError
-    from vllm_capacity.sources.model_config import load_config, model_dir_weights_bytes
+    from vllm_capacity.sources.model_config import load_config
 
     if (values["model_config_path"] is None) == (values["model_dir_path"] is None):
         raise UsageError("give one of --model-config or --model-dir")
@@ -431,45 +425,43 @@ def _plan(values: dict[str, Any]) -> int:
         geometry = load_config(config)
         budget = None
         if values["gpu_memory"] is not None:
-            weights = values["weights_memory"]
-            if weights is None:
-                if values["model_dir_path"] is None:
-                    raise UsageError("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
-                weights = model_dir_weights_bytes(values["model_dir_path"]) // (values["tp"] * values["pp"])
-            budget = MemoryBudget(
-                values["gpu_memory"],
-                values["gpu_memory_utilization"],
-                weights,
-                values["activation_memory"],
-                values["cuda_graph_memory"],
-            )
-            budget.check()
+            try:
+                budget = planning.memory_budget(
+                    gpu_memory_bytes=values["gpu_memory"],
+                    gpu_memory_utilization=values["gpu_memory_utilization"],
+                    weights_bytes=values["weights_memory"],
+                    activation_bytes=values["activation_memory"],
+                    cuda_graph_bytes=values["cuda_graph_memory"],
+                    model_dir=values["model_dir_path"],
+                    tp=values["tp"],
+                    pp=values["pp"],
+                )
+            except planning.MissingInput as err:
+                raise UsageError(str(err)) from None
         max_model_len = values["max_model_len"] or geometry.max_position_embeddings
         if not max_model_len:
             raise UsageError("config.json has no max_position_embeddings: give --max-model-len")
-        kwargs = {
-            "kv_cache_memory_bytes": values["kv_cache_memory"] if budget is None else budget.kv_cache_bytes,
-            "max_model_len": max_model_len,
-            "tp": values["tp"],
-            "pp": values["pp"],
-            "kv_cache_dtype": values["kv_cache_dtype"],
-            "block_size": values["block_size"],
-            "version": values["vllm_version"],
-            "engine": values["engine"],
-            "max_num_batched_tokens": values["max_num_batched_tokens"]
-            or default_max_num_batched_tokens(values["gpu_memory"]),
-            "async_scheduling": values["async_scheduling"] == "on",
-            "mamba_cache_mode": values["mamba_cache_mode"],
-            "mamba_ssm_cache_dtype": values["mamba_ssm_cache_dtype"],
-        }
-        result = plan_kv(geometry, **kwargs)
-    except (GeometryError, NotModelled, ImpossiblePlan, ValueError) as err:
+        inputs = sizing.PlanInputs(
+            kv_cache_memory_bytes=values["kv_cache_memory"] if budget is None else budget.kv_cache_bytes,
+            max_model_len=max_model_len,
+            tp=values["tp"],
+            pp=values["pp"],
+            kv_cache_dtype=values["kv_cache_dtype"],
+            block_size=values["block_size"],
+            version=values["vllm_version"],
+            engine=values["engine"],
+            max_num_batched_tokens=values["max_num_batched_tokens"]
+            or sizing.default_max_num_batched_tokens(values["gpu_memory"]),
+            async_scheduling=values["async_scheduling"] == "on",
+            mamba_cache_mode=values["mamba_cache_mode"],
+            mamba_ssm_cache_dtype=values["mamba_ssm_cache_dtype"],
+        )
+        result = sizing.plan(geometry, inputs)
+    except (GeometryError, sizing.NotModelled, sizing.ImpossiblePlan, ValueError) as err:
         print(f"vllm-capacity plan: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
-    if values["format"] == "json":
-        sys.stdout.write(planning.render_json(result, geometry, kwargs, budget))
-    else:
-        sys.stdout.write(planning.render_text(result, geometry, kwargs, budget, values["tp"]))
+    render = planning.render_json if values["format"] == "json" else planning.render_text
+    sys.stdout.write(render(result, geometry, inputs, budget))
     return 0
 
 

@@ -36,7 +36,7 @@ import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllm_capacity import capacity as sizing
+from vllm_capacity import sizing
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sources.vllm_log import EngineFigures
 from vllm_capacity.sources.vllm_parse import (

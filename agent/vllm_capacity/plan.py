@@ -4,15 +4,43 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
-from typing import Any
+from pathlib import Path
 
-from vllm_capacity.capacity import KvPlan, MemoryBudget, kv_dtype_bytes, plan_kv
+from vllm_capacity import sizing
 from vllm_capacity.geometry import Geometry
+from vllm_capacity.sizing import KvPlan, MemoryBudget, PlanInputs, kv_dtype_bytes
+from vllm_capacity.sources.model_config import model_dir_weights_bytes
 from vllm_capacity.units import CONTEXTS, format_bytes
 
 
+class MissingInput(ValueError):
+    """The plan needs a figure that was neither given nor can be read: the message says which option gives it."""
+
+
+def memory_budget(
+    *,
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    weights_bytes: int | None,
+    activation_bytes: int,
+    cuda_graph_bytes: int,
+    model_dir: Path | None,
+    tp: int,
+    pp: int,
+) -> MemoryBudget:
+    """vLLM's budget on one GPU rank; the weights, when not given, from the model directory's safetensors headers,
+    divided over the TP x PP ranks. Raises ImpossiblePlan when nothing is left for the KV cache."""
+    if weights_bytes is None:
+        if model_dir is None:
+            raise MissingInput("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
+        weights_bytes = model_dir_weights_bytes(model_dir) // (tp * pp)
+    budget = MemoryBudget(gpu_memory_bytes, gpu_memory_utilization, weights_bytes, activation_bytes, cuda_graph_bytes)
+    budget.check()
+    return budget
+
+
 def budget_picture(budget: MemoryBudget, kv_bytes: int, width: int = 46) -> list[str]:
-    """The seed's picture: the GPU's memory as a stack of what it holds."""
+    """The GPU's memory as a stack of what it holds, with the part outside vLLM's budget."""
     rows = [
         ("Model weights", budget.weights_bytes),
         ("Activation peak", budget.activation_bytes),
@@ -35,18 +63,18 @@ def budget_picture(budget: MemoryBudget, kv_bytes: int, width: int = 46) -> list
     return lines
 
 
-def what_if(plan: KvPlan, geometry: Geometry, kwargs: dict[str, Any], budget: MemoryBudget | None) -> list[str]:
+def what_if(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> list[str]:
     lines = []
     half = plan.max_model_len // 2
     if half >= plan.block_size:
-        smaller = plan_kv(geometry, **{**kwargs, "max_model_len": half})
+        smaller = sizing.plan(geometry, replace(inputs, max_model_len=half))
         lines.append(
             f"  max_model_len {half:,} instead of {plan.max_model_len:,}: max concurrency "
             f"{smaller.max_concurrency:.2f}x (vLLM's capacity figure: {smaller.kv_cache_tokens:,} tokens)"
         )
     if budget is not None and budget.gpu_memory_utilization < 0.95:
         more = replace(budget, gpu_memory_utilization=min(0.95, budget.gpu_memory_utilization + 0.05))
-        bigger = plan_kv(geometry, **{**kwargs, "kv_cache_memory_bytes": more.kv_cache_bytes})
+        bigger = sizing.plan(geometry, replace(inputs, kv_cache_memory_bytes=more.kv_cache_bytes))
         gained = format_bytes(more.kv_cache_bytes - budget.kv_cache_bytes)
         lines.append(
             f"  gpu_memory_utilization {more.gpu_memory_utilization:g}: +{gained} of KV cache, "
@@ -86,16 +114,16 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
     ]
 
 
-def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict[str, Any], budget: MemoryBudget | None, tp: int) -> str:
-    kv_heads = 1 if "mla" in geometry.layer_kinds else max(1, geometry.num_kv_heads // tp)
+def render_text(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> str:
+    kv_heads = 1 if "mla" in geometry.layer_kinds else max(1, geometry.num_kv_heads // inputs.tp)
     lines = [
-        f"Plan for {geometry.architecture}: TP {kwargs['tp']}, PP {kwargs['pp']}, KV dtype {kwargs['kv_cache_dtype']}"
+        f"Plan for {geometry.architecture}: TP {inputs.tp}, PP {inputs.pp}, KV dtype {inputs.kv_cache_dtype}"
         f" (model {geometry.dtype}), block size {plan.block_size}, rules: {plan.rules}",
         "",
     ]
     if budget is not None:
         lines += [*budget_picture(budget, plan.kv_cache_memory_bytes), ""]
-    dtype_bytes = kv_dtype_bytes(kwargs["kv_cache_dtype"], geometry.dtype)
+    dtype_bytes = kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype)
     lines += [
         "KV cache per GPU",
         f"  memory             {format_bytes(plan.kv_cache_memory_bytes):>14}",
@@ -109,13 +137,13 @@ def render_text(plan: KvPlan, geometry: Geometry, kwargs: dict[str, Any], budget
         if ctx < plan.max_model_len:
             each = format_bytes(plan.request_bytes(ctx))
             lines.append(f"  {ctx:>8,} tokens   {plan.concurrency_at(ctx):>9.2f}x   {each:>12} each")
-    lines += ["", "What would change it", *what_if(plan, geometry, kwargs, budget)]
+    lines += ["", "What would change it", *what_if(plan, geometry, inputs, budget)]
     if plan.notes:
         lines += ["", "How vLLM sizes this model", *(f"  - {note}" for note in plan.notes)]
     return "\n".join(lines) + "\n"
 
 
-def render_json(plan: KvPlan, geometry: Geometry, kwargs: dict[str, Any], budget: MemoryBudget | None) -> str:
+def render_json(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> str:
     doc = {
         "kv_bytes_per_token": plan.kv_bytes_per_token,
         "num_gpu_blocks": plan.num_gpu_blocks,
@@ -126,7 +154,9 @@ def render_json(plan: KvPlan, geometry: Geometry, kwargs: dict[str, Any], budget
         "kv_layers_per_rank": plan.kv_layers_per_rank,
         "rules": plan.rules,
         "notes": plan.notes,
-        "groups": [asdict(g) for g in plan.groups],
+        "groups": [
+            {"kind": g.kind, "layers": g.layers, "blocks_per_request": g.blocks_per_request} for g in plan.groups
+        ],
         "group_size": plan.group_size or None,
         "page_bytes": plan.page_bytes,
         "concurrency_at_context": {str(c): plan.concurrency_at(c) for c in CONTEXTS if c <= plan.max_model_len},
@@ -140,6 +170,6 @@ def render_json(plan: KvPlan, geometry: Geometry, kwargs: dict[str, Any], budget
             "kv_cache_bytes": plan.kv_cache_memory_bytes,
         },
         "geometry": asdict(geometry),
-        "inputs": {k: v for k, v in kwargs.items() if k != "kv_cache_memory_bytes"},
+        "inputs": {k: v for k, v in asdict(inputs).items() if k != "kv_cache_memory_bytes"},
     }
     return json.dumps(doc, indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,85 @@
+"""vLLM's KV-cache sizing rules, per version: from geometry and memory to blocks, tokens and max concurrency.
+
+Pure functions over plain data, after vLLM's ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/v1/kv_cache_interface.py``
+(V1) and ``vllm/worker/cache_engine.py`` (V0); the rules per version are explained in ``docs/planning.md``:
+
+* bytes per token per GPU rank, per KV layer: ``2 x max(1, kv_heads // tp) x head_dim x kv_dtype_bytes``
+  (MLA: ``1 x latent x kv_dtype_bytes``); pipeline parallelism splits the layers over stages.
+* blocks: V0 ``int(kv_memory // (block_size x bytes_per_token))``; V1 ``int(kv_memory // page // layers)``.
+* "KV cache size" tokens: ``blocks x block_size`` (V1 0.8 - 0.19); ``int(max_concurrency x max_model_len)`` (>= 0.20).
+* "Maximum concurrency": V0 and V1 <= 0.9.0 ``blocks x block_size / max_model_len``; V1 >= 0.9.1
+  ``blocks / ceil(max_model_len / block_size)``.
+
+Hybrid models (V1 >= 0.9.1): vLLM's KV-cache groups with a uniform page size. Layers are bucketed by kind
+(full, sliding window, Mamba-2), each bucket split into groups of ``group_size`` layers (the smallest bucket, or the
+largest when they are close; the last group of a bucket padded), and one pool of ``memory // (page x group_size)``
+blocks serves every group. A request of ``max_model_len`` holds ``ceil(max_model_len / block_size)`` blocks per full
+group, ``ceil(min(window - 1 + in-flight tokens, max_model_len) / block_size) + 1`` per sliding group and 1 (or 3 in
+'align' mode) per Mamba group. For Mamba the attention block size is raised until a page holds one Mamba state, and
+the Mamba page is padded to it (Gated DeltaNet layers likewise, with 2 blocks in 'align' mode). Before 0.9.1 (and in
+V0) sliding layers are sized like full ones and V0 keeps the Mamba state outside the KV budget. Shared-KV layers hold
+nothing of their own. Mamba-1 state, attention-free models, MLA mixed with other kinds and hybrid layouts under PP
+raise :class:`NotModelled` (Llama 4's chunked attention is refused earlier, by the geometry parser).
+
+The package, by concern: :mod:`.versions` (where vLLM changed its rules), :mod:`.inputs` (what a plan is asked for),
+:mod:`.layers` (bytes per token, and each layer kind's spec), :mod:`.dense` (one kind of KV layer),
+:mod:`.hybrid` (vLLM's KV-cache groups), :mod:`.result` (a plan), :mod:`.memory` (the GPU's memory budget).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from vllm_capacity.geometry import Geometry
+from vllm_capacity.sizing.dense import as_single_group, max_concurrency, plan_dense
+from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
+from vllm_capacity.sizing.hybrid import plan_hybrid
+from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens
+from vllm_capacity.sizing.layers import bytes_per_token_per_layer, kv_dtype_bytes, layers_per_rank
+from vllm_capacity.sizing.memory import MemoryBudget
+from vllm_capacity.sizing.result import KvGroup, KvPlan
+from vllm_capacity.sizing.versions import HYBRID_GROUPS, NEWEST_RULES, NEWEST_VERSION, parse_version
+from vllm_capacity.units import GiB
+
+__all__ = [
+    "NEWEST_RULES",
+    "NEWEST_VERSION",
+    "ImpossiblePlan",
+    "KvGroup",
+    "KvPlan",
+    "MemoryBudget",
+    "NotModelled",
+    "PlanInputs",
+    "bytes_per_token_per_layer",
+    "default_max_num_batched_tokens",
+    "kv_dtype_bytes",
+    "layers_per_rank",
+    "max_concurrency",
+    "parse_version",
+    "plan",
+    "plan_kv",
+]
+
+
+def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
+    """Size the KV cache as vLLM ``inputs.version`` does for a per-rank budget of ``inputs.kv_cache_memory_bytes``."""
+    inputs.check()
+    engine = inputs.resolved_engine
+    if inputs.kv_cache_memory_bytes <= 0:
+        raise ImpossiblePlan(f"no memory is left for the KV cache ({inputs.kv_cache_memory_bytes / GiB:.2f} GiB)")
+    if geometry.uniform:
+        return plan_dense(geometry, inputs)
+    if not set(geometry.layer_kinds) & {"full", "sliding", "mla"}:
+        raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
+    if engine == "v1" and inputs.version >= HYBRID_GROUPS:
+        return plan_hybrid(geometry, inputs)
+    flat, note = as_single_group(geometry, engine)
+    result = plan_dense(flat, replace(inputs, engine=engine))
+    result.notes.append(note)
+    return result
+
+
+def plan_kv(geometry: Geometry, **inputs: Any) -> KvPlan:
+    """:func:`plan` with the inputs as keyword arguments (the fields of :class:`PlanInputs`)."""
+    return plan(geometry, PlanInputs(**inputs))

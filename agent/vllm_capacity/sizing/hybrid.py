@@ -1,0 +1,221 @@
+"""Hybrid models in vLLM V1 >= 0.9.1: KV-cache groups of a uniform page size (``_get_kv_cache_groups_uniform_page_size``
+in vllm/v1/core/kv_cache_utils.py).
+
+Layers are bucketed by kind, each bucket is cut into groups of ``group_size`` layers (the last one padded), and one
+pool of ``memory // (page x group_size)`` blocks serves every group; a request holds the sum of its blocks in each
+group. For state layers (Mamba-2, Gated DeltaNet) the attention block grows until a page holds one state, and the
+state page is padded to it. :func:`plan_hybrid` runs these steps in order, one function each.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+from vllm_capacity.geometry import Geometry
+from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
+from vllm_capacity.sizing.inputs import PlanInputs
+from vllm_capacity.sizing.layers import (
+    STATE_KINDS,
+    FullAttentionSpec,
+    LayerSpec,
+    SlidingWindowSpec,
+    StateSpec,
+    bytes_per_token_per_layer,
+    kv_dtype_bytes,
+)
+from vllm_capacity.sizing.result import KvGroup, KvPlan
+from vllm_capacity.sizing.versions import (
+    GROUP_RATIOS,
+    HYBRID_PREFIX_CACHING,
+    IN_FLIGHT_TOKENS,
+    MAMBA2_CHECKPOINT,
+    STATE_BLOCK_ALIGNMENT,
+    TOKENS_FROM_CONCURRENCY,
+)
+from vllm_capacity.units import GiB, MiB
+
+
+def plan_hybrid(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
+    """vLLM's blocks, tokens and maximum concurrency for a model with more than one kind of cache layer."""
+    counts = _buckets(geometry, inputs)
+    notes: list[str] = []
+    per_layer = bytes_per_token_per_layer(geometry, inputs.tp, kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype))
+    block_size, state_blocks = _state_layout(geometry, counts, inputs, per_layer, notes)
+    group_size = _group_size(counts, inputs.version)
+    in_flight = _in_flight_tokens(inputs)
+    specs = _layer_specs(geometry, inputs, block_size, state_blocks, in_flight)
+    groups = _groups(counts, group_size, specs, notes)
+    if "sliding" in counts:
+        batched = inputs.max_num_batched_tokens
+        notes.append(
+            f"sliding-window layers hold at most window {geometry.sliding_window} - 1 + {in_flight:,} in-flight tokens "
+            f"per request (max_num_batched_tokens {batched:,}"
+            f"{' x 2 batches under async scheduling' if in_flight != batched else ''})"
+        )
+    return _pool(counts, groups, group_size, block_size * per_layer, per_layer, block_size, inputs, notes)
+
+
+def _buckets(geometry: Geometry, inputs: PlanInputs) -> Counter[str]:
+    """Layers by kind, leaving out those that hold no cache of their own; refuses what is not modelled."""
+    counts = Counter(k for k in geometry.layer_kinds if k not in ("none", "shared"))
+    if "mla" in counts:
+        raise NotModelled(f"{_where(geometry, counts)}: MLA mixed with other layer kinds is not modelled")
+    if inputs.pp > 1:
+        raise NotModelled(
+            f"{_where(geometry, counts)}: how pipeline stages split a hybrid layer pattern is not modelled; use PP 1"
+        )
+    return counts
+
+
+def _where(geometry: Geometry, counts: Counter[str]) -> str:
+    return f"{geometry.architecture} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))} layers)"
+
+
+def _state_layout(
+    geometry: Geometry, counts: Counter[str], inputs: PlanInputs, per_layer: int, notes: list[str]
+) -> tuple[int, int]:
+    """The attention block size (raised until a page holds one state) and the state blocks per request; (the asked
+    block size, 0) for a model without state layers."""
+    block_size, version = inputs.block_size, inputs.version
+    state_kinds = [k for k in STATE_KINDS if k in counts]
+    if not state_kinds:
+        return block_size, 0
+    if len(state_kinds) > 1 or geometry.state is None:
+        fields = "mamba_n_heads, mamba_d_state..." if "mamba" in counts else "linear_num_value_heads..."
+        raise NotModelled(f"{_where(geometry, counts)}: config.json gives no state fields the planner reads ({fields})")
+    mode = _resolve_mamba_mode(inputs.mamba_cache_mode, version)
+    state_blocks = 1 if mode == "none" else geometry.state.align_blocks(version >= MAMBA2_CHECKPOINT)
+    ssm_name, why = _mamba_ssm_dtype(geometry, inputs.mamba_ssm_cache_dtype)
+    conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
+    try:
+        ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
+    except ValueError:
+        raise ValueError(
+            f"SSM state dtype {ssm_name!r}{f' ({why})' if why else ''} is not a dtype vLLM knows"
+        ) from None
+    state = geometry.state.state_bytes(inputs.tp, conv_bytes, ssm_bytes)
+    # the attention block grows until its page holds a state (platforms/interface.py)
+    align = max(16, block_size) if version >= STATE_BLOCK_ALIGNMENT else 16
+    needed = align * math.ceil(state / (align * per_layer))
+    if block_size < needed:
+        notes.append(
+            f"vLLM raises the attention block size from {block_size} to {needed} tokens so that a page holds "
+            f"one {geometry.state.name} state ({state:,} bytes)"
+        )
+        block_size = needed
+    padding = (block_size * per_layer - state) / state * 100
+    notes.append(
+        f"Mamba cache mode {mode} ({state_blocks} state block(s) per request and layer group); SSM state "
+        f"{ssm_bytes} B per element{f' ({why})' if why else ''}; {geometry.state.name} page padded by "
+        f"{padding:.2f}%"
+    )
+    return block_size, state_blocks
+
+
+def _group_size(counts: Counter[str], version: tuple[int, int, int]) -> int:
+    """Layers per group: the smallest bucket, or the largest when the buckets are close ("avoid too many padding
+    layers", from 0.12)."""
+    smallest, largest = min(counts.values()), max(counts.values())
+    ratio = next((r for since, r in GROUP_RATIOS if version >= since), None)
+    return largest if ratio is not None and largest < smallest * ratio else smallest
+
+
+def _in_flight_tokens(inputs: PlanInputs) -> int:
+    """Tokens scheduled but not yet settled, which a sliding-window layer keeps beyond its window (0.32
+    ``VllmConfig.max_in_flight_tokens``: one batch per concurrent step, two under async scheduling)."""
+    batches = 2 if inputs.async_scheduling and inputs.version >= IN_FLIGHT_TOKENS else 1
+    return inputs.max_num_batched_tokens * batches
+
+
+def _layer_specs(
+    geometry: Geometry, inputs: PlanInputs, block_size: int, state_blocks: int, in_flight: int
+) -> dict[str, LayerSpec]:
+    """Each kind's spec: what a request holds in one of its layers."""
+    return {
+        "full": FullAttentionSpec(block_size, inputs.max_model_len),
+        "sliding": SlidingWindowSpec(block_size, inputs.max_model_len, geometry.sliding_window or 0, in_flight),
+        "mamba": StateSpec("mamba", state_blocks),
+        "linear": StateSpec("linear", state_blocks),
+    }
+
+
+def _groups(counts: Counter[str], group_size: int, specs: dict[str, LayerSpec], notes: list[str]) -> list[KvGroup]:
+    """Each bucket cut into groups of ``group_size`` layers, the layers dealt round-robin; the rest is padding."""
+    groups: list[KvGroup] = []
+    for kind, n in counts.items():
+        n_groups = math.ceil(n / group_size)
+        for i in range(n_groups):
+            groups.append(KvGroup(len(range(i, n, n_groups)), specs[kind]))
+        if n_groups * group_size != n:
+            pad = n_groups * group_size - n
+            notes.append(f"{pad} padding layer(s) for the {kind} layers: up to {pad / n * 100:.2f}% of its memory idle")
+    return groups
+
+
+def _pool(
+    counts: Counter[str],
+    groups: list[KvGroup],
+    group_size: int,
+    page: int,
+    per_layer: int,
+    block_size: int,
+    inputs: PlanInputs,
+    notes: list[str],
+) -> KvPlan:
+    """One pool of blocks for every group: how many, how many requests of max_model_len they hold, and vLLM's
+    "KV cache size" in tokens."""
+    max_model_len, memory = inputs.max_model_len, inputs.kv_cache_memory_bytes
+    blocks = int(memory // (page * group_size))
+    request_blocks = sum(g.blocks_per_request for g in groups)
+    concurrency = blocks / request_blocks
+    if inputs.version >= TOKENS_FROM_CONCURRENCY:
+        tokens = int(concurrency * max_model_len)
+        token_rule = "int(max_concurrency x max_model_len)"
+    else:
+        tokens = blocks // len(groups) * block_size
+        token_rule = "blocks // groups x block_size"
+    if concurrency < 1:
+        needed = request_blocks * page * group_size
+        raise ImpossiblePlan(
+            f"one request of max_model_len {max_model_len:,} tokens needs {request_blocks:,} blocks of "
+            f"{page * group_size / MiB:.2f} MiB ({needed / GiB:.2f} GiB) per GPU, more than the "
+            f"{memory / GiB:.2f} GiB available; vLLM would refuse to start"
+        )
+    return KvPlan(
+        kv_bytes_per_token=per_layer * counts.get("full", 0),
+        kv_layers_per_rank=sum(counts.values()),
+        block_size=block_size,
+        num_gpu_blocks=blocks,
+        kv_cache_tokens=tokens,
+        max_concurrency=concurrency,
+        max_model_len=max_model_len,
+        kv_cache_memory_bytes=memory,
+        rules=f"v1 >= 0.9.1 hybrid groups: blocks / {request_blocks} blocks per request; tokens {token_rule}",
+        notes=notes,
+        groups=tuple(groups),
+        group_size=group_size,
+        page_bytes=page,
+    )
+
+
+def _resolve_mamba_mode(mode: str, version: tuple[int, int, int]) -> str:
+    """``auto``: the mode vLLM picks with its default prefix caching, which it turns on for hybrid models from 0.28
+    (and then picks 'align'); before, prefix caching is off for them, and so is the state cache ('none')."""
+    if mode not in ("auto", "none", "align"):
+        raise ValueError(f"mamba cache mode {mode!r} is not auto, none or align")
+    if mode != "auto":
+        return mode
+    return "align" if version >= HYBRID_PREFIX_CACHING else "none"
+
+
+def _mamba_ssm_dtype(geometry: Geometry, requested: str) -> tuple[str, str | None]:
+    """vLLM's ``mamba_ssm_cache_dtype``: an explicit value wins; ``auto`` takes the config's own field, Nemotron-H's
+    float32 default (0.32 ``NemotronHForCausalLMConfig``), else the conv state's dtype (the model's)."""
+    if requested != "auto":
+        return requested, None
+    if geometry.state is not None and geometry.state.ssm_cache_dtype:
+        return geometry.state.ssm_cache_dtype, "the SSM state dtype comes from config.json"
+    if geometry.architecture.startswith("NemotronH"):
+        return "float32", "Nemotron-H's SSM state is float32 unless --mamba-ssm-cache-dtype says otherwise"
+    return "auto", None

@@ -1,0 +1,50 @@
+"""What a plan is asked for: the memory, the context length and the vLLM options that decide the KV-cache layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_capacity.sizing.versions import NEWEST_RULES, V1_BY_DEFAULT
+from vllm_capacity.units import GiB
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """One vLLM configuration to size, per GPU rank. ``max_num_batched_tokens`` and ``async_scheduling`` matter only
+    for sliding-window layers, the ``mamba_*`` options only for state layers (vLLM's flags of the same names;
+    vLLM's CPU backend turns async scheduling off). ``engine`` None: the version's default engine."""
+
+    kv_cache_memory_bytes: int
+    max_model_len: int
+    tp: int = 1
+    pp: int = 1
+    kv_cache_dtype: str = "auto"
+    block_size: int = 16
+    version: tuple[int, int, int] = (*NEWEST_RULES, 0)
+    engine: str | None = None
+    max_num_batched_tokens: int = 2048
+    mamba_cache_mode: str = "auto"
+    mamba_ssm_cache_dtype: str = "auto"
+    async_scheduling: bool = True
+
+    def check(self) -> None:
+        """Raise ValueError for inputs no vLLM would accept."""
+        if min(self.tp, self.pp, self.block_size, self.max_model_len, self.max_num_batched_tokens) < 1:
+            raise ValueError("tp, pp, block_size, max_model_len and max_num_batched_tokens must be positive")
+        if self.engine not in (None, "v0", "v1"):
+            raise ValueError(f"engine {self.engine!r} is not v0 or v1")
+
+    @property
+    def resolved_engine(self) -> str:
+        """The engine vLLM ``version`` runs: the one asked for, else its default."""
+        return self.engine or ("v0" if self.version < V1_BY_DEFAULT else "v1")
+
+
+def default_max_num_batched_tokens(gpu_memory_bytes: int | None) -> int:
+    """`vllm serve`'s default on a GPU of this size (0.32 ``arg_utils``): 16384 from 160 GiB, 8192 from 70 GiB (not
+    on A100s), else 2048. It bounds what a sliding-window layer holds per request."""
+    if gpu_memory_bytes is not None and gpu_memory_bytes >= 160 * GiB:
+        return 16384
+    if gpu_memory_bytes is not None and gpu_memory_bytes >= 70 * GiB:
+        return 8192
+    return 2048

