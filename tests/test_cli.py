@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -22,7 +23,7 @@ import pytest
 import structlog
 
 from conftest import FakeVllm, fixture_text, value
-from vllm_capacity import cli
+from vllm_capacity import cli, options
 
 VLLM_CAPACITY = [sys.executable, "-m", "vllm_capacity"]
 
@@ -52,29 +53,38 @@ def _main(*args: str, env: dict[str, str] | None = None) -> Result:
     return Result(code, out.getvalue(), err.getvalue())
 
 
-def _resolve(argv: list[str], environ: dict[str, str]) -> dict:
-    ns = cli.build_parser().parse_args(["serve", *argv])
-    return cli.resolve(ns, cli.SERVE_OPTIONS, environ)
+def _resolve(argv: list[str], environ: dict[str, str]) -> options.ServeConfig:
+    ns = options.build_parser().parse_args(["serve", *argv])
+    serve = options.config("serve", ns, environ)
+    assert isinstance(serve, options.ServeConfig)
+    return serve
 
 
 def test_defaults() -> None:
     v = _resolve([], {})
-    assert v["vllm_url"] == "http://127.0.0.1:8000"
-    assert v["interval"] == 5.0
-    assert v["listen"] == ("0.0.0.0", 9790)
-    assert v["max_model_len"] is None
+    assert v.vllm_url == "http://127.0.0.1:8000"
+    assert v.interval == 5.0
+    assert v.listen == ("0.0.0.0", 9790)
+    assert v.max_model_len is None
+
+
+@pytest.mark.parametrize("command", sorted(options.COMMANDS))
+def test_each_command_has_a_typed_field_per_option(command: str) -> None:
+    """A new option without its field (or a field without its option) fails here, not when a user runs it."""
+    cls, table = options.COMMANDS[command]
+    assert {f.name for f in dataclasses.fields(cls)} == {o.key or o.dest for o in table}
 
 
 def test_environment_twin_and_flag_precedence() -> None:
     env = {"VLLM_CAPACITY_INTERVAL": "250ms", "VLLM_CAPACITY_VLLM_URL": "http://vllm:8000"}
-    assert _resolve([], env)["interval"] == 0.25
-    assert _resolve([], env)["vllm_url"] == "http://vllm:8000"
-    assert _resolve(["--interval", "1m"], env)["interval"] == 60.0
+    assert _resolve([], env).interval == 0.25
+    assert _resolve([], env).vllm_url == "http://vllm:8000"
+    assert _resolve(["--interval", "1m"], env).interval == 60.0
 
 
 def test_every_option_has_a_documented_twin() -> None:
-    help_text = cli.build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
-    for opt in cli.SERVE_OPTIONS:
+    help_text = options.build_parser()._subparsers._group_actions[0].choices["serve"].format_help()  # type: ignore[union-attr]
+    for opt in options.SERVE_OPTIONS:
         assert opt.env.startswith("VLLM_CAPACITY_")
         assert opt.env in help_text.replace("\n", " ").replace("  ", " ") or opt.env in help_text
 
@@ -365,7 +375,7 @@ def test_report_with_the_startup_log_and_model_config(fake_vllm_thread: str) -> 
     assert doc["engines"][0]["kv_bytes_per_token_model"] == 512
 
 
-def _readme_row(opt: cli.Option, environment: bool) -> str:
+def _readme_row(opt: options.Option, environment: bool) -> str:
     default = f"`{opt.default}`" if opt.default is not None else "-"
     cells = [f"`{opt.flag}`", *([f"`{opt.env}`"] if environment else []), default, opt.help]
     return "| " + " | ".join(cells) + " |"
@@ -373,7 +383,7 @@ def _readme_row(opt: cli.Option, environment: bool) -> str:
 
 @pytest.mark.parametrize(
     ("options", "environment", "document"),
-    [(cli.SERVE_OPTIONS, True, "README.md"), (cli.PLAN_OPTIONS, False, "docs/planning.md")],
+    [(options.SERVE_OPTIONS, True, "README.md"), (options.PLAN_OPTIONS, False, "docs/planning.md")],
 )
 def test_documented_option_tables_match_the_code(options: tuple, environment: bool, document: str) -> None:
     text = (Path(__file__).parents[1] / document).read_text().splitlines()

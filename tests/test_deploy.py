@@ -166,9 +166,9 @@ def test_sidecar_patch_on_a_plain_deployment(tmp_path: Path) -> None:
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
     assert sc["capabilities"]["drop"] == ["ALL"] and sc["runAsUser"] == 65532
     port = sidecar["ports"][0]
-    from vllm_capacity import cli
+    from vllm_capacity import options
 
-    default_port = int(next(o for o in cli.SERVE_OPTIONS if o.flag == "--listen").default.rsplit(":", 1)[1])
+    default_port = int(next(o for o in options.SERVE_OPTIONS if o.flag == "--listen").default.rsplit(":", 1)[1])
     assert port["containerPort"] == default_port
     assert sidecar["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port["name"]}
     assert sidecar["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port["name"]}

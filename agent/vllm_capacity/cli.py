@@ -1,345 +1,74 @@
-"""Command line: ``vllm-capacity serve`` (the sidecar) and ``vllm-capacity report`` (one snapshot).
+"""Command line: ``vllm-capacity serve`` (the sidecar), ``report`` (one snapshot) and ``plan`` (offline).
 
-Every ``serve``/``report`` flag has an environment-variable twin ``VLLM_CAPACITY_<FLAG>`` (``--vllm-url`` ->
-``VLLM_CAPACITY_VLLM_URL``); a flag on the command line wins over its twin. Invalid flags or values exit with
-status 2 and one line that says which flag (or variable) and why.
+The options, their environment twins and the typed configuration of each command are in :mod:`vllm_capacity.options`;
+this module runs the commands. Invalid flags or values exit with status 2 and one line that says which flag (or
+variable) and why.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_capacity import __version__
-from vllm_capacity.sizing import NEWEST_VERSION
-from vllm_capacity.units import format_duration, parse_duration, parse_listen, parse_size
-
-ENV_PREFIX = "VLLM_CAPACITY_"
-MIN_INTERVAL = 0.1
-
-
-class UsageError(Exception):
-    """A bad flag or value: reported on one line, exit status 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line instead of usage + error
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _url(text: str) -> str:
-    if not text.startswith(("http://", "https://")) or len(text) < 10:
-        raise ValueError(f"{text!r} is not an http:// or https:// URL")
-    return text.rstrip("/")
-
-
-def _duration(minimum: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        seconds = parse_duration(text)
-        if seconds < minimum:
-            raise ValueError(f"{text!r} is below the minimum {format_duration(minimum)}")
-        return seconds
-
-    return parse
-
-
-def _positive_int(text: str) -> int:
-    if not text.strip().isdigit() or int(text) <= 0:
-        raise ValueError(f"{text!r} is not a positive whole number")
-    return int(text)
-
-
-def _choice(*choices: str) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text.lower() not in choices:
-            raise ValueError(f"{text!r} is not one of {', '.join(choices)}")
-        return text.lower()
-
-    return parse
-
-
-def _size(text: str) -> int:
-    size = parse_size(text)
-    if size < 1024:
-        raise ValueError(f"{text!r} is below the minimum 1KiB")
-    return size
-
-
-def _api_key_file(text: str) -> str:
-    path = Path(text)
-    try:
-        key = path.read_text().strip()
-    except OSError as err:
-        raise ValueError(f"cannot read {text}: {err.strerror}") from err
-    if not key:
-        raise ValueError(f"{text} is empty")
-    return key  # the key itself; never logged
-
-
-@dataclass(frozen=True)
-class Option:
-    flag: str
-    parse: Callable[[str], Any]
-    default: str | None
-    help: str
-    key: str | None = None  # the name of the parsed value, when not the flag's
-
-    @property
-    def dest(self) -> str:
-        return self.flag.removeprefix("--").replace("-", "_")
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.dest.upper()
-
-
-VLLM_URL = Option("--vllm-url", _url, "http://127.0.0.1:8000", "base URL of the vLLM server")
-TIMEOUT = Option("--timeout", _duration(0.01), "4s", "deadline for each request to vLLM (e.g. 500ms, 4s)")
-MAX_MODEL_LEN = Option(
-    "--max-model-len", _positive_int, None, "max_model_len to use when /v1/models is unreachable or lacks it"
-)
-API_KEY_FILE = Option(
-    "--api-key-file", _api_key_file, None, "file holding vLLM's API key, sent to /v1/* (never logged)"
-)
-MAX_BODY = Option("--max-body-size", _size, "32MiB", "largest vLLM response accepted (e.g. 32MiB)")
-
-
-def _model_config(text: str) -> Any:
-    from vllm_capacity.geometry import GeometryError
-    from vllm_capacity.sources.model_config import load_config
-
-    try:
-        return load_config(Path(text))
-    except GeometryError as err:
-        raise ValueError(str(err)) from None
-
-
-def _model_dir(text: str) -> Any:
-    return _model_config(str(Path(text) / "config.json"))
-
-
-MODEL_OPTIONS = (
-    Option("--vllm-log", str, None, "vLLM's log file (shared volume) for the memory figures it prints at start"),
-    Option("--model-config", _model_config, None, "the served model's config.json, for bytes per token"),
-    Option("--model-dir", _model_dir, None, "the served model's directory (its config.json)"),
-    Option("--tp", _positive_int, "1", "vLLM's tensor-parallel size (for bytes per token from the model config)"),
-    Option("--pp", _positive_int, "1", "vLLM's pipeline-parallel size"),
+from vllm_capacity.geometry import Geometry
+from vllm_capacity.options import (
+    PlanConfig,
+    ReportConfig,
+    ServeConfig,
+    SourceConfig,
+    UsageError,
+    build_parser,
+    config,
 )
 
-
-def _gpus(text: str) -> list[str] | str:
-    items = [t.strip() for t in text.split(",") if t.strip()]
-    if not items:
-        raise ValueError(f"{text!r} names no GPU (indices like 0,1 or UUIDs like GPU-..., or 'all')")
-    if items == ["all"]:
-        return "all"
-    for item in items:
-        if not (item.isdigit() or item.startswith(("GPU-", "MIG-"))):
-            raise ValueError(f"{item!r} is neither a GPU index nor a GPU-/MIG- UUID")
-    return items
+if TYPE_CHECKING:
+    from vllm_capacity.sizing import MemoryBudget, PlanInputs
 
 
-NVML_OPTIONS = (
-    Option("--nvml", _choice("auto", "on", "off"), "auto", "read GPUs through NVML: auto (when present), on, off"),
-    Option(
-        "--gpus",
-        _gpus,
-        None,
-        "GPUs to report: indices or UUIDs, or all (default: NVIDIA_VISIBLE_DEVICES or CUDA_VISIBLE_DEVICES, else all)",
-    ),
-)
-
-SERVE_OPTIONS = (
-    VLLM_URL,
-    Option("--listen", parse_listen, ":9790", "host:port for /metrics, /healthz, /readyz (':9790' = all interfaces)"),
-    Option(
-        "--interval", _duration(MIN_INTERVAL), "5s", "how often to read vLLM (100ms, 0.5s, 1m or seconds; >= 100ms)"
-    ),
-    TIMEOUT,
-    MAX_MODEL_LEN,
-    API_KEY_FILE,
-    MAX_BODY,
-    Option("--models-refresh", _duration(1.0), "5m", "how often to re-read /v1/models (also on every vLLM restart)"),
-    *MODEL_OPTIONS,
-    *NVML_OPTIONS,
-    Option("--log-format", _choice("json", "console"), "json", "json (one object per line) or console"),
-    Option("--log-level", _choice("debug", "info", "warning", "error"), "info", "debug, info, warning or error"),
-)
-REPORT_OPTIONS = (
-    VLLM_URL,
-    TIMEOUT,
-    MAX_MODEL_LEN,
-    API_KEY_FILE,
-    MAX_BODY,
-    *MODEL_OPTIONS,
-    *NVML_OPTIONS,
-    Option("--format", _choice("text", "json"), "text", "text for people, json for scripts"),
-)
-
-
-def _add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
-    for opt in options:
-        default = f" (default {opt.default})" if opt.default is not None else ""
-        parser.add_argument(opt.flag, dest=opt.dest, default=None, help=f"{opt.help}{default}; env {opt.env}")
-
-
-def resolve(ns: argparse.Namespace, options: Sequence[Option], environ: dict[str, str]) -> dict[str, Any]:
-    """Flag, else environment twin, else default; each parsed and validated. Raises UsageError."""
-    values: dict[str, Any] = {}
-    for opt in options:
-        raw, where = getattr(ns, opt.dest), opt.flag
-        if raw is None and environ.get(opt.env, "") != "":
-            raw, where = environ[opt.env], f"{opt.env} (environment)"
-        if raw is None:
-            raw = opt.default
-        if raw is None:
-            values[opt.key or opt.dest] = None
-            continue
-        try:
-            values[opt.key or opt.dest] = opt.parse(raw)
-        except ValueError as err:
-            raise UsageError(f"{where}: {err}") from err
-    return values
-
-
-def _memory(text: str) -> int:
-    return parse_size(text)
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise ValueError(f"{text!r} is not in (0, 1]")
-    return value
-
-
-def _version(text: str) -> tuple[int, int, int]:
-    from vllm_capacity.sizing import parse_version
-
-    return parse_version(text)
-
-
-def _path(text: str) -> Path:
-    path = Path(text)
-    if not path.exists():
-        raise ValueError(f"{text} does not exist")
-    return path
-
-
-PLAN_OPTIONS = (
-    Option("--model-config", _path, None, "the model's config.json", "model_config_path"),
-    Option(
-        "--model-dir",
-        _path,
-        None,
-        "the model's directory: config.json and *.safetensors (weights from headers)",
-        "model_dir_path",
-    ),
-    Option("--tp", _positive_int, "1", "tensor-parallel size"),
-    Option("--pp", _positive_int, "1", "pipeline-parallel size"),
-    Option(
-        "--kv-cache-dtype",
-        _choice("auto", "bfloat16", "float16", "half", "float32", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "int8"),
-        "auto",
-        "KV cache dtype; auto follows the model's dtype",
-    ),
-    Option("--block-size", _positive_int, "16", "tokens per KV block (vLLM's CUDA default is 16)"),
-    Option("--max-model-len", _positive_int, None, "context length to plan for (default: max_position_embeddings)"),
-    Option("--vllm-version", _version, NEWEST_VERSION, "whose sizing rules to apply (e.g. 0.10.2)"),
-    Option("--engine", _choice("v0", "v1"), None, "v0 or v1 (default: v0 before 0.8, else v1)"),
-    Option(
-        "--max-num-batched-tokens",
-        _positive_int,
-        None,
-        "vLLM's --max-num-batched-tokens, which bounds sliding-window layers (default: vllm serve's for the GPU: "
-        "2048; 8192 from 70 GiB; 16384 from 160 GiB)",
-    ),
-    Option(
-        "--async-scheduling",
-        _choice("on", "off"),
-        "on",
-        "vLLM's async scheduling (off on its CPU backend): on doubles the in-flight tokens sliding windows keep",
-    ),
-    Option(
-        "--mamba-cache-mode",
-        _choice("auto", "none", "align"),
-        "auto",
-        "vLLM's --mamba-cache-mode (auto: as its default prefix caching picks: none before 0.28, align from 0.28)",
-    ),
-    Option(
-        "--mamba-ssm-cache-dtype",
-        _choice("auto", "float32", "bfloat16", "float16"),
-        "auto",
-        "vLLM's --mamba-ssm-cache-dtype (auto: the config's, else the model's dtype)",
-    ),
-    Option("--kv-cache-memory", _memory, None, "KV memory per GPU as vLLM logs it ('Available KV cache memory')"),
-    Option("--gpu-memory", _memory, None, "memory of one GPU (e.g. 80GiB), to plan from the whole budget"),
-    Option("--gpu-memory-utilization", _fraction, "0.9", "vLLM's --gpu-memory-utilization"),
-    Option("--weights-memory", _memory, None, "weights per GPU (default: from --model-dir's safetensors headers)"),
-    Option("--activation-memory", _memory, "0", "activation peak per GPU, from vLLM's profile"),
-    Option("--cuda-graph-memory", _memory, "0", "CUDA graph memory per GPU"),
-    Option("--format", _choice("text", "json"), "text", "text for people, json for scripts"),
-)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="vllm-capacity", description="KV-cache capacity and concurrency exporter for vLLM.")
-    parser.add_argument("--version", action="version", version=f"vllm-capacity {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    serve = sub.add_parser("serve", help="run the sidecar: scrape vLLM, serve /metrics")
-    _add(serve, SERVE_OPTIONS)
-    report = sub.add_parser("report", help="print one capacity snapshot of a vLLM server")
-    _add(report, REPORT_OPTIONS)
-    plan = sub.add_parser("plan", help="vLLM's capacity math offline, from a model's config.json")
-    _add(plan, PLAN_OPTIONS)
-    return parser
-
-
-def _agent_kwargs(values: dict[str, Any]) -> dict[str, Any]:
+def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
     """The model and log options, shared by serve and report."""
     from vllm_capacity.sources.vllm_log import LogFollower
 
-    if values["model_config"] is not None and values["model_dir"] is not None:
+    if values.model_config is not None and values.model_dir is not None:
         raise UsageError("give --model-config or --model-dir, not both")
     nvml = None
-    if values["nvml"] != "off":
+    if values.nvml != "off":
         from vllm_capacity.sources.nvml import NvmlSource, visible_selection
 
-        gpus = values["gpus"]
-        selection = None if gpus == "all" else gpus if gpus is not None else visible_selection(dict(os.environ))
-        nvml = NvmlSource(selection=selection, deadline=values["timeout"])
+        gpus = values.gpus
+        if isinstance(gpus, list):
+            selection: list[str] | None = gpus
+        else:  # "all", or by default the GPUs the container runtime made visible
+            selection = None if gpus == "all" else visible_selection(dict(os.environ))
+        nvml = NvmlSource(selection=selection, deadline=values.timeout)
     return {
-        "vllm_log": LogFollower(Path(values["vllm_log"])) if values["vllm_log"] else None,
-        "geometry": values["model_config"] or values["model_dir"],
-        "tp": values["tp"],
-        "pp": values["pp"],
+        "vllm_log": LogFollower(Path(values.vllm_log)) if values.vllm_log else None,
+        "geometry": values.model_config or values.model_dir,
+        "tp": values.tp,
+        "pp": values.pp,
         "nvml": nvml,
-        "nvml_required": values["nvml"] == "on",
+        "nvml_required": values.nvml == "on",
     }
 
 
-def _client(values: dict[str, Any]) -> Any:
+def _client(values: SourceConfig) -> Any:
     from vllm_capacity.sources.vllm import VllmClient
 
     return VllmClient(
-        values["vllm_url"],
-        timeout=values["timeout"],
-        max_body_bytes=values["max_body_size"],
-        api_key=values["api_key_file"],
+        values.vllm_url,
+        timeout=values.timeout,
+        max_body_bytes=values.max_body_size,
+        api_key=values.api_key_file,
     )
 
 
-async def _serve(values: dict[str, Any]) -> int:
+async def _serve(values: ServeConfig) -> int:
     import structlog
     from aiohttp import web
 
@@ -351,12 +80,12 @@ async def _serve(values: dict[str, Any]) -> int:
     client = _client(values)
     agent = Agent(
         client,
-        interval=values["interval"],
-        max_model_len_override=values["max_model_len"],
-        models_refresh=values["models_refresh"],
+        interval=values.interval,
+        max_model_len_override=values.max_model_len,
+        models_refresh=values.models_refresh,
         **kwargs,
     )
-    host, port = values["listen"]
+    host, port = values.listen
     runner = web.AppRunner(make_app(agent), access_log=None, handle_signals=False)
     await runner.setup()
     try:
@@ -374,9 +103,9 @@ async def _serve(values: dict[str, Any]) -> int:
         "serving",
         version=__version__,
         listen=f"{host}:{port}",
-        vllm_url=values["vllm_url"],
-        interval_seconds=values["interval"],
-        api_key="set" if values["api_key_file"] else "unset",
+        vllm_url=values.vllm_url,
+        interval_seconds=values.interval,
+        api_key="set" if values.api_key_file else "unset",
     )
     try:
         await agent.run(stop)
@@ -387,13 +116,13 @@ async def _serve(values: dict[str, Any]) -> int:
     return 0
 
 
-async def _report(values: dict[str, Any]) -> int:
+async def _report(values: ReportConfig) -> int:
     from vllm_capacity.agent import Agent
     from vllm_capacity.report import render_json, render_text
 
     kwargs = _agent_kwargs(values)
     client = _client(values)
-    agent = Agent(client, interval=1.0, max_model_len_override=values["max_model_len"], **kwargs)
+    agent = Agent(client, interval=1.0, max_model_len_override=values.max_model_len, **kwargs)
     try:
         snap = await agent.cycle()
     finally:
@@ -401,68 +130,89 @@ async def _report(values: dict[str, Any]) -> int:
     if not snap.up:
         status = agent.sources["vllm"]
         print(
-            f"vllm-capacity report: error: cannot read {values['vllm_url']}/metrics ({status.failing_reason})",
+            f"vllm-capacity report: error: cannot read {values.vllm_url}/metrics ({status.failing_reason})",
             file=sys.stderr,
         )
         return 1
-    render = render_json if values["format"] == "json" else render_text
-    sys.stdout.write(render(snap, values["vllm_url"]))
+    render = render_json if values.format == "json" else render_text
+    sys.stdout.write(render(snap, values.vllm_url))
     return 0
 
 
-def _plan(values: dict[str, Any]) -> int:
+def _plan(values: PlanConfig) -> int:
     from vllm_capacity import plan as planning
     from vllm_capacity import sizing
     from vllm_capacity.geometry import GeometryError
     from vllm_capacity.sources.model_config import load_config
 
-    if (values["model_config_path"] is None) == (values["model_dir_path"] is None):
+    if values.model_config_path is not None and values.model_dir_path is None:
+        config_path = values.model_config_path
+    elif values.model_dir_path is not None and values.model_config_path is None:
+        config_path = values.model_dir_path / "config.json"
+    else:
         raise UsageError("give one of --model-config or --model-dir")
-    if (values["kv_cache_memory"] is None) == (values["gpu_memory"] is None):
+    if (values.kv_cache_memory is None) == (values.gpu_memory is None):
         raise UsageError("give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)")
     try:
-        config = values["model_config_path"] or values["model_dir_path"] / "config.json"
-        geometry = load_config(config)
-        budget = None
-        if values["gpu_memory"] is not None:
-            try:
-                budget = planning.memory_budget(
-                    gpu_memory_bytes=values["gpu_memory"],
-                    gpu_memory_utilization=values["gpu_memory_utilization"],
-                    weights_bytes=values["weights_memory"],
-                    activation_bytes=values["activation_memory"],
-                    cuda_graph_bytes=values["cuda_graph_memory"],
-                    model_dir=values["model_dir_path"],
-                    tp=values["tp"],
-                    pp=values["pp"],
-                )
-            except planning.MissingInput as err:
-                raise UsageError(str(err)) from None
-        max_model_len = values["max_model_len"] or geometry.max_position_embeddings
-        if not max_model_len:
-            raise UsageError("config.json has no max_position_embeddings: give --max-model-len")
-        inputs = sizing.PlanInputs(
-            kv_cache_memory_bytes=values["kv_cache_memory"] if budget is None else budget.kv_cache_bytes,
-            max_model_len=max_model_len,
-            tp=values["tp"],
-            pp=values["pp"],
-            kv_cache_dtype=values["kv_cache_dtype"],
-            block_size=values["block_size"],
-            version=values["vllm_version"],
-            engine=values["engine"],
-            max_num_batched_tokens=values["max_num_batched_tokens"]
-            or sizing.default_max_num_batched_tokens(values["gpu_memory"]),
-            async_scheduling=values["async_scheduling"] == "on",
-            mamba_cache_mode=values["mamba_cache_mode"],
-            mamba_ssm_cache_dtype=values["mamba_ssm_cache_dtype"],
-        )
+        geometry = load_config(config_path)
+        budget = _plan_budget(values)
+        inputs = _plan_inputs(values, geometry, budget)
         result = sizing.plan(geometry, inputs)
     except (GeometryError, sizing.NotModelled, sizing.ImpossiblePlan, ValueError) as err:
         print(f"vllm-capacity plan: {type(err).__name__}: {err}", file=sys.stderr)
         return 1
-    render = planning.render_json if values["format"] == "json" else planning.render_text
+    render = planning.render_json if values.format == "json" else planning.render_text
     sys.stdout.write(render(result, geometry, inputs, budget))
     return 0
+
+
+def _plan_budget(values: PlanConfig) -> MemoryBudget | None:
+    """The GPU's memory budget with --gpu-memory; None when the KV memory is given directly."""
+    from vllm_capacity import plan as planning
+
+    if values.gpu_memory is None:
+        return None
+    try:
+        return planning.memory_budget(
+            gpu_memory_bytes=values.gpu_memory,
+            gpu_memory_utilization=values.gpu_memory_utilization,
+            weights_bytes=values.weights_memory,
+            activation_bytes=values.activation_memory,
+            cuda_graph_bytes=values.cuda_graph_memory,
+            model_dir=values.model_dir_path,
+            tp=values.tp,
+            pp=values.pp,
+        )
+    except planning.MissingInput as err:
+        raise UsageError(str(err)) from None
+
+
+def _plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | None) -> PlanInputs:
+    from vllm_capacity.sizing import PlanInputs, default_max_num_batched_tokens
+
+    max_model_len = values.max_model_len or geometry.max_position_embeddings
+    if not max_model_len:
+        raise UsageError("config.json has no max_position_embeddings: give --max-model-len")
+    if budget is not None:
+        kv_cache_memory = budget.kv_cache_bytes
+    elif values.kv_cache_memory is not None:
+        kv_cache_memory = values.kv_cache_memory
+    else:
+        raise UsageError("give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)")
+    return PlanInputs(
+        kv_cache_memory_bytes=kv_cache_memory,
+        max_model_len=max_model_len,
+        tp=values.tp,
+        pp=values.pp,
+        kv_cache_dtype=values.kv_cache_dtype,
+        block_size=values.block_size,
+        version=values.vllm_version,
+        engine=values.engine,
+        max_num_batched_tokens=values.max_num_batched_tokens or default_max_num_batched_tokens(values.gpu_memory),
+        async_scheduling=values.async_scheduling == "on",
+        mamba_cache_mode=values.mamba_cache_mode,
+        mamba_ssm_cache_dtype=values.mamba_ssm_cache_dtype,
+    )
 
 
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
@@ -470,18 +220,16 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
 
     parser = build_parser()
     ns = parser.parse_args(argv)
-    options = {"serve": SERVE_OPTIONS, "report": REPORT_OPTIONS, "plan": PLAN_OPTIONS}[ns.command]
     try:
-        values = resolve(ns, options, dict(os.environ if environ is None else environ))
-        if ns.command == "plan":
+        values = config(ns.command, ns, dict(os.environ if environ is None else environ))
+        if isinstance(values, PlanConfig):
             return _plan(values)
-        if ns.command == "serve":
-            _agent_kwargs(values)  # check the combination before anything starts
+        _agent_kwargs(values)  # check the combination before anything starts
     except UsageError as err:
         print(f"vllm-capacity {ns.command}: error: {err}", file=sys.stderr)
         return 2
-    if ns.command == "serve":
-        log.configure(values["log_format"], values["log_level"])
+    if isinstance(values, ServeConfig):
+        log.configure(values.log_format, values.log_level)
         return asyncio.run(_serve(values))
     log.configure("console", "error")  # a report prints its result; only errors go to stderr
     return asyncio.run(_report(values))
