@@ -150,6 +150,7 @@ class FakeNvml:
 
 
 def seed_gpu(vllm_pid: int = 4242) -> FakeGpu:
-    """The seed's GPU: ~22 GiB, vLLM holding 15.18 GiB weights + 4.31 GiB KV + 0.78 GiB graphs + 0.5 GiB context."""
+    """The worked example's GPU (an A10G, ~22 GiB): vLLM holding 15.18 GiB weights + 4.31 GiB KV + 0.78 GiB
+    graphs + 0.5 GiB context."""
     vllm = int((15.18 + 4.31 + 0.78 + 0.5) * GiB)
     return FakeGpu(uuid="GPU-5eed0000-0000-0000-0000-000000000000", used=vllm, processes=[(vllm_pid, vllm)])

@@ -26,12 +26,12 @@ CASES = {c["id"]: c for c in json.loads((CASES_DIR / "capacity-dev.json").read_t
 GEOMETRY = json.loads((CASES_DIR / "model-geometry.json").read_text())
 
 
-def test_seed_worked_example() -> None:
+def test_worked_example() -> None:
     """4.31 GiB / 208,625 tokens = 21.7 KiB per token; 208,625 / 32,768 = 6.37x."""
     per_token = 4.31 * GiB / 208_625  # what vLLM's two startup figures imply per token
     assert f"{per_token / 1024:.1f}" == "21.7"
     assert f"{208_625 / 32_768:.2f}" == "6.37"
-    # and the seed's "1K tokens ~ 21 MiB, 8K ~ 173 MiB, 32K ~ 693 MiB"
+    # and the worked example's "1K tokens ~ 21 MiB, 8K ~ 173 MiB, 32K ~ 693 MiB"
     assert [round(per_token * n / 2**20) for n in (1000, 8000, 32000)] == [21, 169, 677]
 
 

@@ -9,8 +9,9 @@ from vllm_capacity.sources.model_config import parse_config
 from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_LEGACY, parse_metrics
 
 
-def test_seed_worked_example() -> None:
-    """The seed: 208,625 tokens at max_model_len 32,768 is vLLM's 'Maximum concurrency ... 6.37x'."""
+def test_worked_example() -> None:
+    """The worked example (a 22 GiB GPU, 4.31 GiB of KV cache): 208,625 tokens at max_model_len 32,768 is
+    vLLM's 'Maximum concurrency ... 6.37x'."""
     (e,) = derive.derive_all(parse_metrics(fixture_text("v1-0.24-seed.prom")), {"gemma-12b": 32768}, None)
     assert e.capacity_tokens == 208625
     assert round(e.max_concurrency, 2) == 6.37

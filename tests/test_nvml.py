@@ -62,8 +62,8 @@ def _components(text: str, gpu: str = "0") -> dict[str, float]:
     }
 
 
-async def test_seed_gpu_budget(fake_vllm: FakeVllm, tmp_path) -> None:
-    """The seed's picture: ~22 GiB; weights 15.18, KV cache 4.31, graphs 0.78 (+ CUDA context) in vLLM's runtime."""
+async def test_worked_example_gpu_budget(fake_vllm: FakeVllm, tmp_path) -> None:
+    """The worked example's GPU: ~22 GiB; weights 15.18, KV 4.31, graphs 0.78 (+ CUDA context) in vLLM's runtime."""
     agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([seed_gpu()])), {4242})
     await agent.cycle()
     text = render(agent)

@@ -117,7 +117,7 @@ _COMPONENT_NAMES = {
 
 
 def gpu_picture(snap: Snapshot) -> list[str]:
-    """Each GPU's memory as the seed draws it: a stack of what holds it, with the budget line."""
+    """Each GPU's memory as a stack of what holds it, with vLLM's budget line."""
     lines: list[str] = []
     for g in snap.gpus:
         budget = snap.gpu_budgets.get(g.index)

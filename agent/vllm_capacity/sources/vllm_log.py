@@ -95,7 +95,7 @@ class EngineFigures:
 
     @property
     def kv_bytes_per_token(self) -> float | None:
-        """'Available KV cache memory' / 'KV cache size' tokens: the seed's 21.7 KiB figure."""
+        """'Available KV cache memory' / 'KV cache size' tokens (4.31 GiB / 208,625 = 21.7 KiB, say)."""
         if not self.kv_cache_memory_bytes or not self.kv_cache_tokens:
             return None
         return self.kv_cache_memory_bytes * self._override_share / self.kv_cache_tokens
