@@ -21,6 +21,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_capacity.sources import Reason, SourceError
@@ -176,6 +177,25 @@ def filter_wanted(text: str) -> str:
 
 def parse_metrics(text: str) -> VllmMetrics:
     """Parse a vLLM /metrics body. Raises :class:`SourceError` when it is not a (whole) vLLM exposition."""
+    _check_body(text)
+    try:
+        families = list(text_string_to_metric_families(filter_wanted(text)))
+    except (ValueError, TypeError, IndexError) as err:
+        raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not valid Prometheus text: {err}") from err
+    scan = _Scan()
+    for family in families:
+        scan.add(family)
+    return VllmMetrics(
+        schema=scan.schema(),
+        engines=scan.engines(),
+        dp_engines=max(1, len(scan.cache_configs)),
+        process_start_time_seconds=scan.process_start,
+        itl_metric=next((n for n in PRESENCE_ONLY if n in scan.latency_families), None),
+    )
+
+
+def _check_body(text: str) -> None:
+    """Refuse what is not a whole vLLM exposition before parsing it, each with its reason."""
     if not text.strip():
         raise SourceError(Reason.EMPTY_BODY, "vLLM /metrics returned an empty body")
     head = text.lstrip()[:200].lower()
@@ -187,84 +207,74 @@ def parse_metrics(text: str) -> VllmMetrics:
         raise SourceError(Reason.TRUNCATED, "vLLM /metrics body does not end with a newline: truncated")
     if "vllm:" not in text:
         raise SourceError(Reason.NOT_VLLM, "the /metrics body has no vllm: metric at all: is --vllm-url a vLLM server?")
-    try:
-        families = list(text_string_to_metric_families(filter_wanted(text)))
-    except (ValueError, TypeError, IndexError) as err:
-        raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not valid Prometheus text: {err}") from err
 
-    values: dict[tuple[str, str], dict[str, object]] = {}
-    cache_configs: dict[str, CacheConfig] = {}
-    running_help = ""
-    has_engine_label = False
-    seen: set[str] = set()
+
+EngineSlot = tuple[str, str]  # (model_name, engine)
+
+
+@dataclass
+class _Scan:
+    """What the wanted families say, gathered sample by sample."""
+
+    values: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)
+    waiting_by_reason: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)
+    cache_configs: dict[str, CacheConfig] = field(default_factory=dict)
+    seen: set[str] = field(default_factory=set)
+    latency_families: set[str] = field(default_factory=set)
+    running_help: str = ""
+    has_engine_label: bool = False
     process_start: float | None = None
 
-    latency_families: set[str] = set()
-    for family in families:
+    def add(self, family: Metric) -> None:
         if family.name in PRESENCE_ONLY:
-            latency_families.add(family.name)
+            self.latency_families.add(family.name)
         if family.name == RUNNING:
-            running_help = family.documentation
+            self.running_help = family.documentation
         for sample in family.samples:
             name, labels, value = sample.name, sample.labels, sample.value
             if name not in WANTED or not math.isfinite(value):
                 continue
-            seen.add(name)
+            self.seen.add(name)
             if name == PROCESS_START:
-                process_start = value
-                continue
-            if name == CACHE_CONFIG:
-                engine = labels.get("engine", "0")
-                cache_configs[engine] = CacheConfig(
+                self.process_start = value
+            elif name == CACHE_CONFIG:
+                self.cache_configs[labels.get("engine", "0")] = CacheConfig(
                     {k: v for k, v in labels.items() if k != "engine" and v not in ("None", "")}
                 )
-                continue
-            if name not in _PER_ENGINE:
-                continue
-            if "engine" in labels:
-                has_engine_label = True
-            key = (labels.get("model_name", ""), labels.get("engine", "0"))
-            slot = values.setdefault(key, {"waiting_by_reason": {}})
-            if name == WAITING_BY_REASON:
-                reasons = slot["waiting_by_reason"]
-                assert isinstance(reasons, dict)
-                reasons[labels.get("reason", "")] = value
-            else:
-                slot[name] = value
+            elif name in _PER_ENGINE:
+                self.has_engine_label |= "engine" in labels
+                key = (labels.get("model_name", ""), labels.get("engine", "0"))
+                slot = self.values.setdefault(key, {})
+                if name == WAITING_BY_REASON:
+                    self.waiting_by_reason.setdefault(key, {})[labels.get("reason", "")] = value
+                else:
+                    slot[name] = value
 
-    is_v1 = has_engine_label or running_help.startswith(_V1_RUNNING_HELP) or KV_USAGE in seen
-    shared_config = cache_configs.get("0") if len(cache_configs) == 1 else None
-    engines = []
-    for (model_name, engine), slot in sorted(values.items()):
-        usage = slot.get(KV_USAGE, slot.get(GPU_CACHE_USAGE))
-        engines.append(
+    def engines(self) -> tuple[EngineMetrics, ...]:
+        # cache_config_info without an engine label (V0, V1 0.8.x) applies to every engine
+        shared_config = self.cache_configs.get("0") if len(self.cache_configs) == 1 else None
+        return tuple(
             EngineMetrics(
                 model_name=model_name,
                 engine=engine,
-                kv_cache_usage=usage,  # type: ignore[arg-type]
-                running=slot.get(RUNNING),  # type: ignore[arg-type]
-                waiting=slot.get(WAITING),  # type: ignore[arg-type]
-                waiting_by_reason=slot["waiting_by_reason"],  # type: ignore[arg-type]
-                swapped=slot.get(SWAPPED),  # type: ignore[arg-type]
-                preemptions_total=slot.get(PREEMPTIONS),  # type: ignore[arg-type]
-                generation_tokens_total=slot.get(GENERATION_TOKENS),  # type: ignore[arg-type]
-                # cache_config_info without an engine label (V0, V1 0.8.x) applies to every engine.
-                cache_config=cache_configs.get(engine, shared_config),
+                kv_cache_usage=slot.get(KV_USAGE, slot.get(GPU_CACHE_USAGE)),
+                running=slot.get(RUNNING),
+                waiting=slot.get(WAITING),
+                waiting_by_reason=self.waiting_by_reason.get((model_name, engine), {}),
+                swapped=slot.get(SWAPPED),
+                preemptions_total=slot.get(PREEMPTIONS),
+                generation_tokens_total=slot.get(GENERATION_TOKENS),
+                cache_config=self.cache_configs.get(engine, shared_config),
             )
+            for (model_name, engine), slot in sorted(self.values.items())
         )
 
-    if not is_v1:
-        schema = SCHEMA_V0
-    elif KV_USAGE not in seen:
-        schema = SCHEMA_V1_LEGACY
-    elif any(c.kv_cache_size_tokens is not None for c in cache_configs.values()):
-        schema = SCHEMA_V1_CAPACITY
-    else:
-        schema = SCHEMA_V1
-    return VllmMetrics(
-        schema=schema,
-        engines=tuple(engines),
-        dp_engines=max(1, len(cache_configs)),
-        process_start_time_seconds=process_start,
-        itl_metric=next((n for n in PRESENCE_ONLY if n in latency_families), None),
-    )
+    def schema(self) -> str:
+        is_v1 = self.has_engine_label or self.running_help.startswith(_V1_RUNNING_HELP) or KV_USAGE in self.seen
+        if not is_v1:
+            return SCHEMA_V0
+        if KV_USAGE not in self.seen:
+            return SCHEMA_V1_LEGACY
+        if any(c.kv_cache_size_tokens is not None for c in self.cache_configs.values()):
+            return SCHEMA_V1_CAPACITY
+        return SCHEMA_V1
