@@ -4,6 +4,9 @@ Isolation: every source is read under its own deadline and its own ``try``; a fa
 ``source_up`` to 0, counts the failure by reason, logs the cause once (and once more when it recovers), and never
 stops the loop or the other sources. When vLLM's /metrics cannot be read, the snapshot loses every derived series
 at once (``vllm_capacity_up`` 0): nothing stale is served as current.
+
+Over 300 lines for a reason: one cycle's bookkeeping (source status, backoff, restart detection, counters carried
+across restarts, what is logged when) reads as one story, and each piece is a short method of the one class.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Capacity derivations: plain functions over plain data, no I/O.
 
 Every formula here follows where vLLM defines it (``vllm/v1/core/kv_cache_utils.py``, ``vllm/v1/metrics/loggers.py``;
-the formulas are tabled in ``docs/metrics.md``). A value
-that cannot be known is ``None``, never 0: the exposition drops ``None`` series instead of exporting a wrong number.
+the formulas are tabled in ``docs/metrics.md``). A value that cannot be known is ``None``, never 0: the exposition
+drops ``None`` series instead of exporting a wrong number. Over 300 lines for a reason: every per-engine formula
+sits beside the others, each a few lines, with the table below as their index.
 
 Per engine (``model_name``, ``engine``):
 
@@ -230,25 +231,9 @@ def derive_engine(
     version: str | None = None,
 ) -> EngineCapacity:
     cc = m.cache_config
-    engine, rules_version = sizing_rules(schema, version)
     block_size = cc.block_size if cc else None
-    blocks = blocks_per_engine(cc.num_gpu_blocks if cc else None, dp_engines, schema)
-    if blocks is None and startup is not None:
-        blocks = startup.num_gpu_blocks
-    cap = capacity_tokens(cc.kv_cache_size_tokens if cc else None, blocks, block_size)
-    if cap is None and startup is not None:
-        cap = startup.kv_cache_tokens  # V1 0.8.x: only the log says it
+    blocks, cap, max_conc = _cache_size(m, schema, dp_engines, max_model_len, startup, version)
     used = used_tokens(m.kv_cache_usage, cap)
-    max_conc = max_concurrency_at_max_model_len(
-        reported=cc.kv_cache_max_concurrency if cc else None,
-        blocks=blocks,
-        block_size=block_size,
-        max_model_len=max_model_len,
-        engine=engine,
-        version=rules_version,
-    )
-    if max_conc is None and startup is not None and startup.max_model_len == max_model_len:
-        max_conc = startup.max_concurrency
     overridden = cc is not None and cc.num_gpu_blocks_override is not None
     pool = startup.kv_pool_bytes if startup is not None else None
     if pool is None and cc is not None and not overridden:
@@ -283,6 +268,38 @@ def derive_engine(
         activation_peak_bytes=startup.activation_peak_bytes if startup is not None else None,
         cache_info=dict(cc.labels) if cc else {},
     )
+
+
+def _cache_size(
+    m: EngineMetrics,
+    schema: str,
+    dp_engines: int,
+    max_model_len: int | None,
+    startup: EngineFigures | None,
+    version: str | None,
+) -> tuple[int | None, int | None, float | None]:
+    """The engine's blocks, capacity in tokens and maximum concurrency at max_model_len: from vLLM's metrics,
+    else from its startup log (V1 0.8.x reports no block count)."""
+    cc = m.cache_config
+    block_size = cc.block_size if cc else None
+    blocks = blocks_per_engine(cc.num_gpu_blocks if cc else None, dp_engines, schema)
+    if blocks is None and startup is not None:
+        blocks = startup.num_gpu_blocks
+    cap = capacity_tokens(cc.kv_cache_size_tokens if cc else None, blocks, block_size)
+    if cap is None and startup is not None:
+        cap = startup.kv_cache_tokens  # V1 0.8.x: only the log says it
+    engine, rules_version = sizing_rules(schema, version)
+    max_conc = max_concurrency_at_max_model_len(
+        reported=cc.kv_cache_max_concurrency if cc else None,
+        blocks=blocks,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        engine=engine,
+        version=rules_version,
+    )
+    if max_conc is None and startup is not None and startup.max_model_len == max_model_len:
+        max_conc = startup.max_concurrency
+    return blocks, cap, max_conc
 
 
 def max_model_len_from_cache_config(m: EngineMetrics) -> int | None:

@@ -3,7 +3,8 @@ per-engine metrics, how each series' value is read from the engine's record.
 
 This table is the contract that dashboards, alerts and users rely on; the table in docs/metrics.md is checked
 against it by the test suite. Exposition (:mod:`vllm_capacity.exposition`) refuses names that are not here, and
-emits every per-engine metric by looping over this table: adding one is a row here plus its derivation.
+emits every per-engine metric by looping over this table: adding one is a row here plus its derivation. As long as
+the catalogue is, one row per metric.
 """
 
 from __future__ import annotations
