@@ -32,7 +32,7 @@ def test_current_v1_capture() -> None:
     assert (cc.block_size, cc.num_gpu_blocks, cc.kv_cache_size_tokens) == (128, 32, 4096)
     assert cc.kv_cache_max_concurrency == 4.0
     assert cc.num_gpu_blocks_override == 32
-    assert cc.enable_prefix_caching is True
+    assert cc.labels["enable_prefix_caching"] == "True"
     assert cc.cache_dtype == "auto"
     assert "num_cpu_blocks" not in cc.labels  # "None" means unset: dropped
     assert m.process_start_time_seconds is not None

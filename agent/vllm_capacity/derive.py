@@ -49,9 +49,6 @@ from vllm_capacity.sources.vllm_parse import (
     VllmMetrics,
 )
 
-BASIS_MAX_MODEL_LEN = "max_model_len"
-BASIS_OBSERVED = "observed_context"
-
 
 def blocks_per_engine(num_gpu_blocks: int | None, dp_engines: int, schema: str) -> int | None:
     """Per-engine KV blocks. V1 reports the sum over its data-parallel engines; V0 has no data parallelism."""

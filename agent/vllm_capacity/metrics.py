@@ -55,6 +55,10 @@ def _m(
     return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info, engine_values)
 
 
+# values of the basis label of max_concurrency and concurrency_utilization_ratio
+BASIS_MAX_MODEL_LEN = "max_model_len"  # requests of max_model_len tokens: vLLM's "Maximum concurrency" figure
+BASIS_OBSERVED = "observed_context"  # requests of the mean context of the running ones
+
 E = ENGINE_LABELS
 G = GPU_LABELS
 SPECS: tuple[MetricSpec, ...] = (
@@ -156,8 +160,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "Requests whose KV cache fits at once. basis=max_model_len: vLLM's 'Maximum concurrency' figure; "
         "basis=observed_context: capacity / mean context of running requests.",
         by=(
-            ("max_model_len", lambda e: e.max_concurrency),
-            ("observed_context", lambda e: e.max_concurrency_observed),
+            (BASIS_MAX_MODEL_LEN, lambda e: e.max_concurrency),
+            (BASIS_OBSERVED, lambda e: e.max_concurrency_observed),
         ),
     ),
     _m(
@@ -166,8 +170,8 @@ SPECS: tuple[MetricSpec, ...] = (
         (*E, "basis"),
         "Running requests / max_concurrency of the same basis (above 1 at max_model_len when requests are short).",
         by=(
-            ("max_model_len", lambda e: e.concurrency_utilization),
-            ("observed_context", lambda e: e.concurrency_utilization_observed),
+            (BASIS_MAX_MODEL_LEN, lambda e: e.concurrency_utilization),
+            (BASIS_OBSERVED, lambda e: e.concurrency_utilization_observed),
         ),
     ),
     _m(

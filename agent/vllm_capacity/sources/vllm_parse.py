@@ -89,10 +89,6 @@ def _label_float(labels: Mapping[str, str], key: str) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def _label_bool(labels: Mapping[str, str], key: str) -> bool | None:
-    return {"True": True, "False": False, "true": True, "false": False}.get(labels.get(key, ""))
-
-
 @dataclass(frozen=True)
 class CacheConfig:
     """``vllm:cache_config_info`` of one engine. ``labels`` holds every label except ``engine``, ``"None"`` dropped."""
@@ -127,10 +123,6 @@ class CacheConfig:
     @property
     def gpu_memory_utilization(self) -> float | None:
         return _label_float(self.labels, "gpu_memory_utilization")
-
-    @property
-    def enable_prefix_caching(self) -> bool | None:
-        return _label_bool(self.labels, "enable_prefix_caching")
 
     @property
     def cache_dtype(self) -> str | None:
