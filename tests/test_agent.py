@@ -241,7 +241,7 @@ async def test_log_source_failures_leave_vllm_metrics_flowing(fake_vllm: FakeVll
     log.write_text((VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log").read_text())
     snap = await agent.cycle()
     assert agent.sources["vllm_log"].up is True
-    assert snap.engines[0].kv_bytes_per_token_log == 512
+    assert snap.engines[0].kv_bytes_per_token_startup_log == 512
     await vllm.aclose()
 
 

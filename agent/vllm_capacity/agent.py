@@ -76,7 +76,7 @@ class Agent:
         self.models_refresh = models_refresh
         self.clock = clock
         self.monotonic = monotonic
-        self.log = structlog.get_logger("vllm_capacity")
+        self.logger = structlog.get_logger("vllm_capacity")
         self.snapshot = Snapshot()
         self.sources: dict[str, SourceStatus] = {SOURCE_VLLM: SourceStatus(), SOURCE_MODELS: SourceStatus()}
         self.vllm_log = vllm_log
@@ -106,7 +106,7 @@ class Agent:
     def _ok(self, source: str, duration: float) -> None:
         status = self.sources[source]
         if status.failing_reason is not None:
-            self.log.info("source_recovered", source=source, after=status.failing_reason)
+            self.logger.info("source_recovered", source=source, after=status.failing_reason)
         status.up, status.duration_seconds, status.failing_reason = True, duration, None
 
     def _fail(self, source: str, err: SourceError, duration: float, *, expected: bool = False) -> None:
@@ -114,8 +114,8 @@ class Agent:
         status = self.sources[source]
         self.errors[(source, err.reason)] += 1
         if status.failing_reason != err.reason:
-            log = self.log.info if expected else self.log.warning
-            log("source_failed", source=source, reason=err.reason, error=str(err))
+            emit = self.logger.info if expected else self.logger.warning
+            emit("source_failed", source=source, reason=err.reason, error=str(err))
         status.up, status.duration_seconds, status.failing_reason = False, duration, err.reason
 
     def _restarted(self, metrics: VllmMetrics) -> bool:
@@ -213,17 +213,17 @@ class Agent:
 
     def _check_agreement(self, engines: tuple[EngineCapacity, ...]) -> None:
         for e in engines:
-            model, log = e.kv_bytes_per_token_model, e.kv_bytes_per_token_log
-            if model is None or log is None or abs(model - log) <= DISAGREEMENT * model:
+            model, logged = e.kv_bytes_per_token_model_config, e.kv_bytes_per_token_startup_log
+            if model is None or logged is None or abs(model - logged) <= DISAGREEMENT * model:
                 continue
             key = (e.model_name, e.engine)
             if key not in self._disagreements_logged:
                 self._disagreements_logged.add(key)
-                self.log.warning(
+                self.logger.warning(
                     "bytes_per_token_disagree",
                     engine=f"{e.model_name}/{e.engine}",
                     model_config=round(model, 1),
-                    startup_log=round(log, 1),
+                    startup_log=round(logged, 1),
                     hint="--tp/--pp or the model config may not match the server (or a draft model shares the pool)",
                 )
 
@@ -244,7 +244,7 @@ class Agent:
         was_down = self._last_metrics is None
         restarted = self._restarted(metrics)
         if restarted:
-            self.log.info("vllm_restarted", reason="process start time, counter reset or cache config changed")
+            self.logger.info("vllm_restarted", reason="process start time, counter reset or cache config changed")
             self._models = None
         if restarted or was_down or self.monotonic() - self._models_fetched_at >= self.models_refresh:
             await self._refresh_models()
@@ -315,7 +315,7 @@ class Agent:
         if summary == self._announced:
             return
         self._announced = summary
-        self.log.info(
+        self.logger.info(
             "vllm_discovered",
             schema=metrics.schema,
             version=self._version,
@@ -324,17 +324,17 @@ class Agent:
             max_model_len=[e.max_model_len for e in engines],
         )
         if not engines:
-            self.log.warning("capacity_unknown", why="no per-engine vllm: gauge (num_requests_running, ...) found")
+            self.logger.warning("capacity_unknown", why="no per-engine vllm: gauge (num_requests_running, ...) found")
         for e in engines:
             if e.capacity_tokens is None:
-                self.log.warning(
+                self.logger.warning(
                     "capacity_unknown",
                     engine=f"{e.model_name}/{e.engine}",
                     why="vllm:cache_config_info has neither kv_cache_size_tokens nor num_gpu_blocks and block_size "
                     "(vLLM 0.8.x reports num_gpu_blocks=None)",
                 )
             if e.max_model_len is None:
-                self.log.warning(
+                self.logger.warning(
                     "max_model_len_unknown",
                     engine=f"{e.model_name}/{e.engine}",
                     why="/v1/models gave none; set --max-model-len",
@@ -347,7 +347,7 @@ class Agent:
             try:
                 await self.cycle()
             except Exception:  # a bug must not kill the sidecar: log it, keep serving, try again
-                self.log.exception("cycle_crashed")
+                self.logger.exception("cycle_crashed")
                 self.snapshot = Snapshot(up=False, timestamp=self.snapshot.timestamp)
             delay = max(0.0, self.interval - (self.monotonic() - started))
             with contextlib.suppress(TimeoutError):

@@ -187,8 +187,8 @@ class EngineCapacity:
     waiting_for_capacity: float | None
     swapped: float | None
     kv_bytes_per_token_cache_config: float | None  # kv_cache_memory_bytes / capacity
-    kv_bytes_per_token_log: float | None = None  # method startup_log
-    kv_bytes_per_token_model: float | None = None  # method model_config
+    kv_bytes_per_token_startup_log: float | None = None  # method startup_log
+    kv_bytes_per_token_model_config: float | None = None  # method model_config
     kv_pool_bytes: float | None = None
     weights_bytes: float | None = None
     cuda_graph_bytes: float | None = None
@@ -257,8 +257,8 @@ def derive_engine(
         waiting_for_capacity=m.waiting_for_capacity,
         swapped=m.swapped,
         kv_bytes_per_token_cache_config=kv_bytes_per_token(cc.kv_cache_memory_bytes if cc else None, cap, overridden),
-        kv_bytes_per_token_log=startup.kv_bytes_per_token if startup is not None else None,
-        kv_bytes_per_token_model=model_kv_bytes_per_token(geometry, cc.cache_dtype if cc else None, tp, pp),
+        kv_bytes_per_token_startup_log=startup.kv_bytes_per_token if startup is not None else None,
+        kv_bytes_per_token_model_config=model_kv_bytes_per_token(geometry, cc.cache_dtype if cc else None, tp, pp),
         kv_pool_bytes=pool,
         weights_bytes=startup.weights_bytes if startup is not None else None,
         cuda_graph_bytes=startup.cuda_graph_bytes if startup is not None else None,

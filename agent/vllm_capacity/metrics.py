@@ -114,8 +114,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "startup_log: the log's KV memory / KV tokens; model_config: from config.json geometry, TP and KV dtype.",
         by=(
             ("cache_config", lambda e: e.kv_bytes_per_token_cache_config),
-            ("startup_log", lambda e: e.kv_bytes_per_token_log),
-            ("model_config", lambda e: e.kv_bytes_per_token_model),
+            ("startup_log", lambda e: e.kv_bytes_per_token_startup_log),
+            ("model_config", lambda e: e.kv_bytes_per_token_model_config),
         ),
     ),
     _m(

@@ -25,8 +25,8 @@ def _pct(value: float | None) -> str:
 def _bytes_per_token_lines(e: EngineCapacity) -> list[str]:
     methods = [
         ("cache_config", e.kv_bytes_per_token_cache_config, "kv_cache_memory_bytes / capacity"),
-        ("startup_log", e.kv_bytes_per_token_log, "the log's KV memory / KV tokens"),
-        ("model_config", e.kv_bytes_per_token_model, "config.json geometry"),
+        ("startup_log", e.kv_bytes_per_token_startup_log, "the log's KV memory / KV tokens"),
+        ("model_config", e.kv_bytes_per_token_model_config, "config.json geometry"),
     ]
     known = [(m, v, how) for m, v, how in methods if v is not None]
     if not known:
@@ -51,7 +51,11 @@ def _best_bytes_per_token(e: EngineCapacity) -> float | None:
     return next(
         (
             v
-            for v in (e.kv_bytes_per_token_log, e.kv_bytes_per_token_cache_config, e.kv_bytes_per_token_model)
+            for v in (
+                e.kv_bytes_per_token_startup_log,
+                e.kv_bytes_per_token_cache_config,
+                e.kv_bytes_per_token_model_config,
+            )
             if v is not None
         ),
         None,
@@ -161,6 +165,8 @@ JSON_NAMES = {
     "kv_bytes_per_token_cache_config": "kv_bytes_per_token",
     "concurrency_utilization": "utilization",
     "concurrency_utilization_observed": "utilization_observed",
+    "kv_bytes_per_token_startup_log": "kv_bytes_per_token_log",
+    "kv_bytes_per_token_model_config": "kv_bytes_per_token_model",
 }
 
 
