@@ -284,6 +284,10 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     _, resolved_at, _ = hook.wait("VLLMKVCacheSaturated", "resolved", timeout=120)
     print(f"VLLMKVCacheSaturated resolved {resolved_at - paged_at:.1f} s after it paged, once the load stopped")
 
+    # the fleet recording rules are evaluated every 30 s (their group's interval, as shipped): wait for one evaluation
+    # while vLLM is up, or a quick page-and-resolve can leave the fleet dashboard's queries without any data
+    _wait_for_data(prom, "namespace_model_name:vllm_capacity_replicas:count", timeout=60)
+
     killed_at = time.monotonic()
     vllm.stop(signal.SIGKILL)
     path, down_at, alert = hook.wait("VLLMTargetDown", "firing", timeout=60)
