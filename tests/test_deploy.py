@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -150,6 +151,38 @@ def test_prometheus_rule_passes_promtool(tmp_path: Path) -> None:
     result = subprocess.run([shutil.which("promtool"), "check", "rules", str(path)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("SUCCESS") == 1
+
+
+# The sidecar's endpoints whose answer never follows vLLM (tests/test_agent.py: /readyz is 200 while vLLM is down).
+# A native sidecar's readiness counts towards the pod's: a probe tied to vLLM would let a scrape problem take vLLM
+# out of its Service.
+PROBE_PATHS = {"/healthz", "/readyz"}
+
+
+def _assert_probes_never_follow_vllm(container: dict) -> None:
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        if probe in container:
+            assert container[probe]["httpGet"]["path"] in PROBE_PATHS, f"{container['name']} {probe}"
+
+
+def _sidecars(docs: list[dict]) -> list[dict]:
+    return [
+        c
+        for d in docs
+        if d.get("kind") == "Deployment"
+        for c in d["spec"]["template"]["spec"].get("initContainers", [])
+        if c["name"] == "vllm-capacity"
+    ]
+
+
+def test_no_shipped_sidecar_probe_depends_on_vllm(tmp_path: Path) -> None:
+    example = _sidecars(kustomize(K8S / "example"))
+    overlay = _sidecars(kustomize(_overlay(tmp_path / "overlay", "vllm-capacity-sidecar")))
+    assert example and overlay
+    for sidecar in example + overlay:
+        _assert_probes_never_follow_vllm(sidecar)
+    notes = (ROOT / "deploy" / "helm" / "vllm-capacity" / "templates" / "NOTES.txt").read_text()
+    assert set(re.findall(r"path: (/\w+)", notes)) <= PROBE_PATHS, "the chart's sidecar snippet"
 
 
 def test_sidecar_patch_on_a_plain_deployment(tmp_path: Path) -> None:
@@ -319,6 +352,7 @@ def test_production_stack_post_renderer() -> None:
     patched = docs["vllm-llama3-deployment-vllm"]["spec"]["template"]["spec"]
     assert [c["name"] for c in patched["initContainers"]] == ["vllm-capacity"]
     assert patched["initContainers"][0]["restartPolicy"] == "Always"
+    _assert_probes_never_follow_vllm(patched["initContainers"][0])
     assert "initContainers" not in docs["vllm-deployment-router"]["spec"]["template"]["spec"]
 
 

@@ -93,7 +93,9 @@ class Agent:
         if nvml is not None:
             self.sources[SOURCE_NVML] = SourceStatus()
         self.errors: Counter[tuple[str, str]] = Counter()
-        self.ready = False  # latched once a cycle has succeeded
+        # latched once the first cycle has finished, whatever it found: the sidecar then serves a true view (vLLM
+        # down is vllm_capacity_up 0). Readiness never follows vLLM: a native sidecar's readiness is the pod's.
+        self.ready = False
         self._models: ModelsInfo | None = None
         self._version: str | None = None
         self._models_fetched_at = -float("inf")
@@ -238,6 +240,7 @@ class Agent:
                 up=False, timestamp=self.snapshot.timestamp, gpus=self._gpus, gpu_budgets=self._budgets((), None)
             )
             self._models_fetched_at = -float("inf")
+            self.ready = True
             return self.snapshot
         self._ok(SOURCE_VLLM, took)
 
@@ -349,6 +352,7 @@ class Agent:
             except Exception:  # a bug must not kill the sidecar: log it, keep serving, try again
                 self.logger.exception("cycle_crashed")
                 self.snapshot = Snapshot(up=False, timestamp=self.snapshot.timestamp)
+                self.ready = True
             delay = max(0.0, self.interval - (self.monotonic() - started))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)

@@ -23,9 +23,12 @@ def make_app(agent: Agent, *, process_metrics: bool = True) -> web.Application:
         return web.Response(text="ok\n")
 
     async def readyz(_: web.Request) -> web.Response:
+        # Readiness of the sidecar itself: its first cycle has finished, so /metrics tells the truth (vLLM down is
+        # vllm_capacity_up 0, a metric and an alert). Never tied to vLLM: a native sidecar's readiness is the pod's,
+        # and a scrape problem must not take vLLM out of its Service.
         if agent.ready:
             return web.Response(text="ready\n")
-        return web.Response(status=503, text="not ready: no successful scrape of vLLM yet\n")
+        return web.Response(status=503, text="not ready: the first read of vLLM has not finished yet\n")
 
     async def landing(_: web.Request) -> web.Response:
         url = html.escape(agent.client.base_url)
