@@ -220,7 +220,9 @@ async def test_a_crashing_cycle_does_not_kill_the_loop(h: Harness, monkeypatch: 
     with structlog.testing.capture_logs() as logs:
         await asyncio.wait_for(h.agent.run(stop), timeout=10)
     assert calls == 3  # the loop went on after each crash, and stopped when told
-    assert [e["event"] for e in logs].count("cycle_crashed") == 3
+    assert [e["event"] for e in logs].count("cycle_crashed") == 1  # one cause, logged once
+    assert h.agent.errors[("agent", "internal")] == 3  # and counted every time
+    assert value(await h.scrape(), "vllm_capacity_source_errors_total", source="agent", reason="internal") == 3
     assert not h.agent.snapshot.up
     assert (await h.http.get("/healthz")).status == 200
     assert (await h.http.get("/readyz")).status == 200  # serving up 0 is the truth: the pod stays ready
@@ -289,3 +291,31 @@ async def test_v1_0_8_capacity_comes_from_the_log(fake_vllm: FakeVllm, tmp_path)
     assert e.max_concurrency == 13.79
     assert e.used_tokens == 0.125 * 452000
     await vllm.aclose()
+
+
+async def test_no_secret_reaches_a_log_line_an_endpoint_or_an_error(fake_vllm: FakeVllm) -> None:
+    """A password in --vllm-url and an API key that cannot go into a header (a UTF-8 byte-order mark before it, as a
+    key file saved by some editors gave; the command line now refuses such a file): neither appears in any log
+    line, error message, /metrics or the landing page, through a failing /metrics, a /v1/models that cannot be
+    asked, and a recovery. The unsendable key is a named, counted failure, not a crashed cycle."""
+    password, key = "pw-very-secret", "\ufeffsk-secret"
+    url = fake_vllm.url.replace("http://", f"http://scraper:{password}@")
+    client = VllmClient(url, timeout=10, api_key=key)
+    agent = Agent(client, interval=0.1)
+    seen: list[str] = []
+    async with TestClient(TestServer(make_app(agent))) as http:
+        with structlog.testing.capture_logs() as logs:
+            fake_vllm.status = 500
+            await agent.cycle()
+            seen.append(await (await http.get("/")).text())
+            fake_vllm.status = 200
+            await agent.cycle()  # /metrics answers; /v1/models cannot even be asked with that key
+            seen.append(await (await http.get("/metrics")).text())
+            seen.append(await (await http.get("/")).text())
+    await client.aclose()
+    seen += [repr(e) for e in logs]
+    assert agent.errors[("vllm", "http_5xx")] == 1
+    assert agent.errors[("vllm_models", "internal")] == 1  # httpx's UnicodeEncodeError: named, counted
+    assert "***@127.0.0.1" in seen[0]  # the landing page names the server, without its userinfo
+    for text in seen:
+        assert password not in text and "sk-secret" not in text, text

@@ -102,6 +102,14 @@ def test_every_option_has_a_documented_twin() -> None:
         (["serve", "--api-key-file", "/nonexistent/key"], {}, "--api-key-file: cannot read /nonexistent/key"),
         (["serve", "--bogus"], {}, "unrecognized arguments: --bogus"),
         (["report", "--format", "yaml"], {}, "--format: 'yaml' is not one of text, json"),
+        (["serve", "--vllm-url", "http://h:notaport"], {}, "--vllm-url: 'http://h:notaport' is not a valid URL"),
+        (["serve", "--vllm-url", "http://[bad"], {}, "--vllm-url: 'http://[bad' is not a valid URL"),
+        (["serve", "--vllm-url", "http://vllm host:8000"], {}, "contains whitespace"),
+        (["serve", "--vllm-url", "http://:8000"], {}, "names no host"),
+        (["serve", "--vllm-url", "http://u:s3cret@h:x"], {}, "'http://***@h:x' is not a valid URL"),
+        (["serve", "--interval", "10000000000h"], {}, "--interval: '10000000000h' is above the maximum 3600s"),
+        (["serve", "--timeout", "1h"], {}, "--timeout: '1h' is above the maximum 600s"),
+        (["serve", "--max-body-size", "1000TiB"], {}, "--max-body-size: '1000TiB' is above the maximum 1GiB"),
     ],
 )
 def test_invalid_input_exits_2_with_one_line(argv: list[str], env: dict[str, str], message: str) -> None:
@@ -111,6 +119,37 @@ def test_invalid_input_exits_2_with_one_line(argv: list[str], env: dict[str, str
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
     assert message in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"sk-one\nsk-two\n", "holds more than one line"),
+        ("sk-caf\u00e9\n".encode(), "characters an API key cannot have"),
+        (b"sk has spaces\n", "characters an API key cannot have"),
+        (b"\xff\xfesk\n", "is not UTF-8 text"),
+        (b"  \n", "is empty"),
+    ],
+)
+def test_an_api_key_that_cannot_be_sent_is_refused_at_start(tmp_path: Path, content: bytes, message: str) -> None:
+    """Checked before anything starts, naming the file and never the key (a key with a newline once reached the
+    log inside h11's error message on every cycle)."""
+    key = tmp_path / "key"
+    key.write_bytes(content)
+    result = _main("serve", "--api-key-file", str(key))
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert f"--api-key-file: {key} " in line and message in line
+    assert "sk-" not in line
+
+
+def test_an_api_key_file_with_a_byte_order_mark() -> None:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("wb", suffix=".key") as f:
+        f.write("\ufeffsk-secret-1\n".encode())
+        f.flush()
+        assert _resolve(["--api-key-file", f.name], {}).api_key_file == "sk-secret-1"
 
 
 def test_the_real_command_exits_2_on_a_bad_flag() -> None:
@@ -146,7 +185,8 @@ async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
         port = s.getsockname()[1]
     key = tmp_path / "key"
     key.write_text("sk-very-secret-123\n")
-    env = {**os.environ, "VLLM_CAPACITY_VLLM_URL": fake_vllm.url, "VLLM_CAPACITY_API_KEY_FILE": str(key)}
+    url = fake_vllm.url.replace("http://", "http://scraper:pw-very-secret@")  # userinfo: never printed
+    env = {**os.environ, "VLLM_CAPACITY_VLLM_URL": url, "VLLM_CAPACITY_API_KEY_FILE": str(key)}
     proc = subprocess.Popen(
         [*VLLM_CAPACITY, "serve", "--listen", f"127.0.0.1:{port}", "--interval", "100ms"],
         env=env,
@@ -181,7 +221,7 @@ async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
     assert proc.returncode == 0
     events = [json.loads(line) for line in stderr.splitlines()]
     assert {"serving", "vllm_discovered", "stopping"} <= {e["event"] for e in events}
-    assert "sk-very-secret" not in stderr
+    assert "sk-very-secret" not in stderr and "pw-very-secret" not in stderr
     assert next(e for e in events if e["event"] == "serving")["api_key"] == "set"
 
 

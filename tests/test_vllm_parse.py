@@ -103,6 +103,17 @@ def test_multiple_models_and_engines_are_kept_apart() -> None:
     assert [(e.model_name, e.running) for e in m.engines] == [("gemma-12b", 20.0), ("other", 20.0)]
 
 
+def test_an_integer_beyond_a_float_leaves_its_series_out() -> None:
+    """prometheus-client's parser keeps '1000...0' (400 digits) as a Python int, which no float holds: that series
+    is absent, the others stand (it once raised OverflowError on every cycle)."""
+    body = (
+        'vllm:num_requests_running{engine="0",model_name="m"} 1' + "0" * 400 + "\n"
+        'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5\n'
+    )
+    (e,) = parse_metrics(body).engines
+    assert e.running is None and e.kv_cache_usage == 0.5
+
+
 @pytest.mark.parametrize(
     ("body", "reason"),
     [

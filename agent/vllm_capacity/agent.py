@@ -35,6 +35,7 @@ SOURCE_VLLM = "vllm"
 SOURCE_MODELS = "vllm_models"
 SOURCE_LOG = "vllm_log"
 SOURCE_NVML = "nvml"
+SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error
 NVML_MAX_BACKOFF = 300.0
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
 
@@ -44,6 +45,10 @@ class SourceStatus:
     up: bool = False
     duration_seconds: float | None = None
     failing_reason: str | None = None  # the reason last logged, so each cause is logged once
+
+
+def _internal(err: Exception, doing: str) -> SourceError:
+    return SourceError(Reason.INTERNAL, f"{doing}: {type(err).__name__}: {err}")
 
 
 def _only(values: Iterable[float | None]) -> float | None:
@@ -103,6 +108,7 @@ class Agent:
         self._raw_preemptions: dict[EngineKey, float] = {}
         self._preemptions_total: dict[EngineKey, float] = {}
         self._announced: tuple[object, ...] | None = None
+        self._crashes_logged: set[str] = set()
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _ok(self, source: str, duration: float) -> None:
@@ -111,13 +117,12 @@ class Agent:
             self.logger.info("source_recovered", source=source, after=status.failing_reason)
         status.up, status.duration_seconds, status.failing_reason = True, duration, None
 
-    def _fail(self, source: str, err: SourceError, duration: float, *, expected: bool = False) -> None:
-        """Count the failure; log its cause once (at info when ``expected``, e.g. no GPU with --nvml auto)."""
+    def _fail(self, source: str, err: SourceError, duration: float) -> None:
+        """Count the failure; log its cause once (again only when the reason changes or after a recovery)."""
         status = self.sources[source]
         self.errors[(source, err.reason)] += 1
         if status.failing_reason != err.reason:
-            emit = self.logger.info if expected else self.logger.warning
-            emit("source_failed", source=source, reason=err.reason, error=str(err))
+            self.logger.warning("source_failed", source=source, reason=err.reason, error=str(err))
         status.up, status.duration_seconds, status.failing_reason = False, duration, err.reason
 
     def _restarted(self, metrics: VllmMetrics) -> bool:
@@ -163,6 +168,9 @@ class Agent:
         except OSError as err:
             self._fail(SOURCE_LOG, SourceError(Reason.IO_ERROR, f"reading the vLLM log: {err}"), 0.0)
             return
+        except Exception as err:  # what nothing expected: named and counted, never a crashed cycle
+            self._fail(SOURCE_LOG, _internal(err, "reading the vLLM log"), 0.0)
+            return
         for line in lines:
             self.figures.feed(line)
         self._ok(SOURCE_LOG, self.monotonic() - t0)
@@ -173,11 +181,22 @@ class Agent:
             return
         t0 = self.monotonic()
         try:
-            self._gpus = tuple(await self.nvml.read())
+            try:
+                self._gpus = tuple(await self.nvml.read())
+            except SourceError:
+                raise
+            except Exception as unexpected:  # e.g. a binding that raises a plain Exception: named, not a crash
+                raise _internal(unexpected, "reading NVML") from None
         except SourceError as err:
             self._gpus = ()  # nothing stale: the GPU series go away while NVML cannot be read
-            absent = err.reason in ("library_not_found", "driver_not_loaded")
-            self._fail(SOURCE_NVML, err, self.monotonic() - t0, expected=absent and not self.nvml_required)
+            if err.reason in (Reason.LIBRARY_NOT_FOUND, Reason.DRIVER_NOT_LOADED) and not self.nvml_required:
+                # --nvml auto on a machine without NVIDIA's library or driver: nothing failed, there is no GPU to
+                # read. One line, no error series, and NVML is not asked again.
+                self.logger.info("nvml_absent", reason=err.reason, error=str(err), hint="--nvml off silences this")
+                self.nvml = None
+                del self.sources[SOURCE_NVML]
+                return
+            self._fail(SOURCE_NVML, err, self.monotonic() - t0)
             self._nvml_next_attempt = self.monotonic() + self._nvml_backoff
             self._nvml_backoff = min(NVML_MAX_BACKOFF, self._nvml_backoff * 2)
             return
@@ -212,6 +231,8 @@ class Agent:
             return await self.client.fetch_metrics(), self.monotonic() - t0
         except SourceError as err:
             return err, self.monotonic() - t0
+        except Exception as err:  # a parse no rule covers: named and counted, never a crashed cycle
+            return _internal(err, "reading vLLM's /metrics"), self.monotonic() - t0
 
     def _check_agreement(self, engines: tuple[EngineCapacity, ...]) -> None:
         for e in engines:
@@ -343,16 +364,26 @@ class Agent:
                     why="/v1/models gave none; set --max-model-len",
                 )
 
+    def _crashed(self, err: Exception) -> None:
+        """A cycle raised: counted as source_errors_total{source="agent",reason="internal"}, logged with its
+        traceback once per distinct cause, and the snapshot keeps what was read (vLLM's state, the GPUs) without
+        the derived series it could not compute."""
+        self.errors[(SOURCE_AGENT, Reason.INTERNAL)] += 1
+        cause = f"{type(err).__name__}: {err}"
+        if cause not in self._crashes_logged:
+            self._crashes_logged.add(cause)
+            self.logger.exception("cycle_crashed", cause=cause)
+        self.snapshot = Snapshot(up=self.sources[SOURCE_VLLM].up, timestamp=self.snapshot.timestamp, gpus=self._gpus)
+        self.ready = True
+
     async def run(self, stop: asyncio.Event) -> None:
         """Cycle every ``interval`` until ``stop`` is set. A cycle that overruns starts the next one at once."""
         while not stop.is_set():
             started = self.monotonic()
             try:
                 await self.cycle()
-            except Exception:  # a bug must not kill the sidecar: log it, keep serving, try again
-                self.logger.exception("cycle_crashed")
-                self.snapshot = Snapshot(up=False, timestamp=self.snapshot.timestamp)
-                self.ready = True
+            except Exception as err:  # a bug must not kill the sidecar: count it, log it once, keep serving
+                self._crashed(err)
             delay = max(0.0, self.interval - (self.monotonic() - started))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), timeout=delay)

@@ -26,6 +26,7 @@ from vllm_capacity.options import (
     build_parser,
     config,
 )
+from vllm_capacity.redaction import redact_url
 
 if TYPE_CHECKING:
     from vllm_capacity.sizing import MemoryBudget, PlanInputs
@@ -103,7 +104,7 @@ async def _serve(values: ServeConfig) -> int:
         "serving",
         version=__version__,
         listen=f"{host}:{port}",
-        vllm_url=values.vllm_url,
+        vllm_url=redact_url(values.vllm_url),
         interval_seconds=values.interval,
         api_key="set" if values.api_key_file else "unset",
     )
@@ -130,12 +131,12 @@ async def _report(values: ReportConfig) -> int:
     if not snap.up:
         status = agent.sources["vllm"]
         print(
-            f"vllm-capacity report: error: cannot read {values.vllm_url}/metrics ({status.failing_reason})",
+            f"vllm-capacity report: error: cannot read {redact_url(values.vllm_url)}/metrics ({status.failing_reason})",
             file=sys.stderr,
         )
         return 1
     render = render_json if values.format == "json" else render_text
-    sys.stdout.write(render(snap, values.vllm_url))
+    sys.stdout.write(render(snap, redact_url(values.vllm_url)))
     return 0
 
 

@@ -14,13 +14,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from vllm_capacity import __version__
 from vllm_capacity.geometry import Geometry
+from vllm_capacity.redaction import redact_url
 from vllm_capacity.sizing import NEWEST_VERSION
-from vllm_capacity.units import format_duration, parse_duration, parse_listen, parse_size
+from vllm_capacity.units import GiB, format_duration, parse_duration, parse_listen, parse_size
 
 ENV_PREFIX = "VLLM_CAPACITY_"
+MAX_BODY_LIMIT = GiB  # a /metrics body beyond this is no vLLM's, and would not fit the sidecar's memory
 MIN_INTERVAL = 0.1
 
 
@@ -34,16 +37,31 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _url(text: str) -> str:
-    if not text.startswith(("http://", "https://")) or len(text) < 10:
-        raise ValueError(f"{text!r} is not an http:// or https:// URL")
+    """An http(s) base URL with a host and, if any, a valid port; messages never show its userinfo."""
+    shown = redact_url(text)
+    if not text.startswith(("http://", "https://")):
+        raise ValueError(f"{shown!r} is not an http:// or https:// URL")
+    if any(c.isspace() for c in text):
+        raise ValueError(f"{shown!r} contains whitespace")
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018  (raises ValueError for a port that is not a number from 0 to 65535)
+    except ValueError as err:
+        raise ValueError(f"{shown!r} is not a valid URL: {err}") from None
+    if not parts.hostname:
+        raise ValueError(f"{shown!r} names no host")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{shown!r} has a query or fragment: give the server's base URL")
     return text.rstrip("/")
 
 
-def _duration(minimum: float) -> Callable[[str], float]:
+def _duration(minimum: float, maximum: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         seconds = parse_duration(text)
         if seconds < minimum:
             raise ValueError(f"{text!r} is below the minimum {format_duration(minimum)}")
+        if seconds > maximum:
+            raise ValueError(f"{text!r} is above the maximum {format_duration(maximum)}")
         return seconds
 
     return parse
@@ -68,17 +86,29 @@ def _size(text: str) -> int:
     size = parse_size(text)
     if size < 1024:
         raise ValueError(f"{text!r} is below the minimum 1KiB")
+    if size > MAX_BODY_LIMIT:
+        raise ValueError(f"{text!r} is above the maximum 1GiB")
     return size
 
 
 def _api_key_file(text: str) -> str:
+    """The API key in the file: one line of visible ASCII (a UTF-8 byte-order mark and surrounding whitespace are
+    dropped). Anything else could not go into an HTTP header, so it is refused here, naming the file, never the key."""
     path = Path(text)
     try:
-        key = path.read_text().strip()
+        raw = path.read_bytes()
     except OSError as err:
         raise ValueError(f"cannot read {text}: {err.strerror}") from err
+    try:
+        key = raw.decode("utf-8").removeprefix("\ufeff").strip()
+    except UnicodeDecodeError:
+        raise ValueError(f"{text} is not UTF-8 text") from None
     if not key:
         raise ValueError(f"{text} is empty")
+    if "\n" in key or "\r" in key:
+        raise ValueError(f"{text} holds more than one line: it must hold the API key alone")
+    if not all(33 <= ord(c) <= 126 for c in key):
+        raise ValueError(f"{text} holds characters an API key cannot have (spaces, control or non-ASCII characters)")
     return key  # the key itself; never logged
 
 
@@ -100,7 +130,7 @@ class Option:
 
 
 VLLM_URL = Option("--vllm-url", _url, "http://127.0.0.1:8000", "base URL of the vLLM server")
-TIMEOUT = Option("--timeout", _duration(0.01), "4s", "deadline for each request to vLLM (e.g. 500ms, 4s)")
+TIMEOUT = Option("--timeout", _duration(0.01, 600.0), "4s", "deadline for each request to vLLM (e.g. 500ms, 4s)")
 MAX_MODEL_LEN = Option(
     "--max-model-len", _positive_int, None, "max_model_len to use when /v1/models is unreachable or lacks it"
 )
@@ -159,13 +189,21 @@ SERVE_OPTIONS = (
     VLLM_URL,
     Option("--listen", parse_listen, ":9790", "host:port for /metrics, /healthz, /readyz (':9790' = all interfaces)"),
     Option(
-        "--interval", _duration(MIN_INTERVAL), "5s", "how often to read vLLM (100ms, 0.5s, 1m or seconds; >= 100ms)"
+        "--interval",
+        _duration(MIN_INTERVAL, 3600.0),
+        "5s",
+        "how often to read vLLM (100ms, 0.5s, 1m or seconds; >= 100ms)",
     ),
     TIMEOUT,
     MAX_MODEL_LEN,
     API_KEY_FILE,
     MAX_BODY,
-    Option("--models-refresh", _duration(1.0), "5m", "how often to re-read /v1/models (also on every vLLM restart)"),
+    Option(
+        "--models-refresh",
+        _duration(1.0, 86400.0),
+        "5m",
+        "how often to re-read /v1/models (also on every vLLM restart)",
+    ),
     *MODEL_OPTIONS,
     *NVML_OPTIONS,
     Option("--log-format", _choice("json", "console"), "json", "json (one object per line) or console"),

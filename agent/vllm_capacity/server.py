@@ -31,7 +31,7 @@ def make_app(agent: Agent, *, process_metrics: bool = True) -> web.Application:
         return web.Response(status=503, text="not ready: the first read of vLLM has not finished yet\n")
 
     async def landing(_: web.Request) -> web.Response:
-        url = html.escape(agent.client.base_url)
+        url = html.escape(agent.client.display_url)
         page = f"""<!doctype html>
 <html><head><title>vllm-capacity</title></head>
 <body><h1>vllm-capacity {__version__}</h1>

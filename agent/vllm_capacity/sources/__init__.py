@@ -13,6 +13,7 @@ class Reason(StrEnum):
     """Why a read of a source failed: the ``reason`` label of ``vllm_capacity_source_errors_total``. Stable: alerts,
     dashboards and people's queries use these values; docs/metrics.md lists them (a test keeps the two in step)."""
 
+    INTERNAL = "internal"  # an error nothing expected (a defect, or an input no rule covers): named and counted
     # reading vLLM over HTTP (sources/vllm.py)
     CONNECT = "connect"  # the connection was refused or could not be made
     TIMEOUT = "timeout"  # no complete answer within --timeout (also NVML: no answer within its deadline)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from vllm_capacity import __version__
+from vllm_capacity.redaction import redact, redact_url, url_secrets
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_parse import VllmMetrics, parse_metrics
 from vllm_capacity.units import MiB
@@ -40,6 +41,8 @@ class VllmClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.display_url = redact_url(self.base_url)  # the URL as it may be printed: no userinfo
+        self._secrets = [*url_secrets(self.base_url), *([api_key] if api_key else [])]
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self._api_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -56,15 +59,28 @@ class VllmClient:
         await self._client.aclose()
 
     async def _get(self, path: str, *, headers: dict[str, str] | None = None, accept: str = "*/*") -> tuple[str, str]:
-        """GET ``path`` within one deadline for the whole exchange; returns (body, content-type)."""
-        url = self.base_url + path
+        """GET ``path`` within one deadline for the whole exchange; returns (body, content-type). Every failure is a
+        SourceError whose message carries no secret (the URL's userinfo, the API key)."""
+        try:
+            return await self._exchange(path, headers or {}, accept)
+        except SourceError as err:
+            raise SourceError(err.reason, redact(str(err), self._secrets)) from None
+        except Exception as err:  # what nothing below expected (a header value h11 refuses, ...): named, not a crash
+            message = f"{self.display_url}{path}: {type(err).__name__}: {err}"
+            raise SourceError(Reason.INTERNAL, redact(message, self._secrets)) from None
+
+    async def _exchange(self, path: str, headers: dict[str, str], accept: str) -> tuple[str, str]:
+        url = self.display_url + path
         try:
             async with asyncio.timeout(self.timeout):
-                async with self._client.stream("GET", path, headers={"Accept": accept, **(headers or {})}) as resp:
+                async with self._client.stream("GET", path, headers={"Accept": accept, **headers}) as resp:
                     if resp.status_code in (401, 403):
-                        raise SourceError(
-                            Reason.UNAUTHORIZED, f"{url} answered {resp.status_code}: check --api-key-file"
+                        hint = (
+                            "check --api-key-file"
+                            if "Authorization" in headers
+                            else "vLLM asks for authentication here, and the API key is sent to /v1/* only"
                         )
+                        raise SourceError(Reason.UNAUTHORIZED, f"{url} answered {resp.status_code}: {hint}")
                     if resp.status_code >= 400:
                         kind = Reason.HTTP_5XX if resp.status_code >= 500 else Reason.HTTP_4XX
                         raise SourceError(kind, f"{url} answered HTTP {resp.status_code} {resp.reason_phrase}")
@@ -103,7 +119,9 @@ class VllmClient:
     async def fetch_metrics_text(self) -> str:
         text, content_type = await self._get("/metrics", accept="text/plain;version=0.0.4;q=1,*/*;q=0.1")
         if "html" in content_type or "json" in content_type:
-            raise SourceError(Reason.NOT_METRICS, f"{self.base_url}/metrics returned {content_type}, not metrics text")
+            raise SourceError(
+                Reason.NOT_METRICS, f"{self.display_url}/metrics returned {content_type}, not metrics text"
+            )
         return text
 
     async def fetch_metrics(self) -> VllmMetrics:
@@ -111,7 +129,7 @@ class VllmClient:
 
     async def fetch_models(self) -> ModelsInfo:
         text, _ = await self._get("/v1/models", headers=self._api_headers, accept="application/json")
-        return parse_models(text, self.base_url)
+        return parse_models(text, self.display_url)
 
     async def fetch_version(self) -> str | None:
         """vLLM's ``/version`` (``{"version": "0.10.2"}``); None when absent. Never raises."""

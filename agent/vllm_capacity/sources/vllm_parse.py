@@ -172,7 +172,7 @@ def parse_metrics(text: str) -> VllmMetrics:
     _check_body(text)
     try:
         families = list(text_string_to_metric_families(filter_wanted(text)))
-    except (ValueError, TypeError, IndexError) as err:
+    except (ValueError, TypeError, IndexError, OverflowError) as err:  # OverflowError: an integer beyond a float
         raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not valid Prometheus text: {err}") from err
     scan = _Scan()
     for family in families:
@@ -204,6 +204,16 @@ def _check_body(text: str) -> None:
 EngineSlot = tuple[str, str]  # (model_name, engine)
 
 
+def _finite(value: float) -> float | None:
+    """A sample's value as a finite float; None for NaN, infinities and integers beyond a float (the parser keeps
+    those as Python ints, which no float can hold): such a series is left out, never exported wrong."""
+    try:
+        as_float = float(value)
+    except OverflowError:
+        return None
+    return as_float if math.isfinite(as_float) else None
+
+
 @dataclass
 class _Scan:
     """What the wanted families say, gathered sample by sample."""
@@ -223,8 +233,9 @@ class _Scan:
         if family.name == RUNNING:
             self.running_help = family.documentation
         for sample in family.samples:
-            name, labels, value = sample.name, sample.labels, sample.value
-            if name not in WANTED or not math.isfinite(value):
+            name, labels = sample.name, sample.labels
+            value = _finite(sample.value)
+            if name not in WANTED or value is None:
                 continue
             self.seen.add(name)
             if name == PROCESS_START:
