@@ -185,6 +185,26 @@ def test_no_shipped_sidecar_probe_depends_on_vllm(tmp_path: Path) -> None:
     assert set(re.findall(r"path: (/\w+)", notes)) <= PROBE_PATHS, "the chart's sidecar snippet"
 
 
+def test_manifests_expose_no_more_than_they_need() -> None:
+    """The sidecar's port reachable from the monitoring namespace only, no service-account token, seccomp in the
+    chart's snippet, and the local stack published on loopback only."""
+    docs = kustomize(K8S / "example")
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    rules = policy["spec"]["ingress"]
+    metrics_rule = next(r for r in rules if {"port": 9790, "protocol": "TCP"} in r["ports"])
+    assert metrics_rule["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert any(r["ports"] == [{"port": 8000, "protocol": "TCP"}] and "from" not in r for r in rules), "vLLM's API"
+    (vllm,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert vllm["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+    notes = (ROOT / "deploy" / "helm" / "vllm-capacity" / "templates" / "NOTES.txt").read_text()
+    assert "seccompProfile: {type: RuntimeDefault}" in notes
+    compose = yaml.safe_load((ROOT / "deploy" / "compose" / "docker-compose.yaml").read_text())
+    published = [p for service in compose["services"].values() for p in service.get("ports", [])]
+    assert published and all(p.startswith("127.0.0.1:") for p in published), published
+
+
 def test_sidecar_patch_on_a_plain_deployment(tmp_path: Path) -> None:
     plain = kustomize(K8S / "vllm")
     (before,) = [d for d in plain if d["kind"] == "Deployment"]
