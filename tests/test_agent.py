@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 import socket
 from collections.abc import AsyncIterator
 
@@ -9,7 +11,7 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from conftest import VLLM_FIXTURES, FakeClock, FakeVllm, fixture_text, value
+from conftest import VLLM_FIXTURES, FakeClock, FakeVllm, fixture_text, samples, value
 from vllm_capacity.agent import Agent
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.vllm import VllmClient
@@ -319,3 +321,97 @@ async def test_no_secret_reaches_a_log_line_an_endpoint_or_an_error(fake_vllm: F
     assert "***@127.0.0.1" in seen[0]  # the landing page names the server, without its userinfo
     for text in seen:
         assert password not in text and "sk-secret" not in text, text
+
+
+SATURATED = fixture_text("v1-0.32.0-cpu-saturated.prom")
+ENGINE = '{engine="0",model_name="tiny-llama"}'
+
+
+def _with(text: str, family: str, raw: str) -> str:
+    """``text`` with the value of ``family``'s one sample of the test's engine replaced by ``raw``."""
+    line = re.search(rf"^{re.escape(family + ENGINE)} \S+$", text, re.MULTILINE)
+    assert line, family
+    return text.replace(line[0], f"{family}{ENGINE} {raw}")
+
+
+def _with_label(text: str, label: str, raw: str) -> str:
+    replaced = re.sub(rf'(vllm:cache_config_info\{{[^}}]*\b{label}=)"[^"]*"', rf'\g<1>"{raw}"', text)
+    assert replaced != text, label
+    return replaced
+
+
+@pytest.mark.parametrize(
+    ("body", "named", "absent"),
+    [
+        (_with(SATURATED, "vllm:kv_cache_usage_perc", "1.5"), "vllm:kv_cache_usage_perc", ["kv_cache_usage_ratio"]),
+        (_with(SATURATED, "vllm:kv_cache_usage_perc", "-0.5"), "vllm:kv_cache_usage_perc", ["kv_cache_used_tokens"]),
+        (_with(SATURATED, "vllm:num_requests_running", "-3"), "vllm:num_requests_running", ["requests_running"]),
+        (_with(SATURATED, "vllm:num_requests_running", "1e300"), "vllm:num_requests_running", ["mean_context_tokens"]),
+        (
+            _with(SATURATED, "vllm:num_preemptions_total", "1.7e308"),
+            "vllm:num_preemptions_total",
+            ["preemptions_total"],
+        ),
+        (
+            _with_label(SATURATED, "kv_cache_size_tokens", "-4096"),
+            "vllm:cache_config_info{kv_cache_size_tokens}",
+            [],  # capacity falls back to blocks x block_size, which are right
+        ),
+        (
+            _with_label(SATURATED, "block_size", "-128"),
+            "vllm:cache_config_info{block_size}",
+            ["kv_cache_block_size_tokens"],
+        ),
+    ],
+)
+async def test_values_that_cannot_be_right_are_left_out_counted_and_logged_once(
+    h: Harness, fake_vllm: FakeVllm, body: str, named: str, absent: list[str]
+) -> None:
+    fake_vllm.metrics = body
+    with structlog.testing.capture_logs() as logs:
+        await h.agent.cycle()
+        await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_up") == 1  # vLLM answered: the rest is served
+    assert value(text, "vllm_capacity_source_errors_total", source="vllm", reason="implausible_value") == 2
+    assert [e["families"] for e in logs if e["event"] == "implausible_values"] == [[named]]
+    for metric in absent:
+        assert f"vllm_capacity_{metric}{{" not in text, metric
+    for sample in samples(text).items():
+        (name, _), v = sample
+        assert math.isfinite(v) and (v >= 0 or name.endswith("_created")), sample
+
+
+async def test_exported_counters_never_go_down_double_count_or_become_infinite(h: Harness, fake_vllm: FakeVllm) -> None:
+    """vLLM's preemption counter reads 82, -5, 82, 1e300, 90, 1.7e308, 1e308, 95 (no restart): the export is 82,
+    absent, 82, absent, 90, absent, absent, 95."""
+    exported = []
+    for raw in ("82", "-5", "82", "1e300", "90", "1.7e308", "1e308", "95"):
+        fake_vllm.metrics = _with(SATURATED, "vllm:num_preemptions_total", raw)
+        await h.agent.cycle()
+        exported.append(value(await h.scrape(), "vllm_capacity_preemptions_total"))
+    assert exported == [82, None, 82, None, 90, None, None, 95]
+
+
+async def test_a_flapping_or_reformatted_info_family_is_no_restart(h: Harness, fake_vllm: FakeVllm) -> None:
+    """cache_config_info missing on alternate scrapes, or one label re-formatted: no restart, so vLLM's counter is
+    not added again (82 once became 1,230 in 18 scrapes)."""
+    without = "\n".join(ln for ln in SATURATED.splitlines() if not ln.startswith("vllm:cache_config_info")) + "\n"
+    reformatted = SATURATED.replace('gpu_memory_utilization="0.92"', 'gpu_memory_utilization="0.920"')
+    assert reformatted != SATURATED
+    with structlog.testing.capture_logs() as logs:
+        for body in (SATURATED, without, SATURATED, reformatted, SATURATED, without) * 3:
+            fake_vllm.metrics = body
+            await h.agent.cycle()
+            assert value(await h.scrape(), "vllm_capacity_preemptions_total") == 82
+    assert not [e for e in logs if e["event"] == "vllm_restarted"]
+
+
+async def test_a_nan_usage_keeps_the_generation_of_names(h: Harness, fake_vllm: FakeVllm) -> None:
+    """vLLM 0.32 sending NaN usage is still the v1-capacity generation (it was taken for v1-legacy)."""
+    fake_vllm.metrics = _with(SATURATED, "vllm:kv_cache_usage_perc", "NaN")
+    await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_vllm_info", schema="v1-capacity") == 1
+    assert "vllm_capacity_kv_cache_usage_ratio{" not in text
+    assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096

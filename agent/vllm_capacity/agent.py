@@ -109,6 +109,7 @@ class Agent:
         self._preemptions_total: dict[EngineKey, float] = {}
         self._announced: tuple[object, ...] | None = None
         self._crashes_logged: set[str] = set()
+        self._implausible_logged: set[tuple[str, ...]] = set()
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _ok(self, source: str, duration: float) -> None:
@@ -125,8 +126,19 @@ class Agent:
             self.logger.warning("source_failed", source=source, reason=err.reason, error=str(err))
         status.up, status.duration_seconds, status.failing_reason = False, duration, err.reason
 
+    def _note_implausible(self, families: tuple[str, ...]) -> None:
+        """Values vLLM sent that cannot be right (left out of this cycle): counted each cycle, logged once a cause."""
+        if not families:
+            return
+        self.errors[(SOURCE_VLLM, Reason.IMPLAUSIBLE_VALUE)] += 1
+        if families not in self._implausible_logged:
+            self._implausible_logged.add(families)
+            self.logger.warning("implausible_values", families=list(families), hint="left out of this cycle's metrics")
+
     def _restarted(self, metrics: VllmMetrics) -> bool:
-        """vLLM restarted since the last good scrape: new process start time, a counter went down, or new config."""
+        """vLLM restarted since the last good scrape: a new process start time, or a counter went down. Not a missing
+        or re-formatted info family: cache_config_info coming and going (or '0.92' becoming '0.920') is no restart,
+        and counting it as one added vLLM's whole counter again each time."""
         prev = self._last_metrics
         if prev is None:
             return False
@@ -147,8 +159,6 @@ class Agent:
             ):
                 if now is not None and then is not None and now < then:
                     return True
-            if (e.cache_config and e.cache_config.labels) != (old.cache_config and old.cache_config.labels):
-                return True
         return False
 
     # -- one cycle ---------------------------------------------------------------------------------------------
@@ -264,6 +274,7 @@ class Agent:
             self.ready = True
             return self.snapshot
         self._ok(SOURCE_VLLM, took)
+        self._note_implausible(metrics.implausible)
 
         was_down = self._last_metrics is None
         restarted = self._restarted(metrics)
@@ -287,10 +298,8 @@ class Agent:
             )
         )
         self._check_agreement(engines)
-        self._carry_counters(metrics, restarted)
-        engines = tuple(
-            replace(e, preemptions_total=self._preemptions_total.get((e.model_name, e.engine))) for e in engines
-        )
+        carried = self._carry_counters(metrics, restarted)
+        engines = tuple(replace(e, preemptions_total=carried.get((e.model_name, e.engine))) for e in engines)
         self._last_metrics = metrics
         self.snapshot = Snapshot(
             up=True,
@@ -318,20 +327,24 @@ class Agent:
         self._ok(SOURCE_MODELS, self.monotonic() - t0)
         self._models, self._models_fetched_at = models, self.monotonic()
 
-    def _carry_counters(self, metrics: VllmMetrics, restarted: bool) -> None:
-        seen = set()
+    def _carry_counters(self, metrics: VllmMetrics, restarted: bool) -> dict[EngineKey, float]:
+        """Carry vLLM's preemption counters across its restarts; returns the totals to export this cycle: those of
+        the engines that reported a (plausible) value. An engine that reported none this time keeps its total for
+        the next; an engine that went away takes its series with it."""
+        present, exported = {(e.model_name, e.engine) for e in metrics.engines}, {}
         for e in metrics.engines:
             key = (e.model_name, e.engine)
             if e.preemptions_total is None:
                 continue
-            seen.add(key)
             self._preemptions_total[key] = derive.accumulate_counter(
                 self._preemptions_total.get(key), self._raw_preemptions.get(key), e.preemptions_total, restarted
             )
             self._raw_preemptions[key] = e.preemptions_total
-        for key in set(self._preemptions_total) - seen:  # an engine that went away takes its series with it
+            exported[key] = self._preemptions_total[key]
+        for key in set(self._preemptions_total) - present:
             del self._preemptions_total[key]
             self._raw_preemptions.pop(key, None)
+        return exported
 
     def _announce(self, metrics: VllmMetrics, engines: tuple[EngineCapacity, ...]) -> None:
         """Log what was found whenever it changes: schema, engines, capacity, and what cannot be derived."""

@@ -28,6 +28,7 @@ class Reason(StrEnum):
     NOT_VLLM = "not_vllm"  # metrics without any vllm: family
     PARSE_ERROR = "parse_error"  # not valid Prometheus text, not UTF-8, or not an OpenAI model list
     MISSING_MAX_MODEL_LEN = "missing_max_model_len"  # /v1/models lists no max_model_len
+    IMPLAUSIBLE_VALUE = "implausible_value"  # a value that cannot be right (usage above 1, a negative count...)
     # vLLM's log file (--vllm-log)
     MISSING = "missing"
     PERMISSION = "permission"

@@ -56,6 +56,42 @@ WANTED = (
 #: Families recognised by their HELP/TYPE lines alone (their samples are dropped): which latency name is served.
 PRESENCE_ONLY = (ITL, TPOT)
 _PER_ENGINE = {KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, PREEMPTIONS, GENERATION_TOKENS}
+# What a value can be and still be right: a usage fraction in [0, 1] (a float's excess aside), counts and sizes not
+# negative and exact in a float (2^53). A value outside is vLLM's error or a corrupted body: it is left out, and the
+# family named in VllmMetrics.implausible.
+EXACT = 2.0**53
+USAGE_EXCESS = 1e-9
+_FRACTIONS = {KV_USAGE, GPU_CACHE_USAGE}
+# cache_config_info labels read as numbers, with the least value each may take
+_CONFIG_NUMBERS = {
+    "block_size": 1.0,
+    "num_gpu_blocks": 0.0,
+    "num_gpu_blocks_override": 0.0,
+    "kv_cache_size_tokens": 0.0,
+    "kv_cache_max_concurrency": 0.0,
+    "kv_cache_memory_bytes": 0.0,
+    "gpu_memory_utilization": 0.0,
+}
+
+
+def _plausible(name: str, value: float) -> bool:
+    if name in _FRACTIONS:
+        return 0.0 <= value <= 1.0 + USAGE_EXCESS
+    return 0.0 <= value <= EXACT
+
+
+def _plausible_config(labels: Mapping[str, str]) -> list[str]:
+    """The numeric cache_config_info labels whose value cannot be right (not the text "None", which means unset)."""
+    bad = []
+    for key, least in _CONFIG_NUMBERS.items():
+        value = _label_float(labels, key)
+        if labels.get(key) is None or (value is None and labels[key] in ("None", "")):
+            continue
+        if value is None or not least <= value <= EXACT or (key == "gpu_memory_utilization" and value > 1.0):
+            bad.append(f"{CACHE_CONFIG}{{{key}}}")
+    return bad
+
+
 _WANTED_LINES = re.compile(
     r"^(?:(?:# (?:HELP|TYPE) )?(?:"
     + "|".join(re.escape(n) for n in WANTED)
@@ -160,6 +196,8 @@ class VllmMetrics:
     process_start_time_seconds: float | None = None
     #: The inter-token latency histogram this server exposes (the name changed in 0.10.2), or None.
     itl_metric: str | None = None
+    #: Families (and cache_config_info labels) whose value could not be right this scrape; those values are left out.
+    implausible: tuple[str, ...] = ()
 
 
 def filter_wanted(text: str) -> str:
@@ -183,6 +221,7 @@ def parse_metrics(text: str) -> VllmMetrics:
         dp_engines=max(1, len(scan.cache_configs)),
         process_start_time_seconds=scan.process_start,
         itl_metric=next((n for n in PRESENCE_ONLY if n in scan.latency_families), None),
+        implausible=tuple(sorted(scan.implausible)),
     )
 
 
@@ -223,6 +262,7 @@ class _Scan:
     cache_configs: dict[str, CacheConfig] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
     latency_families: set[str] = field(default_factory=set)
+    implausible: set[str] = field(default_factory=set)
     running_help: str = ""
     has_engine_label: bool = False
     process_start: float | None = None
@@ -234,24 +274,33 @@ class _Scan:
             self.running_help = family.documentation
         for sample in family.samples:
             name, labels = sample.name, sample.labels
-            value = _finite(sample.value)
-            if name not in WANTED or value is None:
+            if name not in WANTED:
                 continue
-            self.seen.add(name)
+            self.seen.add(name)  # the generation of names is what is there, whatever its value (NaN included)
+            key = (labels.get("model_name", ""), labels.get("engine", "0"))
+            if name in _PER_ENGINE:  # the engine exists, whatever its values say
+                self.has_engine_label |= "engine" in labels
+                self.values.setdefault(key, {})
+            value = _finite(sample.value)
+            if value is None:
+                continue
+            if name == CACHE_CONFIG:
+                bad = _plausible_config(labels)
+                self.implausible.update(bad)
+                dropped = {b[len(CACHE_CONFIG) + 1 : -1] for b in bad}
+                self.cache_configs[labels.get("engine", "0")] = CacheConfig(
+                    {k: v for k, v in labels.items() if k != "engine" and k not in dropped and v not in ("None", "")}
+                )
+                continue
+            if not _plausible(name, value):
+                self.implausible.add(name)
+                continue
             if name == PROCESS_START:
                 self.process_start = value
-            elif name == CACHE_CONFIG:
-                self.cache_configs[labels.get("engine", "0")] = CacheConfig(
-                    {k: v for k, v in labels.items() if k != "engine" and v not in ("None", "")}
-                )
+            elif name == WAITING_BY_REASON:
+                self.waiting_by_reason.setdefault(key, {})[labels.get("reason", "")] = value
             elif name in _PER_ENGINE:
-                self.has_engine_label |= "engine" in labels
-                key = (labels.get("model_name", ""), labels.get("engine", "0"))
-                slot = self.values.setdefault(key, {})
-                if name == WAITING_BY_REASON:
-                    self.waiting_by_reason.setdefault(key, {})[labels.get("reason", "")] = value
-                else:
-                    slot[name] = value
+                self.values[key][name] = value
 
     def engines(self) -> tuple[EngineMetrics, ...]:
         # cache_config_info without an engine label (V0, V1 0.8.x) applies to every engine
