@@ -200,6 +200,8 @@ async def test_http_endpoints(h: Harness) -> None:
     assert "# TYPE vllm_capacity_vllm info" in body
     plain = await h.http.get("/metrics")
     assert plain.headers["Content-Type"].startswith("text/plain")
+    odd = await h.http.get("/metrics", headers={"Accept": "application/openmetrics-text; version=abc"})
+    assert odd.status == 200 and odd.headers["Content-Type"].startswith("text/plain")  # was an HTTP 500
 
 
 async def test_a_crashing_cycle_does_not_kill_the_loop(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -124,6 +124,19 @@ def test_an_integer_beyond_a_float_leaves_its_series_out() -> None:
         ('vllm:num_requests_running{engine="0",model_name="m"} 1.0\nvllm:kv_cache_usage_perc{engi', "truncated"),
         ('vllm:num_requests_running{engine="0",model_name="m"} one\n', "parse_error"),
         ('vllm:num_requests_running{engine="0",model_name="m} 1\n', "parse_error"),
+        # another vllm-capacity: vLLM's names only in its HELP texts, no family the agent reads
+        (
+            "# HELP vllm_capacity_kv_cache_usage_ratio From vllm:kv_cache_usage_perc.\n"
+            "# TYPE vllm_capacity_kv_cache_usage_ratio gauge\n"
+            'vllm_capacity_kv_cache_usage_ratio{engine="0",model_name="m"} 0.5\n',
+            "not_vllm",
+        ),
+        # a duplicated series: Prometheus refuses the scrape, and silently taking the last one hides the fault
+        (
+            'vllm:num_requests_running{engine="0",model_name="m"} 1\n'
+            'vllm:num_requests_running{engine="0",model_name="m"} 9\n',
+            "parse_error",
+        ),
     ],
 )
 def test_bad_bodies_raise_with_reason(body: str, reason: str) -> None:

@@ -146,6 +146,10 @@ def build_registry(agent: Agent, *, process_metrics: bool = True) -> CollectorRe
 
 
 def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
-    """Encode for the client's Accept header: OpenMetrics when asked for, else the classic text format."""
-    encoder, content_type = choose_encoder(accept or "")
+    """Encode for the client's Accept header: OpenMetrics when asked for, else the classic text format (also for an
+    Accept header prometheus-client cannot read, such as an OpenMetrics version that is not a number)."""
+    try:
+        encoder, content_type = choose_encoder(accept or "")
+    except (TypeError, ValueError):
+        encoder, content_type = choose_encoder("")
     return encoder(registry), content_type

@@ -215,6 +215,10 @@ def parse_metrics(text: str) -> VllmMetrics:
     scan = _Scan()
     for family in families:
         scan.add(family)
+    if not any(name.startswith("vllm:") for name in scan.seen):
+        # "vllm:" in the text, but no family the agent reads: another exporter quoting vLLM's names (another
+        # vllm-capacity, say), not vLLM
+        raise SourceError(Reason.NOT_VLLM, "the /metrics body has no vllm: family the agent reads: is it vLLM's?")
     return VllmMetrics(
         schema=scan.schema(),
         engines=scan.engines(),
@@ -263,6 +267,7 @@ class _Scan:
     seen: set[str] = field(default_factory=set)
     latency_families: set[str] = field(default_factory=set)
     implausible: set[str] = field(default_factory=set)
+    series: set[tuple[str, frozenset[tuple[str, str]]]] = field(default_factory=set)
     running_help: str = ""
     has_engine_label: bool = False
     process_start: float | None = None
@@ -277,6 +282,10 @@ class _Scan:
             if name not in WANTED:
                 continue
             self.seen.add(name)  # the generation of names is what is there, whatever its value (NaN included)
+            series = (name, frozenset(labels.items()))
+            if series in self.series:  # Prometheus refuses a scrape with a duplicated series; so does the agent
+                raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics has the series {name}{labels} twice")
+            self.series.add(series)
             key = (labels.get("model_name", ""), labels.get("engine", "0"))
             if name in _PER_ENGINE:  # the engine exists, whatever its values say
                 self.has_engine_label |= "engine" in labels
