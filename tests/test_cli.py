@@ -225,6 +225,39 @@ async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
     assert next(e for e in events if e["event"] == "serving")["api_key"] == "set"
 
 
+async def test_sigterm_stops_at_once_while_a_read_of_vllm_hangs(fake_vllm: FakeVllm) -> None:
+    """vLLM takes 6 s to answer and --timeout is 5s: SIGTERM still ends the sidecar at once, exit 0 (it waited out
+    the timeout before: 20 s at --timeout 20s)."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fake_vllm.delay = 6.0
+    proc = subprocess.Popen(
+        [*VLLM_CAPACITY, "serve", "--vllm-url", fake_vllm.url, "--listen", f"127.0.0.1:{port}", "--timeout", "5s"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(100):  # until the read of vLLM is in flight
+            await asyncio.sleep(0.1)
+            if "/metrics" in fake_vllm.requests:
+                break
+        assert "/metrics" in fake_vllm.requests
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 10)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+        _, stderr = proc.communicate(timeout=10)
+    assert proc.returncode == 0, stderr
+    assert took < 2.0, f"exit took {took:.2f}s after SIGTERM (promise: at once, whatever --timeout is)"
+
+
 def test_report_text_and_json(fake_vllm_thread: str) -> None:
     text = _main("report", "--vllm-url", fake_vllm_thread)
     assert text.returncode == 0, text.stderr

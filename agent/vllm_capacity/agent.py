@@ -390,13 +390,25 @@ class Agent:
         self.ready = True
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Cycle every ``interval`` until ``stop`` is set. A cycle that overruns starts the next one at once."""
-        while not stop.is_set():
-            started = self.monotonic()
-            try:
-                await self.cycle()
-            except Exception as err:  # a bug must not kill the sidecar: count it, log it once, keep serving
-                self._crashed(err)
-            delay = max(0.0, self.interval - (self.monotonic() - started))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=delay)
+        """Cycle every ``interval`` until ``stop`` is set. A cycle that overruns starts the next one at once; a cycle
+        in flight when ``stop`` is set is cancelled, so that the sidecar stops at once whatever ``--timeout`` is."""
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                started = self.monotonic()
+                cycle = asyncio.ensure_future(self.cycle())
+                await asyncio.wait({cycle, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                if not cycle.done():  # stopping: abandon the reads in flight
+                    cycle.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await cycle
+                    return
+                if (err := cycle.exception()) is not None:
+                    if not isinstance(err, Exception):
+                        raise err
+                    self._crashed(err)  # a bug must not kill the sidecar: count it, log it once, keep serving
+                delay = max(0.0, self.interval - (self.monotonic() - started))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(stopping), timeout=delay)
+        finally:
+            stopping.cancel()
