@@ -417,3 +417,19 @@ async def test_a_nan_usage_keeps_the_generation_of_names(h: Harness, fake_vllm: 
     assert value(text, "vllm_capacity_vllm_info", schema="v1-capacity") == 1
     assert "vllm_capacity_kv_cache_usage_ratio{" not in text
     assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096
+
+
+async def test_a_thousand_engines_make_short_log_lines(h: Harness, fake_vllm: FakeVllm) -> None:
+    """Every engine is served, but a log line names the first few and counts the rest (5,000 engines once made
+    one 250 KB line, which log pipelines cut at 16 KB)."""
+    lines = [f'vllm:num_requests_running{{engine="{i}",model_name="m"}} 1' for i in range(1000)]
+    fake_vllm.metrics = "\n".join(lines) + "\n"
+    fake_vllm.models = '{"object":"list","data":[{"id":"m","object":"model","max_model_len":1024}]}'
+    with structlog.testing.capture_logs() as logs:
+        await h.agent.cycle()
+    assert len(h.agent.snapshot.engines) == 1000
+    (found,) = [e for e in logs if e["event"] == "vllm_discovered"]
+    assert found["engine_count"] == 1000 and found["engines"][-1] == "... 992 more"
+    (unknown,) = [e for e in logs if e["event"] == "capacity_unknown"]
+    assert unknown["engine_count"] == 1000
+    assert max(len(repr(e)) for e in logs) < 2000

@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import structlog
 
@@ -45,6 +46,12 @@ class SourceStatus:
     up: bool = False
     duration_seconds: float | None = None
     failing_reason: str | None = None  # the reason last logged, so each cause is logged once
+
+
+def _first(items: list[Any], n: int = 8) -> list[Any]:
+    """A list for a log line: its first ``n`` items, and how many more there are (a line stays short: log pipelines
+    cut lines at 16 KB, and 5,000 engines once made one of 250 KB)."""
+    return items if len(items) <= n else [*items[:n], f"... {len(items) - n} more"]
 
 
 def _internal(err: Exception, doing: str) -> SourceError:
@@ -356,26 +363,30 @@ class Agent:
             "vllm_discovered",
             schema=metrics.schema,
             version=self._version,
-            engines=[f"{e.model_name}/{e.engine}" for e in engines],
-            capacity_tokens=[e.capacity_tokens for e in engines],
-            max_model_len=[e.max_model_len for e in engines],
+            engine_count=len(engines),
+            engines=_first([f"{e.model_name}/{e.engine}" for e in engines]),
+            capacity_tokens=_first([e.capacity_tokens for e in engines]),
+            max_model_len=_first([e.max_model_len for e in engines]),
         )
         if not engines:
             self.logger.warning("capacity_unknown", why="no per-engine vllm: gauge (num_requests_running, ...) found")
-        for e in engines:
-            if e.capacity_tokens is None:
-                self.logger.warning(
-                    "capacity_unknown",
-                    engine=f"{e.model_name}/{e.engine}",
-                    why="vllm:cache_config_info has neither kv_cache_size_tokens nor num_gpu_blocks and block_size "
-                    "(vLLM 0.8.x reports num_gpu_blocks=None)",
-                )
-            if e.max_model_len is None:
-                self.logger.warning(
-                    "max_model_len_unknown",
-                    engine=f"{e.model_name}/{e.engine}",
-                    why="/v1/models gave none; set --max-model-len",
-                )
+        no_capacity = [f"{e.model_name}/{e.engine}" for e in engines if e.capacity_tokens is None]
+        if no_capacity:
+            self.logger.warning(
+                "capacity_unknown",
+                engine_count=len(no_capacity),
+                engines=_first(no_capacity),
+                why="vllm:cache_config_info has neither kv_cache_size_tokens nor num_gpu_blocks and block_size "
+                "(vLLM 0.8.x reports num_gpu_blocks=None)",
+            )
+        no_length = [f"{e.model_name}/{e.engine}" for e in engines if e.max_model_len is None]
+        if no_length:
+            self.logger.warning(
+                "max_model_len_unknown",
+                engine_count=len(no_length),
+                engines=_first(no_length),
+                why="/v1/models gave none; set --max-model-len",
+            )
 
     def _crashed(self, err: Exception) -> None:
         """A cycle raised: counted as source_errors_total{source="agent",reason="internal"}, logged with its
