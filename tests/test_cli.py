@@ -64,7 +64,7 @@ def test_defaults() -> None:
     v = _resolve([], {})
     assert v.vllm_url == "http://127.0.0.1:8000"
     assert v.interval == 5.0
-    assert v.listen == ("0.0.0.0", 9790)
+    assert v.listen == ("", 9790)  # every interface, IPv4 and IPv6
     assert v.max_model_len is None
 
 
@@ -223,6 +223,35 @@ async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
     assert {"serving", "vllm_discovered", "stopping"} <= {e["event"] for e in events}
     assert "sk-very-secret" not in stderr and "pw-very-secret" not in stderr
     assert next(e for e in events if e["event"] == "serving")["api_key"] == "set"
+
+
+async def test_the_default_listener_serves_ipv4_and_ipv6(fake_vllm: FakeVllm) -> None:
+    """`--listen :PORT` answers on 127.0.0.1 and on [::1]: an IPv6-only pod network can scrape it too."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [*VLLM_CAPACITY, "serve", "--vllm-url", fake_vllm.url, "--listen", f":{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        answers = {}
+        async with httpx.AsyncClient() as client:
+            for _ in range(100):
+                await asyncio.sleep(0.1)
+                for host in ("127.0.0.1", "[::1]"):
+                    with contextlib.suppress(httpx.TransportError):
+                        answers[host] = (await client.get(f"http://{host}:{port}/healthz")).status_code
+                if len(answers) == 2:
+                    break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+    assert answers == {"127.0.0.1": 200, "[::1]": 200}
 
 
 async def test_sigterm_stops_at_once_while_a_read_of_vllm_hangs(fake_vllm: FakeVllm) -> None:

@@ -19,7 +19,7 @@ def test_bad_durations(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("text", "expected"),
-    [(":9790", ("0.0.0.0", 9790)), ("127.0.0.1:80", ("127.0.0.1", 80)), ("[::1]:9790", ("::1", 9790))],
+    [(":9790", ("", 9790)), ("127.0.0.1:80", ("127.0.0.1", 80)), ("[::1]:9790", ("::1", 9790))],
 )
 def test_listen(text: str, expected: tuple[str, int]) -> None:
     assert parse_listen(text) == expected

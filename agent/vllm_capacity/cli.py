@@ -28,6 +28,8 @@ from vllm_capacity.options import (
 )
 from vllm_capacity.redaction import redact_url
 
+KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays open
+
 if TYPE_CHECKING:
     from vllm_capacity.sizing import MemoryBudget, PlanInputs
 
@@ -87,10 +89,11 @@ async def _serve(values: ServeConfig) -> int:
         **kwargs,
     )
     host, port = values.listen
-    runner = web.AppRunner(make_app(agent), access_log=None, handle_signals=False)
+    # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)
+    runner = web.AppRunner(make_app(agent), access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host or None, port).start()  # None: every interface, IPv4 and IPv6
     except OSError as err:
         await runner.cleanup()
         await client.aclose()

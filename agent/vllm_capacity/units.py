@@ -42,7 +42,8 @@ def format_duration(seconds: float) -> str:
 
 
 def parse_listen(text: str) -> tuple[str, int]:
-    """Parse ``host:port``, ``:port`` (all interfaces) or ``[v6addr]:port`` into (host, port)."""
+    """Parse ``host:port``, ``:port`` or ``[v6addr]:port`` into (host, port); the host of ``:port`` is "" (every
+    interface, IPv4 and IPv6: a pod network may be IPv6 only)."""
     text = str(text).strip()
     if text.startswith("["):
         host, sep, port = text[1:].partition("]:")
@@ -54,7 +55,7 @@ def parse_listen(text: str) -> tuple[str, int]:
             raise ValueError(f"{text!r} is not host:port (example: 0.0.0.0:9790 or :9790)")
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r}: port must be a number from 1 to 65535")
-    return (host or "0.0.0.0"), int(port)  # noqa: S104 - a sidecar must be reachable on the pod IP
+    return host, int(port)
 
 
 _SIZE = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?)\s*(?P<unit>[KMGT]i?B|B)?\s*$", re.IGNORECASE)
