@@ -109,7 +109,8 @@ async def bench_rss(seconds: float) -> None:
         "--log-level",
         "warning",
     )
-    await asyncio.sleep(max(seconds * 3, 5))
+    await asyncio.sleep(max(seconds, 2))  # started, and a few cycles in
+    latencies = await _healthz_under_scrapes(f"http://127.0.0.1:{port}", max(seconds * 2, 4))
     if proc.returncode is not None:
         raise SystemExit(f"the agent exited with {proc.returncode}")
     status = await asyncio.to_thread(Path(f"/proc/{proc.pid}/status").read_text)
@@ -123,6 +124,38 @@ async def bench_rss(seconds: float) -> None:
         f"agent process, 64-engine payload ({len(text) / 1024:.0f} KiB) every 100 ms: "
         f"RSS {rss:.1f} MiB, peak {peak:.1f} MiB (target < 60 MiB)"
     )
+    latencies.sort()
+    p50, p95 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.95)]
+    print(
+        f"/healthz while 3 clients scrape /metrics without pause: p50 {p50 * 1e3:.1f} ms, p95 {p95 * 1e3:.1f} ms "
+        f"({len(latencies)} probes)"
+    )
+
+
+async def _healthz_under_scrapes(agent: str, seconds: float) -> list[float]:
+    """/healthz latencies, probed every 50 ms while three clients scrape the agent's /metrics back to back."""
+    import httpx
+
+    stop = asyncio.Event()
+    latencies: list[float] = []
+    async with httpx.AsyncClient(timeout=30) as client:
+
+        async def scrape() -> None:
+            while not stop.is_set():
+                await client.get(agent + "/metrics")
+
+        async def probe() -> None:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                await client.get(agent + "/healthz")
+                latencies.append(time.perf_counter() - t0)
+                await asyncio.sleep(0.05)
+
+        tasks = [asyncio.create_task(scrape()) for _ in range(3)] + [asyncio.create_task(probe())]
+        await asyncio.sleep(seconds)
+        stop.set()
+        await asyncio.gather(*tasks)
+    return latencies
 
 
 def main() -> None:
