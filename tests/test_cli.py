@@ -10,11 +10,13 @@ import contextlib
 import dataclasses
 import io
 import json
+import logging as stdlib_logging
 import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,14 +44,19 @@ class Result:
 def _main(*args: str, env: dict[str, str] | None = None) -> Result:
     """`vllm-capacity ARGS` in this process, with only ``env`` as its environment."""
     out, err = io.StringIO(), io.StringIO()
-    logging = structlog.get_config()  # the command configures logging for the process: put it back afterwards
+    # the command configures logging for the process (structlog, and the standard library's root logger): put
+    # both back afterwards, so that pytest's own log capture stays in place
+    saved_structlog = structlog.get_config()
+    root = stdlib_logging.getLogger()
+    saved_root = (root.handlers[:], root.level)
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = cli.main(list(args), dict(env or {}))
         except SystemExit as exit_:  # argparse's own errors, and --version
             code = exit_.code if isinstance(exit_.code, int) else 1
         finally:
-            structlog.configure(**logging)
+            structlog.configure(**saved_structlog)
+            root.handlers[:], root.level = saved_root
     return Result(code, out.getvalue(), err.getvalue())
 
 
@@ -252,6 +259,38 @@ async def test_the_default_listener_serves_ipv4_and_ipv6(fake_vllm: FakeVllm) ->
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=10)
     assert answers == {"127.0.0.1": 200, "[::1]": 200}
+
+
+def test_a_client_protocol_error_is_one_json_log_line(fake_vllm_thread: str) -> None:
+    """aiohttp's own error log (a request line over 8 KiB) goes through the same JSON renderer: every stderr line
+    is one JSON object, the traceback a field of it (it was a raw multi-line traceback)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [*VLLM_CAPACITY, "serve", "--vllm-url", fake_vllm_thread, "--listen", f"127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                threading.Event().wait(0.1)
+        with socket.create_connection(("127.0.0.1", port)) as c:
+            c.sendall(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert c.recv(64).startswith(b"HTTP/1.0 400")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=10)
+    events = [json.loads(line) for line in stderr.splitlines()]  # each line one JSON object
+    (error,) = [e for e in events if e.get("logger") == "aiohttp.server"]
+    assert error["level"] == "error" and "exception" in error
 
 
 async def test_sigterm_stops_at_once_while_a_read_of_vllm_hangs(fake_vllm: FakeVllm) -> None:
