@@ -25,9 +25,17 @@ import pytest
 import structlog
 
 from conftest import FakeVllm, fixture_text, value
+from lab import free_port
 from vllm_capacity import cli, options
 
 VLLM_CAPACITY = [sys.executable, "-m", "vllm_capacity"]
+
+
+def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`vllm-capacity serve ARGS` as its own process; its stderr (the log) is read when it ends."""
+    return subprocess.Popen(
+        [*VLLM_CAPACITY, "serve", *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -185,22 +193,12 @@ def test_version() -> None:
 
 async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
     """The real `vllm-capacity serve` process: JSON logs, /metrics, the API key never logged, clean SIGTERM."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     key = tmp_path / "key"
     key.write_text("sk-very-secret-123\n")
     url = fake_vllm.url.replace("http://", "http://scraper:pw-very-secret@")  # userinfo: never printed
     env = {**os.environ, "VLLM_CAPACITY_VLLM_URL": url, "VLLM_CAPACITY_API_KEY_FILE": str(key)}
-    proc = subprocess.Popen(
-        [*VLLM_CAPACITY, "serve", "--listen", f"127.0.0.1:{port}", "--interval", "100ms"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _serve("--listen", f"127.0.0.1:{port}", "--interval", "100ms", env=env)
     try:
         text = ""
         async with httpx.AsyncClient() as client:
@@ -234,17 +232,8 @@ async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
 
 async def test_the_default_listener_serves_ipv4_and_ipv6(fake_vllm: FakeVllm) -> None:
     """`--listen :PORT` answers on 127.0.0.1 and on [::1]: an IPv6-only pod network can scrape it too."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [*VLLM_CAPACITY, "serve", "--vllm-url", fake_vllm.url, "--listen", f":{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    port = free_port()
+    proc = _serve("--vllm-url", fake_vllm.url, "--listen", f":{port}")
     try:
         answers = {}
         async with httpx.AsyncClient() as client:
@@ -266,15 +255,8 @@ def test_a_client_protocol_error_is_one_json_log_line(fake_vllm_thread: str) -> 
     is one JSON object, the traceback a field of it (it was a raw multi-line traceback)."""
     import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    proc = subprocess.Popen(
-        [*VLLM_CAPACITY, "serve", "--vllm-url", fake_vllm_thread, "--listen", f"127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    port = free_port()
+    proc = _serve("--vllm-url", fake_vllm_thread, "--listen", f"127.0.0.1:{port}")
     try:
         for _ in range(100):
             try:
@@ -296,19 +278,11 @@ def test_a_client_protocol_error_is_one_json_log_line(fake_vllm_thread: str) -> 
 async def test_sigterm_stops_at_once_while_a_read_of_vllm_hangs(fake_vllm: FakeVllm) -> None:
     """vLLM takes 6 s to answer and --timeout is 5s: SIGTERM still ends the sidecar at once, exit 0 (it waited out
     the timeout before: 20 s at --timeout 20s)."""
-    import socket
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     fake_vllm.delay = 6.0
-    proc = subprocess.Popen(
-        [*VLLM_CAPACITY, "serve", "--vllm-url", fake_vllm.url, "--listen", f"127.0.0.1:{port}", "--timeout", "5s"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = _serve("--vllm-url", fake_vllm.url, "--listen", f"127.0.0.1:{port}", "--timeout", "5s")
     try:
         for _ in range(100):  # until the read of vLLM is in flight
             await asyncio.sleep(0.1)

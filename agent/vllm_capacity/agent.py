@@ -370,23 +370,21 @@ class Agent:
         )
         if not engines:
             self.logger.warning("capacity_unknown", why="no per-engine vllm: gauge (num_requests_running, ...) found")
-        no_capacity = [f"{e.model_name}/{e.engine}" for e in engines if e.capacity_tokens is None]
-        if no_capacity:
-            self.logger.warning(
+        for event, missing, why in (
+            (
                 "capacity_unknown",
-                engine_count=len(no_capacity),
-                engines=_first(no_capacity),
-                why="vllm:cache_config_info has neither kv_cache_size_tokens nor num_gpu_blocks and block_size "
+                [f"{e.model_name}/{e.engine}" for e in engines if e.capacity_tokens is None],
+                "vllm:cache_config_info has neither kv_cache_size_tokens nor num_gpu_blocks and block_size "
                 "(vLLM 0.8.x reports num_gpu_blocks=None)",
-            )
-        no_length = [f"{e.model_name}/{e.engine}" for e in engines if e.max_model_len is None]
-        if no_length:
-            self.logger.warning(
+            ),
+            (
                 "max_model_len_unknown",
-                engine_count=len(no_length),
-                engines=_first(no_length),
-                why="/v1/models gave none; set --max-model-len",
-            )
+                [f"{e.model_name}/{e.engine}" for e in engines if e.max_model_len is None],
+                "/v1/models gave none; set --max-model-len",
+            ),
+        ):
+            if missing:
+                self.logger.warning(event, engine_count=len(missing), engines=_first(missing), why=why)
 
     def _crashed(self, err: Exception) -> None:
         """A cycle raised: counted as source_errors_total{source="agent",reason="internal"}, logged with its
