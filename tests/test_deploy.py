@@ -126,8 +126,12 @@ def test_generated_copies_match_their_sources() -> None:
 
 @pytest.mark.parametrize("version", VERSIONS)
 def test_manifests_validate_strictly(version: str, tmp_path: Path) -> None:
-    rendered = tmp_path / "example.yaml"
-    rendered.write_text(yaml.safe_dump_all(kustomize(K8S / "example")))
+    _validate(kustomize(K8S / "example"), version, tmp_path)
+
+
+def _validate(docs: list[dict], version: str, tmp_path: Path) -> None:
+    rendered = tmp_path / f"rendered-{version}.yaml"
+    rendered.write_text(yaml.safe_dump_all(docs))
     result = subprocess.run(
         [str(BIN / "kubernetes-validate"), "--strict", "-k", version, str(rendered)], capture_output=True, text=True
     )
@@ -203,6 +207,28 @@ def test_manifests_expose_no_more_than_they_need() -> None:
     compose = yaml.safe_load((ROOT / "deploy" / "compose" / "docker-compose.yaml").read_text())
     published = [p for service in compose["services"].values() for p in service.get("ports", [])]
     assert published and all(p.startswith("127.0.0.1:") for p in published), published
+
+
+def test_web_config_component(tmp_path: Path) -> None:
+    """On top of the sidecar component: the web configuration mounted from its Secret, named by the env twin of
+    --web.config.file, and every probe over HTTPS on the endpoints that need no credentials."""
+    docs = kustomize(_overlay(tmp_path / "overlay", "vllm-capacity-sidecar", "vllm-capacity-web-config"))
+    (sidecar,) = _sidecars(docs)
+    env = {e["name"]: e["value"] for e in sidecar["env"]}
+    mount = next(m for m in sidecar["volumeMounts"] if m["name"] == "vllm-capacity-web-config")
+    assert env["VLLM_CAPACITY_WEB_CONFIG_FILE"].startswith(mount["mountPath"] + "/") and mount["readOnly"]
+    assert env["VLLM_CAPACITY_VLLM_URL"] == "http://127.0.0.1:8000", "the sidecar component's env is kept"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert sidecar[probe]["httpGet"]["scheme"] == "HTTPS", probe
+    _assert_probes_never_follow_vllm(sidecar)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["vllm-capacity-web-config"]["secret"]["secretName"] == "vllm-capacity-web-config"
+    from vllm_capacity.options import SERVE_OPTIONS
+
+    assert "VLLM_CAPACITY_WEB_CONFIG_FILE" in {o.env for o in SERVE_OPTIONS}
+    for version in VERSIONS:
+        _validate(docs, version, tmp_path)
 
 
 def test_sidecar_patch_on_a_plain_deployment(tmp_path: Path) -> None:

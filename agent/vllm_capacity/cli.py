@@ -75,8 +75,9 @@ async def _serve(values: ServeConfig) -> int:
     import structlog
     from aiohttp import web
 
+    from vllm_capacity import webconfig
     from vllm_capacity.agent import Agent
-    from vllm_capacity.server import make_app
+    from vllm_capacity.server import Access, make_app
 
     log = structlog.get_logger("vllm_capacity")
     kwargs = _agent_kwargs(values)
@@ -89,11 +90,18 @@ async def _serve(values: ServeConfig) -> int:
         **kwargs,
     )
     host, port = values.listen
+    access, ssl_context = Access(), None
+    if values.web_config_file is not None:
+        web_config = webconfig.load(values.web_config_file)  # checked at start; read again here to use it
+        access = Access(webconfig.Authenticator(web_config.users), dict(web_config.headers))
+        ssl_context = webconfig.new_ssl_context(web_config) if web_config.tls else None
     # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)
-    runner = web.AppRunner(make_app(agent), access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
+    app = make_app(agent, access=access)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host or None, port).start()  # None: every interface, IPv4 and IPv6
+        # None: every interface, IPv4 and IPv6
+        await web.TCPSite(runner, host or None, port, ssl_context=ssl_context).start()
     except OSError as err:
         await runner.cleanup()
         await client.aclose()
@@ -103,10 +111,15 @@ async def _serve(values: ServeConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    if values.web_config_file is not None:
+        path = values.web_config_file
+        loop.add_signal_handler(signal.SIGHUP, lambda: _reload_web_config(path, access, ssl_context))
     log.info(
         "serving",
         version=__version__,
         listen=f"{host}:{port}",
+        tls=ssl_context is not None,
+        basic_auth=bool(access.auth.users),
         vllm_url=redact_url(values.vllm_url),
         interval_seconds=values.interval,
         api_key="set" if values.api_key_file else "unset",
@@ -118,6 +131,27 @@ async def _serve(values: ServeConfig) -> int:
         await runner.cleanup()
         await client.aclose()
     return 0
+
+
+def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
+    """SIGHUP: read the web configuration again. New certificates serve the next handshakes, new users and headers
+    the next requests; the listener stays. A file that no longer loads keeps the settings in force."""
+    import structlog
+
+    from vllm_capacity import webconfig
+
+    log = structlog.get_logger("vllm_capacity")
+    try:
+        config = webconfig.load(path)
+        if bool(config.tls) != (ssl_context is not None):
+            raise webconfig.WebConfigError("turning TLS on or off needs a restart (the listener stays as it is)")
+        if ssl_context is not None:
+            webconfig.configure_ssl_context(ssl_context, config)
+    except webconfig.WebConfigError as err:
+        log.error("web_config_reload_failed", file=str(path), error=str(err), kept="the settings in force")
+        return
+    access.auth, access.headers = webconfig.Authenticator(config.users), dict(config.headers)
+    log.info("web_config_reloaded", file=str(path), tls=ssl_context is not None, users=len(config.users))
 
 
 async def _report(values: ReportConfig) -> int:

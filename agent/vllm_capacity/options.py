@@ -67,6 +67,18 @@ def _duration(minimum: float, maximum: float) -> Callable[[str], float]:
     return parse
 
 
+def _web_config(text: str) -> Path:
+    """A web configuration file that loads (checked now: a bad one is a start-up error, not a broken listener)."""
+    from vllm_capacity import webconfig
+
+    path = Path(text)
+    try:
+        webconfig.load(path)
+    except webconfig.WebConfigError as err:
+        raise ValueError(str(err)) from None
+    return path
+
+
 def _positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) <= 0:
         raise ValueError(f"{text!r} is not a positive whole number")
@@ -122,7 +134,7 @@ class Option:
 
     @property
     def dest(self) -> str:
-        return self.flag.removeprefix("--").replace("-", "_")
+        return self.flag.removeprefix("--").replace("-", "_").replace(".", "_")
 
     @property
     def env(self) -> str:
@@ -206,6 +218,12 @@ SERVE_OPTIONS = (
     ),
     *MODEL_OPTIONS,
     *NVML_OPTIONS,
+    Option(
+        "--web.config.file",
+        _web_config,
+        None,
+        "TLS and basic auth for the listener, in the exporter-toolkit format (re-read on SIGHUP)",
+    ),
     Option("--log-format", _choice("json", "console"), "json", "json (one object per line) or console"),
     Option("--log-level", _choice("debug", "info", "warning", "error"), "info", "debug, info, warning or error"),
 )
@@ -365,6 +383,7 @@ class ServeConfig(SourceConfig):
     listen: tuple[str, int]
     interval: float
     models_refresh: float
+    web_config_file: Path | None
     log_format: str
     log_level: str
 

@@ -1,18 +1,54 @@
-"""The sidecar's HTTP server (aiohttp): /metrics, /healthz, /readyz and a landing page at /."""
+"""The sidecar's HTTP server (aiohttp): /metrics, /healthz, /readyz and a landing page at /.
+
+With ``--web.config.file`` every endpoint but the probes asks for basic credentials, and the configured headers go
+on every response. The probes stay open: the kubelet sends no credentials, and they say nothing but "serving".
+"""
 
 from __future__ import annotations
 
+import asyncio
 import html
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from aiohttp import web
 
 from vllm_capacity import __version__
 from vllm_capacity.agent import Agent
 from vllm_capacity.exposition import build_registry, render
+from vllm_capacity.webconfig import Authenticator
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
 
-def make_app(agent: Agent, *, process_metrics: bool = True) -> web.Application:
+@dataclass
+class Access:
+    """Who may read the sidecar and which headers it sends; swapped whole when the web configuration is re-read."""
+
+    auth: Authenticator = field(default_factory=lambda: Authenticator({}))
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def make_app(agent: Agent, *, process_metrics: bool = True, access: Access | None = None) -> web.Application:
     registry = build_registry(agent, process_metrics=process_metrics)
+    access = access if access is not None else Access()
+
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        auth, headers = access.auth, dict(access.headers)  # one view, even if a reload swaps them meanwhile
+        guarded = request.path not in OPEN_PATHS and auth.users
+        # a bcrypt check takes tens of milliseconds: off the event loop
+        if guarded and not await asyncio.to_thread(auth.allows, request.headers.get("Authorization")):
+            return web.Response(
+                status=401,
+                text="unauthorized\n",
+                headers={**headers, "WWW-Authenticate": 'Basic realm="vllm-capacity"'},
+            )
+        response = await handler(request)
+        response.headers.update(headers)
+        return response
 
     async def metrics(request: web.Request) -> web.Response:
         body, content_type = render(registry, request.headers.get("Accept"))
@@ -42,7 +78,7 @@ def make_app(agent: Agent, *, process_metrics: bool = True) -> web.Application:
 """
         return web.Response(text=page, content_type="text/html")
 
-    app = web.Application()
+    app = web.Application(middlewares=[guard])
     app.add_routes(
         [web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/", landing)]
     )

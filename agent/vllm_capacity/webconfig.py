@@ -1,0 +1,176 @@
+"""TLS and basic authentication for the sidecar's listener, the Prometheus way: ``--web.config.file`` in the
+exporter-toolkit format that node_exporter and every other Prometheus exporter read.
+
+    tls_server_config:
+      cert_file: /etc/vllm-capacity/tls.crt
+      key_file: /etc/vllm-capacity/tls.key
+      client_auth_type: RequireAndVerifyClientCert   # or NoClientCert (default), VerifyClientCertIfGiven
+      client_ca_file: /etc/vllm-capacity/ca.crt
+      min_version: TLS12                              # TLS10 .. TLS13
+    http_server_config:
+      headers: {Strict-Transport-Security: max-age=31536000}
+    basic_auth_users:
+      prometheus: $2b$12$...                          # bcrypt hashes (htpasswd -nBC 12 prometheus)
+
+Every key is checked at start: an unknown key, a missing file, a certificate that does not load or a hash that is not
+bcrypt is a start-up error naming it. The file is read again on SIGHUP: new certificates serve the next handshakes
+and new users the next requests, the listener stays up; a file that no longer loads keeps the previous settings.
+``RequestClientCert`` and ``RequireAnyClientCert`` are refused: Python's TLS verifies every client certificate it asks
+for, so only the verifying types can be honoured.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import bcrypt
+import yaml
+
+_TOP = {"tls_server_config", "http_server_config", "basic_auth_users"}
+_TLS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version"}
+_HTTP = {"headers"}
+_CLIENT_AUTH = {
+    "NoClientCert": ssl.CERT_NONE,
+    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
+    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+}
+_VERSIONS = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+
+
+class WebConfigError(ValueError):
+    """The web configuration cannot be used; the message names the key or file and why."""
+
+
+@dataclass(frozen=True)
+class WebConfig:
+    tls: Mapping[str, str] = field(default_factory=dict)  # tls_server_config, checked
+    users: Mapping[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+def load(path: Path) -> WebConfig:
+    """Read and check a web configuration file. Raises WebConfigError."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as err:
+        raise WebConfigError(f"cannot read {path}: {err.strerror}") from None
+    except yaml.YAMLError as err:
+        raise WebConfigError(f"{path} is not YAML: {err}") from None
+    doc = doc or {}
+    if not isinstance(doc, dict):
+        raise WebConfigError(f"{path}: expected a mapping of {', '.join(sorted(_TOP))}")
+    _known(doc, _TOP, "")
+    tls = _section(doc, "tls_server_config", _TLS)
+    http = _section(doc, "http_server_config", _HTTP)
+    headers = http.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise WebConfigError("http_server_config.headers: expected a mapping of header names to strings")
+    users = doc.get("basic_auth_users") or {}
+    if not isinstance(users, dict):
+        raise WebConfigError("basic_auth_users: expected a mapping of user names to bcrypt hashes")
+    hashes = {}
+    for user, hashed in users.items():
+        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+            raise WebConfigError(f"basic_auth_users.{user}: not a bcrypt hash ($2a$, $2b$ or $2y$)")
+        try:
+            bcrypt.checkpw(b"", hashed.encode())
+        except ValueError as err:
+            raise WebConfigError(f"basic_auth_users.{user}: not a valid bcrypt hash ({err})") from None
+        hashes[str(user)] = hashed.encode()
+    config = WebConfig(tls={k: str(v) for k, v in tls.items()}, users=hashes, headers=dict(headers))
+    if config.tls:
+        new_ssl_context(config)  # every certificate and key loads now, not at the first handshake
+    return config
+
+
+def _known(section: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise WebConfigError(f"{where}{unknown[0]}: unknown key (known: {', '.join(sorted(allowed))})")
+
+
+def _section(doc: Mapping[str, Any], name: str, allowed: set[str]) -> dict[str, Any]:
+    section = doc.get(name) or {}
+    if not isinstance(section, dict):
+        raise WebConfigError(f"{name}: expected a mapping")
+    _known(section, allowed, f"{name}.")
+    return section
+
+
+def new_ssl_context(config: WebConfig) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    configure_ssl_context(ctx, config)
+    return ctx
+
+
+def configure_ssl_context(ctx: ssl.SSLContext, config: WebConfig) -> None:
+    """Apply ``tls_server_config`` to ``ctx`` (also to the listener's own context on a reload)."""
+    tls = config.tls
+    if "cert_file" not in tls or "key_file" not in tls:
+        raise WebConfigError("tls_server_config: cert_file and key_file are both needed")
+    auth = tls.get("client_auth_type", "NoClientCert")
+    if auth not in _CLIENT_AUTH:
+        raise WebConfigError(
+            f"tls_server_config.client_auth_type: {auth!r} is not one of {', '.join(_CLIENT_AUTH)} "
+            "(RequestClientCert and RequireAnyClientCert cannot be honoured: Python's TLS verifies what it asks for)"
+        )
+    version = tls.get("min_version", "TLS12")
+    if version not in _VERSIONS:
+        raise WebConfigError(f"tls_server_config.min_version: {version!r} is not one of {', '.join(_VERSIONS)}")
+    try:
+        ctx.load_cert_chain(tls["cert_file"], tls["key_file"])
+    except (OSError, ssl.SSLError) as err:
+        raise WebConfigError(f"tls_server_config: cannot load {tls['cert_file']} with its key: {err}") from None
+    if _CLIENT_AUTH[auth] != ssl.CERT_NONE:
+        if "client_ca_file" not in tls:
+            raise WebConfigError(f"tls_server_config.client_auth_type {auth} needs client_ca_file")
+        try:
+            ctx.load_verify_locations(tls["client_ca_file"])
+        except (OSError, ssl.SSLError) as err:
+            raise WebConfigError(f"tls_server_config.client_ca_file: cannot load it: {err}") from None
+    ctx.verify_mode = _CLIENT_AUTH[auth]
+    ctx.minimum_version = _VERSIONS[version]
+
+
+class Authenticator:
+    """Checks HTTP basic credentials against bcrypt hashes. A bcrypt check costs tens of milliseconds on purpose;
+    a successful one is remembered (keyed by a keyed hash of the credentials, never the password) so that a
+    scrape every few seconds does not pay it each time."""
+
+    def __init__(self, users: Mapping[str, bytes]) -> None:
+        self.users = dict(users)
+        self._key = hashlib.sha256(b"".join(sorted(self.users.values()))).digest()
+        self._good: set[bytes] = set()
+
+    def allows(self, authorization: str | None) -> bool:
+        if not self.users:
+            return True
+        if not authorization or not authorization.startswith("Basic "):
+            return False
+        try:
+            user, _, password = base64.b64decode(authorization[6:], validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        hashed = self.users.get(user)
+        if hashed is None:
+            return False
+        token = hmac.new(self._key, f"{user}:{password}".encode(), hashlib.sha256).digest()
+        if token in self._good:
+            return True
+        if bcrypt.checkpw(password.encode(), hashed):
+            self._good.add(token)
+            return True
+        return False

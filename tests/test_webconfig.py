@@ -1,0 +1,250 @@
+"""TLS and basic authentication on the sidecar's listener (--web.config.file, the exporter-toolkit format), with
+certificates made in the test (trustme) and Debian's Prometheus scraping it over TLS with credentials."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import bcrypt
+import httpx
+import pytest
+import trustme
+import yaml
+
+from lab import free_port
+from vllm_capacity.webconfig import WebConfigError, load
+
+
+def _hash(password: str) -> str:
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=4)).decode()  # cheap rounds: a test
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A CA, the sidecar's certificate for 127.0.0.1, a client certificate from the CA and one from another CA."""
+    d = tmp_path_factory.mktemp("pki")
+    ca, stranger = trustme.CA(), trustme.CA()
+    server = ca.issue_cert("127.0.0.1", "localhost")
+    client = ca.issue_cert("prometheus@monitoring")
+    rogue = stranger.issue_cert("rogue")
+    paths = {
+        "ca": d / "ca.crt",
+        "cert": d / "tls.crt",
+        "key": d / "tls.key",
+        "client": d / "client.pem",
+        "rogue": d / "rogue.pem",
+    }
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
+    server.private_key_pem.write_to_path(str(paths["key"]))
+    client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
+    rogue.private_key_and_cert_chain_pem.write_to_path(str(paths["rogue"]))
+    return paths
+
+
+def _write(path: Path, pki: dict[str, Path], users: dict[str, str], **tls: str) -> Path:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "tls_server_config": {"cert_file": str(pki["cert"]), "key_file": str(pki["key"]), **tls},
+                "http_server_config": {"headers": {"X-Content-Type-Options": "nosniff"}},
+                "basic_auth_users": {user: _hash(pw) for user, pw in users.items()},
+            }
+        )
+    )
+    return path
+
+
+def _client(pki: dict[str, Path], cert: str | None = None) -> httpx.Client:
+    ctx = ssl.create_default_context(cafile=str(pki["ca"]))
+    if cert:
+        ctx.load_cert_chain(str(pki[cert]))
+    return httpx.Client(verify=ctx, timeout=10)
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"tls_server_config": {"cert_file": "x", "key_file": "y", "cipher": "z"}}, "tls_server_config.cipher"),
+        ({"basic_auth_users": {"p": "plain-text"}}, "basic_auth_users.p: not a bcrypt hash"),
+        ({"basic_auth_users": {"p": "$2b$12$short"}}, "basic_auth_users.p: not a valid bcrypt hash"),
+        ({"tls_server_config": {"cert_file": "/nope.crt", "key_file": "/nope.key"}}, "cannot load /nope.crt"),
+        ({"http_server_config": {"http2": True}}, "http_server_config.http2: unknown key"),
+        ({"tls": {}}, "tls: unknown key"),
+    ],
+)
+def test_a_web_config_that_cannot_be_used_is_refused(tmp_path: Path, doc: dict, message: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(WebConfigError, match=message.replace(".", r"\.")):
+        load(path)
+
+
+def test_client_auth_types_python_cannot_honour_are_refused(tmp_path: Path, pki: dict[str, Path]) -> None:
+    path = _write(tmp_path / "web.yml", pki, {}, client_auth_type="RequireAnyClientCert")
+    with pytest.raises(WebConfigError, match="RequireAnyClientCert"):
+        load(path)
+    path = _write(tmp_path / "web.yml", pki, {}, client_auth_type="RequireAndVerifyClientCert")
+    with pytest.raises(WebConfigError, match="needs client_ca_file"):
+        load(path)
+
+
+def test_a_bad_web_config_is_a_start_up_error(tmp_path: Path) -> None:
+    path = tmp_path / "web.yml"
+    path.write_text("basic_auth_users: {prometheus: secret}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "vllm_capacity", "serve", "--web.config.file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "vllm-capacity serve: error: --web.config.file: basic_auth_users.prometheus: not a bcrypt hash "
+        "($2a$, $2b$ or $2y$)"
+    )
+
+
+@pytest.fixture
+def secured(
+    fake_vllm_thread: str, pki: dict[str, Path], tmp_path: Path
+) -> Iterator[tuple[str, Path, subprocess.Popen]]:
+    web = _write(
+        tmp_path / "web.yml",
+        pki,
+        {"prometheus": "scrape-pw"},
+        client_auth_type="VerifyClientCertIfGiven",
+        client_ca_file=str(pki["ca"]),
+    )
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "vllm_capacity", "serve", "--vllm-url", fake_vllm_thread),
+            *("--listen", f"127.0.0.1:{port}", "--web.config.file", str(web), "--interval", "200ms"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"https://127.0.0.1:{port}"
+    with _client(pki) as client:
+        for _ in range(100):
+            try:
+                client.get(url + "/healthz")
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+    try:
+        yield url, web, proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+
+
+def test_tls_basic_auth_and_headers(secured: tuple[str, Path, subprocess.Popen], pki: dict[str, Path]) -> None:
+    url, _, _ = secured
+    with _client(pki) as client:
+        assert client.get(url + "/healthz").status_code == 200  # probes need no credentials
+        denied = client.get(url + "/metrics")
+        assert denied.status_code == 401 and denied.headers["WWW-Authenticate"].startswith("Basic")
+        assert client.get(url + "/metrics", auth=("prometheus", "wrong")).status_code == 401
+        assert client.get(url + "/", auth=("nobody", "scrape-pw")).status_code == 401
+        ok = client.get(url + "/metrics", auth=("prometheus", "scrape-pw"))
+        assert ok.status_code == 200 and "vllm_capacity_up" in ok.text
+        assert ok.headers["X-Content-Type-Options"] == "nosniff"
+    with _client(pki, "client") as client:  # a client certificate from the CA: verified and accepted
+        assert client.get(url + "/metrics", auth=("prometheus", "scrape-pw")).status_code == 200
+    with _client(pki, "rogue") as client, pytest.raises(httpx.TransportError):  # another CA's: refused in TLS
+        client.get(url + "/metrics", auth=("prometheus", "scrape-pw"))
+    with pytest.raises(httpx.TransportError):  # plain HTTP is not served
+        httpx.get(url.replace("https", "http") + "/metrics", timeout=5)
+
+
+def test_sighup_re_reads_the_web_config_without_dropping_the_listener(
+    secured: tuple[str, Path, subprocess.Popen], pki: dict[str, Path]
+) -> None:
+    url, web, proc = secured
+    _write(web, pki, {"grafana": "new-pw"}, client_auth_type="VerifyClientCertIfGiven", client_ca_file=str(pki["ca"]))
+    proc.send_signal(signal.SIGHUP)
+    with _client(pki) as client:
+        for _ in range(100):
+            if client.get(url + "/metrics", auth=("grafana", "new-pw")).status_code == 200:
+                break
+            time.sleep(0.1)
+        assert client.get(url + "/metrics", auth=("grafana", "new-pw")).status_code == 200
+        assert client.get(url + "/metrics", auth=("prometheus", "scrape-pw")).status_code == 401
+    web.write_text("basic_auth_users: {x: not-a-hash}\n")  # a broken file keeps the settings in force
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    with _client(pki) as client:
+        assert client.get(url + "/metrics", auth=("grafana", "new-pw")).status_code == 200
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=10)
+    events = [json.loads(line)["event"] for line in stderr.splitlines()]
+    assert "web_config_reloaded" in events and "web_config_reload_failed" in events
+    assert "new-pw" not in stderr and "scrape-pw" not in stderr
+
+
+def test_prometheus_scrapes_over_tls_with_basic_auth_and_a_client_certificate(
+    secured: tuple[str, Path, subprocess.Popen], pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """Debian's Prometheus, configured as a user would (scheme https, basic_auth, tls_config with the CA and a client
+    certificate), scrapes the sidecar: up is 1 and the agent's series arrive."""
+    url, _, _ = secured
+    prom_port = free_port()
+    config = {
+        "global": {"scrape_interval": "1s"},
+        "scrape_configs": [
+            {
+                "job_name": "vllm-capacity",
+                "scheme": "https",
+                "basic_auth": {"username": "prometheus", "password": "scrape-pw"},
+                "tls_config": {
+                    "ca_file": str(pki["ca"]),
+                    "cert_file": str(pki["client"]),
+                    "key_file": str(pki["client"]),
+                },
+                "static_configs": [{"targets": [url.removeprefix("https://")]}],
+            }
+        ],
+    }
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    prometheus = shutil.which("prometheus")
+    assert prometheus, "prometheus missing: scripts/setup installs Debian's prometheus"
+    proc = subprocess.Popen(
+        [
+            prometheus,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        result: list = []
+        for _ in range(300):
+            time.sleep(0.2)
+            try:
+                r = httpx.get(
+                    f"http://127.0.0.1:{prom_port}/api/v1/query", params={"query": "vllm_capacity_up"}, timeout=5
+                )
+            except httpx.TransportError:
+                continue
+            result = r.json()["data"]["result"] if r.status_code == 200 else []
+            if result:
+                break
+        assert result, "Prometheus never scraped the sidecar over TLS with basic auth"
+        up = httpx.get(f"http://127.0.0.1:{prom_port}/api/v1/query", params={"query": "up"}, timeout=5).json()
+        assert [s["value"][1] for s in up["data"]["result"]] == ["1"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
