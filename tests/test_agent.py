@@ -433,3 +433,15 @@ async def test_a_thousand_engines_make_short_log_lines(h: Harness, fake_vllm: Fa
     (unknown,) = [e for e in logs if e["event"] == "capacity_unknown"]
     assert unknown["engine_count"] == 1000
     assert max(len(repr(e)) for e in logs) < 2000
+
+
+def test_an_error_without_a_message_is_named_by_its_cause() -> None:
+    """httpx's ReadError for a reset connection has no message ('ReadError: ' in the log); the cause says what."""
+    import httpx
+
+    from vllm_capacity.sources.vllm import _cause
+
+    reset = httpx.ReadError("")
+    reset.__cause__ = ConnectionResetError(104, "Connection reset by peer")
+    assert _cause(reset) == "ReadError: [Errno 104] Connection reset by peer"
+    assert _cause(httpx.ReadError("")) == "ReadError (no detail: the connection was closed or reset)"

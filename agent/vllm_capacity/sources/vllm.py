@@ -105,11 +105,11 @@ class VllmClient:
                 Reason.TIMEOUT, f"{url} timed out after {self.timeout:g}s ({type(err).__name__})"
             ) from err
         except httpx.ConnectError as err:
-            raise SourceError(Reason.CONNECT, f"cannot connect to {url}: {err or type(err).__name__}") from err
+            raise SourceError(Reason.CONNECT, f"cannot connect to {url}: {_cause(err)}") from err
         except httpx.RemoteProtocolError as err:
-            raise SourceError(Reason.TRUNCATED, f"{url} closed the connection mid-response: {err}") from err
+            raise SourceError(Reason.TRUNCATED, f"{url} closed the connection mid-response: {_cause(err)}") from err
         except httpx.HTTPError as err:
-            raise SourceError(Reason.CONNECTION_ERROR, f"{url}: {type(err).__name__}: {err}") from err
+            raise SourceError(Reason.CONNECTION_ERROR, f"{url}: {_cause(err)}") from err
         body = b"".join(chunks)
         try:
             return body.decode("utf-8"), content_type
@@ -139,6 +139,17 @@ class VllmClient:
         except (SourceError, ValueError, AttributeError):
             return None
         return str(version) if version else None
+
+
+def _cause(err: BaseException) -> str:
+    """What went wrong, in words: httpx's errors often carry no message of their own (a reset read is 'ReadError: '),
+    so the first cause down the chain that has one is named with them."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if str(seen):
+            return f"{type(err).__name__}: {seen}" if seen is not err else f"{type(err).__name__}: {err}"
+        seen = seen.__cause__ or seen.__context__
+    return f"{type(err).__name__} (no detail: the connection was closed or reset)"
 
 
 def parse_models(text: str, base_url: str = "vLLM") -> ModelsInfo:
