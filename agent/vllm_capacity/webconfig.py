@@ -154,6 +154,11 @@ class Authenticator:
         self.users = dict(users)
         self._key = hashlib.sha256(b"".join(sorted(self.users.values()))).digest()
         self._good: set[bytes] = set()
+        # a hash of the configured cost, so that checking an unknown user takes as long as checking a known one
+        self._decoy = b""
+        if self.users:
+            cost = next(iter(self.users.values()))[4:6].decode()
+            self._decoy = bcrypt.hashpw(b"decoy", bcrypt.gensalt(rounds=int(cost) if cost.isdigit() else 12))
 
     def allows(self, authorization: str | None) -> bool:
         if not self.users:
@@ -166,6 +171,8 @@ class Authenticator:
             return False
         hashed = self.users.get(user)
         if hashed is None:
+            # as long as a wrong password takes: an unknown user must not answer faster than a known one
+            bcrypt.checkpw(password.encode(), self._decoy)
             return False
         token = hmac.new(self._key, f"{user}:{password}".encode(), hashlib.sha256).digest()
         if token in self._good:
