@@ -364,6 +364,20 @@ def test_helm_chart_optional_alertmanager_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_helm_chart_scrapes_sidecars_that_serve_tls_with_basic_auth() -> None:
+    from cloudcoil.models.prometheus_operator import v1
+
+    basic = {"username": {"name": "scrape", "key": "user"}, "password": {"name": "scrape", "key": "password"}}
+    tls = {"ca": {"secret": {"name": "scrape", "key": "ca.crt"}}, "serverName": "vllm-capacity"}
+    docs = _render_chart({"podMonitor": {"scheme": "https", "basicAuth": basic, "tlsConfig": tls}})
+    sidecar = next(d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-sidecar"))
+    (endpoint,) = sidecar["spec"]["podMetricsEndpoints"]
+    assert (endpoint["scheme"], endpoint["basicAuth"], endpoint["tlsConfig"]) == ("https", basic, tls)
+    v1.PodMonitor.model_validate(sidecar)
+    vllm = next(d for d in docs if d["kind"] == "PodMonitor" and d["metadata"]["name"].endswith("-vllm"))
+    assert "basicAuth" not in vllm["spec"]["podMetricsEndpoints"][0]  # vLLM's own endpoint is not the sidecar's
+
+
 def test_helm_chart_everything_off() -> None:
     off = {k: {"enabled": False} for k in ("podMonitor", "vllmPodMonitor", "prometheusRule", "dashboards")}
     assert _render_chart(off) == []

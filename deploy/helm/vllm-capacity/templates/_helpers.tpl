@@ -13,6 +13,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - port: {{ .port }}
   path: /metrics
   interval: {{ .interval }}
+  {{- with .scheme }}
+  scheme: {{ . }}
+  {{- end }}
+  {{- with .basicAuth }}
+  basicAuth:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with .tlsConfig }}
+  tlsConfig:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
   relabelings:
     - sourceLabels: [__meta_kubernetes_namespace]
       targetLabel: namespace
