@@ -110,6 +110,17 @@ async def test_bad_input_is_counted_logged_once_and_survived(fake_vllm: FakeVllm
         assert "kv_cache_capacity_tokens" not in text
 
 
+async def test_the_telemetry_path_moves_metrics(fake_vllm: FakeVllm) -> None:
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    agent = Agent(vllm, interval=0.1)
+    async with TestClient(TestServer(make_app(agent, metrics_path="/capacity/metrics"))) as http:
+        await agent.cycle()
+        assert (await http.get("/metrics")).status == 404
+        assert "vllm_capacity_up 1.0" in await (await http.get("/capacity/metrics")).text()
+        assert 'href="capacity/metrics"' in await (await http.get("/")).text()
+    await vllm.aclose()
+
+
 async def test_connection_refused_is_counted() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

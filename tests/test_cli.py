@@ -90,6 +90,15 @@ def test_each_command_has_a_typed_field_per_option(command: str) -> None:
     assert {f.name for f in dataclasses.fields(cls)} == {o.key or o.dest for o in table}
 
 
+def test_the_prometheus_exporters_flag_names() -> None:
+    """--web.listen-address is --listen; --web.telemetry-path moves /metrics (not onto a probe or the landing page)."""
+    assert _resolve(["--web.listen-address", "127.0.0.1:9100"], {}).listen == ("127.0.0.1", 9100)
+    assert _resolve([], {"VLLM_CAPACITY_WEB_TELEMETRY_PATH": "/capacity"}).web_telemetry_path == "/capacity"
+    for bad in ("metrics", "/healthz", "/", "/a b"):
+        result = _main("serve", "--web.telemetry-path", bad)
+        assert result.returncode == 2 and "--web.telemetry-path:" in result.stderr
+
+
 def test_environment_twin_and_flag_precedence() -> None:
     env = {"VLLM_CAPACITY_INTERVAL": "250ms", "VLLM_CAPACITY_VLLM_URL": "http://vllm:8000"}
     assert _resolve([], env).interval == 0.25

@@ -96,7 +96,7 @@ async def _serve(values: ServeConfig) -> int:
         access = Access(webconfig.Authenticator(web_config.users), dict(web_config.headers))
         ssl_context = webconfig.new_ssl_context(web_config) if web_config.tls else None
     # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)
-    app = make_app(agent, access=access)
+    app = make_app(agent, access=access, metrics_path=values.web_telemetry_path)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
     await runner.setup()
     try:

@@ -79,6 +79,14 @@ def _web_config(text: str) -> Path:
     return path
 
 
+def _telemetry_path(text: str) -> str:
+    if not text.startswith("/") or any(c.isspace() or c in "?#" for c in text):
+        raise ValueError(f"{text!r} is not a path such as /metrics")
+    if text in ("/", "/healthz", "/readyz"):
+        raise ValueError(f"{text!r} is taken by the landing page or a probe")
+    return text
+
+
 def _positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) <= 0:
         raise ValueError(f"{text!r} is not a positive whole number")
@@ -131,6 +139,7 @@ class Option:
     default: str | None
     help: str
     key: str | None = None  # the name of the parsed value, when not the flag's
+    aliases: tuple[str, ...] = ()  # other spellings of the flag (the Prometheus exporters' --web.* names)
 
     @property
     def dest(self) -> str:
@@ -199,7 +208,19 @@ NVML_OPTIONS = (
 
 SERVE_OPTIONS = (
     VLLM_URL,
-    Option("--listen", parse_listen, ":9790", "host:port for /metrics, /healthz, /readyz (':9790' = all interfaces)"),
+    Option(
+        "--listen",
+        parse_listen,
+        ":9790",
+        "host:port for /metrics, /healthz, /readyz (':9790' = all interfaces); also --web.listen-address",
+        aliases=("--web.listen-address",),
+    ),
+    Option(
+        "--web.telemetry-path",
+        _telemetry_path,
+        "/metrics",
+        "the path Prometheus scrapes, as other exporters name it",
+    ),
     Option(
         "--interval",
         _duration(MIN_INTERVAL, 3600.0),
@@ -242,7 +263,9 @@ REPORT_OPTIONS = (
 def _add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     for opt in options:
         default = f" (default {opt.default})" if opt.default is not None else ""
-        parser.add_argument(opt.flag, dest=opt.dest, default=None, help=f"{opt.help}{default}; env {opt.env}")
+        parser.add_argument(
+            opt.flag, *opt.aliases, dest=opt.dest, default=None, help=f"{opt.help}{default}; env {opt.env}"
+        )
 
 
 def resolve(ns: argparse.Namespace, options: Sequence[Option], environ: dict[str, str]) -> dict[str, Any]:
@@ -383,6 +406,7 @@ class ServeConfig(SourceConfig):
     listen: tuple[str, int]
     interval: float
     models_refresh: float
+    web_telemetry_path: str
     web_config_file: Path | None
     log_format: str
     log_level: str

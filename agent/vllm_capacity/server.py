@@ -29,7 +29,9 @@ class Access:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def make_app(agent: Agent, *, process_metrics: bool = True, access: Access | None = None) -> web.Application:
+def make_app(
+    agent: Agent, *, process_metrics: bool = True, access: Access | None = None, metrics_path: str = "/metrics"
+) -> web.Application:
     registry = build_registry(agent, process_metrics=process_metrics)
     access = access if access is not None else Access()
 
@@ -68,18 +70,24 @@ def make_app(agent: Agent, *, process_metrics: bool = True, access: Access | Non
 
     async def landing(_: web.Request) -> web.Response:
         url = html.escape(agent.client.display_url)
+        link, shown = html.escape(metrics_path.lstrip("/")), html.escape(metrics_path)
         page = f"""<!doctype html>
 <html><head><title>vllm-capacity</title></head>
 <body><h1>vllm-capacity {__version__}</h1>
 <p>KV-cache capacity and concurrency exporter for the vLLM server at <code>{url}</code>
 (vLLM {"up" if agent.snapshot.up else "down"}).</p>
-<ul><li><a href="metrics">/metrics</a></li><li><a href="healthz">/healthz</a></li>
+<ul><li><a href="{link}">{shown}</a></li><li><a href="healthz">/healthz</a></li>
 <li><a href="readyz">/readyz</a></li></ul></body></html>
 """
         return web.Response(text=page, content_type="text/html")
 
     app = web.Application(middlewares=[guard])
     app.add_routes(
-        [web.get("/metrics", metrics), web.get("/healthz", healthz), web.get("/readyz", readyz), web.get("/", landing)]
+        [
+            web.get(metrics_path, metrics),
+            web.get("/healthz", healthz),
+            web.get("/readyz", readyz),
+            web.get("/", landing),
+        ]
     )
     return app
