@@ -456,3 +456,28 @@ def test_an_error_without_a_message_is_named_by_its_cause() -> None:
     reset.__cause__ = ConnectionResetError(104, "Connection reset by peer")
     assert _cause(reset) == "ReadError: [Errno 104] Connection reset by peer"
     assert _cause(httpx.ReadError("")) == "ReadError (no detail: the connection was closed or reset)"
+
+
+async def test_a_flapping_source_logs_at_a_bounded_rate(fake_vllm: FakeVllm) -> None:
+    """vLLM failing every other cycle at 100 ms: one line when it first fails, then at most one line every 10 s,
+    saying the state it is in and how many changes came between; every failure is still counted."""
+    clock = FakeClock()
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    agent = Agent(vllm, interval=0.1, monotonic=clock)
+    with structlog.testing.capture_logs() as logs:
+        for i in range(200):  # 20 s of flapping
+            fake_vllm.status = 500 if i % 2 == 0 else 200
+            await agent.cycle()
+            clock.advance(0.1)
+        fake_vllm.status = 200  # and then it stays up
+        for _ in range(110):
+            await agent.cycle()
+            clock.advance(0.1)
+    await vllm.aclose()
+    events = ("source_failed", "source_recovered", "source_flapping")
+    lines = [e for e in logs if e["event"] in events and e["source"] == "vllm"]
+    assert agent.errors[("vllm", "http_5xx")] == 100
+    assert 2 <= len(lines) <= 4, lines  # 31 s: a line at the start, then one per 10 s at the most
+    assert lines[0]["event"] == "source_failed" and "changes_since_last_line" not in lines[0]
+    assert any(e.get("changes_since_last_line", 0) > 50 for e in lines)
+    assert lines[-1]["event"] == "source_recovered"  # the log ends saying the state it is in

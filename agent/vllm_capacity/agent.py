@@ -38,6 +38,7 @@ SOURCE_LOG = "vllm_log"
 SOURCE_NVML = "nvml"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error
 NVML_MAX_BACKOFF = 300.0
+LOG_EVERY = 10.0  # seconds: at most one line a source about its state changes
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
 
 
@@ -45,7 +46,11 @@ DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when the
 class SourceStatus:
     up: bool = False
     duration_seconds: float | None = None
-    failing_reason: str | None = None  # the reason last logged, so each cause is logged once
+    failing_reason: str | None = None  # the current failure's reason; None while the source is up
+    # what the log last said of this source (None: up, or never logged), when, and the changes not logged since
+    logged_reason: str | None = None
+    logged_at: float = -float("inf")
+    unlogged_changes: int = 0
 
 
 def _first(items: list[Any], n: int = 8) -> list[Any]:
@@ -122,16 +127,37 @@ class Agent:
     def _ok(self, source: str, duration: float) -> None:
         status = self.sources[source]
         if status.failing_reason is not None:
-            self.logger.info("source_recovered", source=source, after=status.failing_reason)
+            status.unlogged_changes += 1
         status.up, status.duration_seconds, status.failing_reason = True, duration, None
+        self._log_state(source, status, None)
 
     def _fail(self, source: str, err: SourceError, duration: float) -> None:
-        """Count the failure; log its cause once (again only when the reason changes or after a recovery)."""
+        """Count the failure; log its cause once (again when the reason changes or after a recovery)."""
         status = self.sources[source]
         self.errors[(source, err.reason)] += 1
         if status.failing_reason != err.reason:
-            self.logger.warning("source_failed", source=source, reason=err.reason, error=str(err))
+            status.unlogged_changes += 1
         status.up, status.duration_seconds, status.failing_reason = False, duration, err.reason
+        self._log_state(source, status, err)
+
+    def _log_state(self, source: str, status: SourceStatus, err: SourceError | None) -> None:
+        """Log a source's state when it differs from what the log last said, at most once per LOG_EVERY seconds a
+        source: a source that flaps every cycle makes a line every LOG_EVERY seconds (with the changes in between
+        counted), not one a cycle; the log always comes to say the state the source is in."""
+        same = status.failing_reason == status.logged_reason
+        if same and not status.unlogged_changes:
+            return
+        now = self.monotonic()
+        if now - status.logged_at < LOG_EVERY:
+            return
+        changes = {"changes_since_last_line": status.unlogged_changes} if status.unlogged_changes > 1 else {}
+        if same:  # back where the last line left it, after changes in between: it flaps
+            self.logger.warning("source_flapping", source=source, state=status.failing_reason or "up", **changes)
+        elif err is None:
+            self.logger.info("source_recovered", source=source, after=status.logged_reason, **changes)
+        else:
+            self.logger.warning("source_failed", source=source, reason=err.reason, error=str(err), **changes)
+        status.logged_reason, status.logged_at, status.unlogged_changes = status.failing_reason, now, 0
 
     def _note_implausible(self, families: tuple[str, ...]) -> None:
         """Values vLLM sent that cannot be right (left out of this cycle): counted each cycle, logged once a cause."""
