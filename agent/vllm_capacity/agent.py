@@ -59,6 +59,17 @@ def _first(items: list[Any], n: int = 8) -> list[Any]:
     return items if len(items) <= n else [*items[:n], f"... {len(items) - n} more"]
 
 
+def _first_time(seen: set[Any], cause: object, remember: int = 256) -> bool:
+    """Whether ``cause`` is new to ``seen`` (then remembered). Causes are remembered up to ``remember``, then forgotten
+    all at once: a stream of distinct causes (a count in each message, say) cannot grow the set without bound."""
+    if cause in seen:
+        return False
+    if len(seen) >= remember:
+        seen.clear()
+    seen.add(cause)
+    return True
+
+
 def _internal(err: Exception, doing: str) -> SourceError:
     return SourceError(Reason.INTERNAL, f"{doing}: {type(err).__name__}: {err}")
 
@@ -164,8 +175,7 @@ class Agent:
         if not families:
             return
         self.errors[(SOURCE_VLLM, Reason.IMPLAUSIBLE_VALUE)] += 1
-        if families not in self._implausible_logged:
-            self._implausible_logged.add(families)
+        if _first_time(self._implausible_logged, families):
             self.logger.warning("implausible_values", families=list(families), hint="left out of this cycle's metrics")
 
     def _restarted(self, metrics: VllmMetrics) -> bool:
@@ -312,7 +322,7 @@ class Agent:
         was_down = self._last_metrics is None
         restarted = self._restarted(metrics)
         if restarted:
-            self.logger.info("vllm_restarted", reason="process start time, counter reset or cache config changed")
+            self.logger.info("vllm_restarted", reason="new process start time, or a counter went down")
             self._models = None
         if restarted or was_down or self.monotonic() - self._models_fetched_at >= self.models_refresh:
             await self._refresh_models()
@@ -418,8 +428,7 @@ class Agent:
         the derived series it could not compute."""
         self.errors[(SOURCE_AGENT, Reason.INTERNAL)] += 1
         cause = f"{type(err).__name__}: {err}"
-        if cause not in self._crashes_logged:
-            self._crashes_logged.add(cause)
+        if _first_time(self._crashes_logged, cause):
             self.logger.exception("cycle_crashed", cause=cause)
         self.snapshot = Snapshot(up=self.sources[SOURCE_VLLM].up, timestamp=self.snapshot.timestamp, gpus=self._gpus)
         self.ready = True

@@ -28,6 +28,7 @@ from vllm_capacity.options import (
 )
 from vllm_capacity.redaction import redact_url
 
+ONE_MEMORY_SOURCE = "give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)"
 KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays open
 
 if TYPE_CHECKING:
@@ -190,7 +191,7 @@ def _plan(values: PlanConfig) -> int:
     else:
         raise UsageError("give one of --model-config or --model-dir")
     if (values.kv_cache_memory is None) == (values.gpu_memory is None):
-        raise UsageError("give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)")
+        raise UsageError(ONE_MEMORY_SOURCE)
     try:
         geometry = load_config(config_path)
         budget = _plan_budget(values)
@@ -236,7 +237,7 @@ def _plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | 
     elif values.kv_cache_memory is not None:
         kv_cache_memory = values.kv_cache_memory
     else:
-        raise UsageError("give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)")
+        raise UsageError(ONE_MEMORY_SOURCE)
     return PlanInputs(
         kv_cache_memory_bytes=kv_cache_memory,
         max_model_len=max_model_len,

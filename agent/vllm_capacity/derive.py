@@ -225,11 +225,14 @@ def derive_engine(
     geometry: Geometry | None = None,
     tp: int = 1,
     pp: int = 1,
-    version: str | None = None,
+    rules: tuple[str, tuple[int, int, int]] | None = None,
 ) -> EngineCapacity:
+    """One engine's figures. ``rules``: the engine and release whose sizing rules apply (:func:`sizing_rules`;
+    None: the metric generation's)."""
     cc = m.cache_config
     block_size = cc.block_size if cc else None
-    blocks, cap, max_conc = _cache_size(m, schema, dp_engines, max_model_len, startup, version)
+    rules = rules or sizing_rules(schema, None)
+    blocks, cap, max_conc = _cache_size(m, schema, dp_engines, max_model_len, startup, rules)
     used = used_tokens(m.kv_cache_usage, cap)
     overridden = cc is not None and cc.num_gpu_blocks_override is not None
     pool = startup.kv_pool_bytes if startup is not None else None
@@ -273,7 +276,7 @@ def _cache_size(
     dp_engines: int,
     max_model_len: int | None,
     startup: EngineFigures | None,
-    version: str | None,
+    rules: tuple[str, tuple[int, int, int]],
 ) -> tuple[int | None, int | None, float | None]:
     """The engine's blocks, capacity in tokens and maximum concurrency at max_model_len: from vLLM's metrics,
     else from its startup log (V1 0.8.x reports no block count)."""
@@ -285,7 +288,7 @@ def _cache_size(
     cap = capacity_tokens(cc.kv_cache_size_tokens if cc else None, blocks, block_size)
     if cap is None and startup is not None:
         cap = startup.kv_cache_tokens  # V1 0.8.x: only the log says it
-    engine, rules_version = sizing_rules(schema, version)
+    engine, rules_version = rules
     max_conc = max_concurrency_at_max_model_len(
         reported=cc.kv_cache_max_concurrency if cc else None,
         blocks=blocks,
@@ -321,6 +324,7 @@ def derive_all(
     """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``startup`` engine -> its
     startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation)."""
     out = []
+    rules = sizing_rules(metrics.schema, version)  # once a scrape, not once an engine
     for m in metrics.engines:
         figures = (startup or {}).get(m.engine)
         mml = max_model_len.get(m.model_name)
@@ -342,7 +346,7 @@ def derive_all(
                 geometry=geometry,
                 tp=tp,
                 pp=pp,
-                version=version,
+                rules=rules,
             )
         )
     return out
