@@ -7,13 +7,15 @@ import pytest
 from conftest import fixture_text
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm_parse import (
+    PRESENCE_ONLY,
     SCHEMA_V0,
     SCHEMA_V1,
     SCHEMA_V1_CAPACITY,
     SCHEMA_V1_LEGACY,
-    filter_wanted,
+    WANTED,
     parse_metrics,
 )
+from vllm_capacity.sources.vllm_scan import select_lines
 
 
 def test_current_v1_capture() -> None:
@@ -83,9 +85,12 @@ def test_label_order_does_not_matter() -> None:
     assert parse_metrics(text).engines[0].running == 20.0
 
 
-def test_created_and_histograms_are_dropped_before_parsing() -> None:
-    kept = filter_wanted(fixture_text("v1-0.32.0-cpu-idle.prom"))
-    assert "_created" not in kept
+def _selected(text: str) -> str:
+    return "\n".join(select_lines(text, WANTED, PRESENCE_ONLY))
+
+
+def test_histogram_samples_are_never_parsed() -> None:
+    kept = _selected(fixture_text("v1-0.32.0-cpu-idle.prom"))
     assert "_bucket" not in kept
     assert "vllm:kv_cache_usage_perc{" in kept
     assert "# TYPE vllm:num_preemptions_total counter" in kept
@@ -174,5 +179,5 @@ def test_older_latency_name_is_recognised_from_help_and_type_alone() -> None:
         'vllm:time_per_output_token_seconds_count{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 3.0\n'
         'vllm:time_per_output_token_seconds_sum{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 0.3\n'
     )
-    assert "_bucket" not in filter_wanted(text)
+    assert "_bucket" not in _selected(text)
     assert parse_metrics(text).itl_metric == "vllm:time_per_output_token_seconds"

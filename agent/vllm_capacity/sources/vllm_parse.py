@@ -1,7 +1,8 @@
 """Parse vLLM's ``/metrics`` text into plain data, for every metric-name generation (legacy V0 to current V1).
 
-Pure: text in, :class:`VllmMetrics` out. The grammar is prometheus-client's own text parser; for speed the lines of
-families the agent does not need (histograms, mostly) are dropped with one regular expression before parsing.
+Pure: text in, :class:`VllmMetrics` out. The grammar is prometheus-client's own text parser, applied to the lines of
+the families the agent reads (:mod:`vllm_capacity.sources.vllm_scan` finds them and reads the canonical ones itself,
+with the parser's exact result).
 
 Facts relied on (vLLM's ``vllm/engine/metrics.py`` (V0) and ``vllm/v1/metrics/loggers.py`` (V1), read per release;
 ``docs/metrics.md`` tables the generations):
@@ -17,14 +18,13 @@ Facts relied on (vLLM's ``vllm/engine/metrics.py`` (V0) and ``vllm/v1/metrics/lo
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.metrics_core import Metric
-from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.vllm_scan import ScanError, parse_selected, select_lines
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
@@ -40,7 +40,7 @@ PROCESS_START = "process_start_time_seconds"
 ITL = "vllm:inter_token_latency_seconds"
 TPOT = "vllm:time_per_output_token_seconds"
 
-#: Sample names (as they appear on the wire) the agent reads; everything else is dropped before parsing.
+#: Sample names (as they appear on the wire) the agent reads; lines of other families are never parsed.
 WANTED = (
     KV_USAGE,
     GPU_CACHE_USAGE,
@@ -92,14 +92,6 @@ def _plausible_config(labels: Mapping[str, str]) -> list[str]:
     return bad
 
 
-_WANTED_LINES = re.compile(
-    r"^(?:(?:# (?:HELP|TYPE) )?(?:"
-    + "|".join(re.escape(n) for n in WANTED)
-    + r")[ \t{]|# (?:HELP|TYPE) (?:"
-    + "|".join(re.escape(n) for n in PRESENCE_ONLY)
-    + r") ).*$",
-    re.MULTILINE,
-)
 _V1_RUNNING_HELP = "Number of requests in model execution batches"
 
 #: Metric schema generations, as exported in ``vllm_capacity_vllm_info{schema}``.
@@ -200,16 +192,13 @@ class VllmMetrics:
     implausible: tuple[str, ...] = ()
 
 
-def filter_wanted(text: str) -> str:
-    """Keep the HELP, TYPE and sample lines of :data:`WANTED`, and the HELP/TYPE lines of :data:`PRESENCE_ONLY`."""
-    return "\n".join(m.group(0) for m in _WANTED_LINES.finditer(text)) + "\n"
-
-
 def parse_metrics(text: str) -> VllmMetrics:
     """Parse a vLLM /metrics body. Raises :class:`SourceError` when it is not a (whole) vLLM exposition."""
     _check_body(text)
     try:
-        families = list(text_string_to_metric_families(filter_wanted(text)))
+        families = parse_selected(select_lines(text, WANTED, PRESENCE_ONLY))
+    except ScanError as err:
+        raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not what a vLLM server sends: {err}") from err
     except (ValueError, TypeError, IndexError, OverflowError) as err:  # OverflowError: an integer beyond a float
         raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not valid Prometheus text: {err}") from err
     scan = _Scan()

@@ -1,0 +1,243 @@
+"""Read the few families the agent needs out of a vLLM ``/metrics`` body, fast, and exactly as prometheus-client would.
+
+A vLLM server with 64 data-parallel engines serves 2 MiB of exposition, almost all of it histograms the agent never
+reads; prometheus-client's parser takes a second over the whole body. This module does it in two steps, each with a
+plain definition and a fast implementation that the tests hold to it:
+
+1. **Select** the lines that concern the families the agent reads. A line is selected when it contains one of the
+   names the agent reads and, stripped as the parser strips it, it is either a comment (``#...``; HELP/TYPE lines,
+   also those of other families, since the parser's notion of "the current family" depends on them) or a sample
+   whose name token (the text up to the first ``{``, space or tab) is one of :data:`SAMPLE_NAMES`.
+   :func:`select_lines` finds them with ``str.find`` (C speed) instead of looking at every line;
+   :func:`select_lines_plainly` is the line-by-line definition, kept for the tests.
+2. **Parse** the selected lines. :func:`parse_selected` reads lines in the canonical form every prometheus-client
+   exposition uses (``# HELP name doc``, ``# TYPE name type``, ``name{label="value",...} value [timestamp]``) itself
+   and runs the parser's own family state machine over them; the moment a line is in any other form (an exemplar,
+   odd spacing, a quoted name, a duplicated label...) it hands all selected lines to prometheus-client's parser.
+   Either way the result is ``list(text_string_to_metric_families(selected))``, never an approximation of it.
+
+Bounded cost whatever the body: selection is linear in the body; a selected line longer than :data:`MAX_LINE` or more
+than :data:`MAX_SELECTED` selected lines is an error (prometheus-client's parser is quadratic in the length of some
+lines: a 1 MB HELP line of spaces takes tens of seconds).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterable, Iterator, Sequence
+
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+#: Longest selected line read (vLLM 0.32's longest, cache_config_info, is about 700 characters).
+MAX_LINE = 8192
+#: Most selected lines read: 4 comment lines for each of a dozen families plus a dozen samples for each of 4,096
+#: data-parallel engines fits with room; more is not a vLLM server.
+MAX_SELECTED = 65536
+
+
+class ScanError(ValueError):
+    """The selected lines cannot be read within the bounds above."""
+
+
+# The comment and sample forms the fast path reads; anything else goes to prometheus-client.
+_WS = " \t\n\r\x0b\x0c"  # string.whitespace: what the parser's tokenizer splits comment lines on
+_META = re.compile(r"# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t\r\x0b\x0c]+([^ \t\r\x0b\x0c].*))?", re.DOTALL)
+_VALUE = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?Inf|NaN"
+_LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
+_SAMPLE = re.compile(
+    rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})? ({_VALUE})(?: ({_VALUE}))?", re.DOTALL
+)
+_LABELS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', re.DOTALL)
+_TOKEN_END = re.compile(r"[{ \t]")
+# a comment line but the first: "#" after nothing but whitespace (\s: what str.strip strips), from the newline before
+_COMMENT = re.compile(r"\n[^\S\n]*#[^\n]*")
+# the parser's unescaping of label values and HELP text
+_ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
+_LABEL_ESCAPE = re.compile(r'\\[\\n"]')
+_HELP_ESCAPE = re.compile(r"\\[\\n]")
+_ALLOWED_SUFFIXES = {
+    "counter": ("",),
+    "gauge": ("",),
+    "summary": ("_count", "_sum", ""),
+    "histogram": ("_count", "_sum", "_bucket"),
+}
+_TYPES = {"counter", "gauge", "summary", "histogram", "gaugehistogram", "unknown", "untyped", "info", "stateset"}
+
+
+class _NotCanonical(Exception):
+    """A selected line the fast path does not read: prometheus-client reads them all instead."""
+
+
+def _token(stripped: str) -> str:
+    end = _TOKEN_END.search(stripped)
+    return stripped if end is None else stripped[: end.start()]
+
+
+def _keep(line: str, sample_names: frozenset[str], selected: list[str]) -> None:
+    """Append the stripped line if it is selected (the caller knows it contains one of the names)."""
+    stripped = line.strip()
+    if stripped.startswith("#") or _token(stripped) in sample_names:
+        if len(stripped) > MAX_LINE:
+            raise ScanError(
+                f"a line of {len(stripped)} characters in a family the agent reads; the limit is {MAX_LINE}"
+            )
+        if len(selected) >= MAX_SELECTED:
+            raise ScanError(f"more than {MAX_SELECTED} lines of the families the agent reads")
+        selected.append(stripped)
+
+
+def select_lines_plainly(text: str, sample_names: Iterable[str], meta_names: Iterable[str]) -> list[str]:
+    """The selection, defined line by line (see the module's docstring); the tests hold :func:`select_lines` to it."""
+    samples, names = frozenset(sample_names), (*sample_names, *meta_names)
+    selected: list[str] = []
+    for line in text.split("\n"):
+        if any(name in line for name in names):
+            _keep(line, samples, selected)
+    return selected
+
+
+def select_lines(text: str, sample_names: Sequence[str], meta_names: Sequence[str]) -> list[str]:
+    """The same lines as :func:`select_lines_plainly`, found without visiting the lines that name nothing wanted.
+
+    Sample lines can only be those containing a sample name: they are found with ``str.find`` of each name (a name
+    containing another is found with it), one visit per line. Comment lines are found by a regular expression that
+    jumps from newline to newline in C; they are few (two per family, not per engine)."""
+    samples = frozenset(sample_names)
+    names = _names_pattern((*sample_names, *meta_names))
+    starts: set[int] = set()
+    for probe in _probes(tuple(sample_names)):
+        at = text.find(probe)
+        while at >= 0:
+            start = text.rfind("\n", 0, at) + 1
+            end = _line_end(text, at)
+            starts.add(start)
+            at = text.find(probe, end)
+    first = text[: _line_end(text, 0)]
+    if first.strip().startswith("#") and names.search(first):
+        starts.add(0)
+    for comment in _COMMENT.finditer(text):
+        if names.search(text, comment.start(), comment.end()):
+            starts.add(comment.start() + 1)
+    selected: list[str] = []
+    for start in sorted(starts):
+        _keep(text[start : _line_end(text, start)], samples, selected)
+    return selected
+
+
+@functools.cache
+def _probes(names: tuple[str, ...]) -> tuple[str, ...]:
+    """The names to search for: a name that contains another is found by searching for the other."""
+    return tuple(n for n in names if not any(other != n and other in n for other in names))
+
+
+@functools.cache
+def _names_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(n) for n in names))
+
+
+def _line_end(text: str, at: int) -> int:
+    end = text.find("\n", at)
+    return len(text) if end < 0 else end
+
+
+def parse_selected(lines: list[str]) -> list[Metric]:
+    """``list(text_string_to_metric_families("\\n".join(lines)))``, read by the fast path when every line is in the
+    canonical form, else by prometheus-client. Raises what the parser raises (ValueError and kin)."""
+    try:
+        return list(_families(_items(lines)))
+    except _NotCanonical:
+        return list(text_string_to_metric_families("\n".join(lines) + "\n"))
+
+
+_Item = tuple[str, str, str | None] | Sample  # ("HELP" | "TYPE", name, rest of the line) or a sample
+
+
+def _items(lines: list[str]) -> Iterator[_Item]:
+    for line in lines:
+        if line.startswith("#"):
+            meta = _META.fullmatch(line)
+            if meta is None:
+                raise _NotCanonical
+            yield meta[1], meta[2], meta[3]
+        else:
+            yield _sample(line)
+
+
+def _sample(line: str) -> Sample:
+    m = _SAMPLE.fullmatch(line)
+    if m is None:
+        raise _NotCanonical
+    name, labels_text, value_text, timestamp_text = m.groups()
+    labels: dict[str, str] = {}
+    if labels_text:
+        for label, raw in _LABELS.findall(labels_text):
+            if label in labels or label.startswith("__"):  # a duplicate is the parser's error; __ names are reserved
+                raise _NotCanonical
+            labels[label] = _LABEL_ESCAPE.sub(_unescape, raw) if "\\" in raw else raw
+    try:
+        timestamp = _number(timestamp_text) / 1000 if timestamp_text else None
+    except OverflowError:  # an integer timestamp beyond a float: the parser's error to raise
+        raise _NotCanonical from None
+    return Sample(name, labels, _number(value_text), timestamp)
+
+
+def _unescape(match: re.Match[str]) -> str:
+    return _ESCAPES[match[0]]
+
+
+def _number(text: str) -> int | float:
+    """As the parser reads a value: an integer where it is one (beyond a float's range too), else a float."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _families(items: Iterator[_Item]) -> Iterator[Metric]:
+    """prometheus-client's ``text_fd_to_metric_families`` state machine, over already-parsed lines."""
+    name, documentation, typ = "", "", "untyped"
+    samples: list[Sample] = []
+    allowed: tuple[str, ...] = ()
+    for item in items:
+        if isinstance(item, Sample):
+            if item.name in allowed:
+                samples.append(item)
+                continue
+            if name:
+                yield _build(name, documentation, typ, samples)
+            name, documentation, typ, samples, allowed = "", "", "untyped", [], ()
+            yield _build(item.name, "", "untyped", [item])
+            continue
+        kind, candidate, rest = item
+        if kind == "HELP":
+            if candidate != name:
+                if name:
+                    yield _build(name, documentation, typ, samples)
+                name, typ, samples, allowed = candidate, "untyped", [], (candidate,)
+            documentation = _HELP_ESCAPE.sub(_unescape, rest) if rest else ""
+        else:
+            if rest is None or rest not in _TYPES:  # no type, or one the parser refuses: its error to raise
+                raise _NotCanonical
+            if candidate != name:
+                if name:
+                    yield _build(name, documentation, typ, samples)
+                name, documentation, samples = candidate, "", []
+            typ = rest
+            allowed = tuple(name + suffix for suffix in _ALLOWED_SUFFIXES.get(typ, ("",)))
+    if name:
+        yield _build(name, documentation, typ, samples)
+
+
+def _build(name: str, documentation: str, typ: str, samples: list[Sample]) -> Metric:
+    # the parser's build_metric: a counter's family name loses "_total"; its samples gain it where they lack it
+    if typ == "counter":
+        if name.endswith("_total"):
+            name = name[:-6]
+        else:
+            samples = [Sample(s.name + "_total", *s[1:]) for s in samples]
+    metric = Metric(name, documentation, typ)
+    metric.samples = samples
+    return metric

@@ -1,0 +1,265 @@
+"""The selective scanner against prometheus-client's parser: a differential test on the real captures and on
+generated mutations of them (escapes, quotes, ``#`` and ``}`` in label values, unicode, exemplars, ``# EOF``, CRLF,
+NaN/Inf, timestamps, duplicated, dropped, moved and truncated lines, odd spacing, retyped families, lines over the
+length limit). For every payload:
+
+* the fast selection equals the line-by-line definition of it, and
+* the fast parse of the selected lines equals ``list(text_string_to_metric_families(selected))``: the same families,
+  documentation, types, sample names, labels, values (``int`` vs ``float`` included) and timestamps, or the same
+  exception.
+
+VLLM_CAPACITY_SCAN_CASES sets how many payloads are generated (4,000 by default, a few seconds; ``scripts/test --fast``
+runs 500; ``bench/cycle.py --fuzz`` runs 100,000 or more).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import fixture_text
+from vllm_capacity.sources.vllm_parse import PRESENCE_ONLY, WANTED, parse_metrics
+from vllm_capacity.sources.vllm_scan import (
+    MAX_LINE,
+    ScanError,
+    parse_selected,
+    select_lines,
+    select_lines_plainly,
+)
+
+CASES = int(os.environ.get("VLLM_CAPACITY_SCAN_CASES", "4000"))
+CAPTURES = (
+    "v1-0.32.0-cpu-saturated.prom",
+    "v1-0.32.0-cpu-idle.prom",
+    "v1-0.24-seed.prom",
+    "v1-0.10.2-dp2.prom",
+    "v1-0.8.5-legacy.prom",
+    "v0-0.6.6-multiprocess.prom",
+)
+NAMES = (*WANTED, *PRESENCE_ONLY)
+
+
+def _canon(families: list[Metric]) -> list[tuple[object, ...]]:
+    """Families as comparable data: NaN compares equal to NaN, an int is not a float."""
+    return [
+        (
+            f.name,
+            f.documentation,
+            f.type,
+            [
+                (s.name, sorted(s.labels.items()), type(s.value).__name__, repr(s.value), repr(s.timestamp))
+                for s in f.samples
+            ],
+        )
+        for f in families
+    ]
+
+
+def _outcome(fn, *args):  # type: ignore[no-untyped-def]
+    try:
+        return "ok", fn(*args)
+    except Exception as err:
+        return "raised", type(err).__name__
+
+
+def _check(text: str) -> str:
+    """Assert the scanner agrees with its definitions on ``text``; returns which path read it."""
+    plain = _outcome(select_lines_plainly, text, WANTED, PRESENCE_ONLY)
+    fast = _outcome(select_lines, text, WANTED, PRESENCE_ONLY)
+    assert fast == plain, text
+    if plain[0] == "raised":
+        return "refused"
+    lines = plain[1]
+    library = _outcome(lambda: _canon(list(text_string_to_metric_families("\n".join(lines) + "\n"))))
+    ours = _outcome(lambda: _canon(parse_selected(lines)))
+    assert ours == library, "\n".join(lines)
+    return "parsed" if library[0] == "ok" else "parse error"
+
+
+@pytest.mark.parametrize("name", CAPTURES)
+def test_every_capture_reads_as_the_library_reads_the_whole_body(name: str) -> None:
+    """On real captures the selection loses nothing: the families the agent reads come out exactly as a parse of
+    the whole body gives them."""
+    text = fixture_text(name)
+    assert _check(text) == "parsed"
+    whole = [f for f in text_string_to_metric_families(text) if any(s.name in WANTED for s in f.samples)]
+    selected = [f for f in parse_selected(select_lines(text, WANTED, PRESENCE_ONLY)) if f.samples]
+    assert _canon(selected) == _canon(whole)
+
+
+# --- generated payloads ------------------------------------------------------------------------------------------
+
+ODD_VALUES = (
+    "NaN",
+    "+Inf",
+    "-Inf",
+    "Inf",
+    "-1",
+    "-0",
+    "1e300",
+    "1.7e308",
+    "1" + "0" * 400,
+    "0.5",
+    "7",
+    "1.",
+    ".5",
+    "1e-300",
+    "abc",
+    "0x10",
+    "1_0",
+    "nan",
+    "inf",
+    "+5",
+    "05",
+    "1E5",
+    "",
+)
+ODD_LABEL_VALUES = (
+    'a\\"b',
+    "a\\\\",
+    "a\\n",
+    "a\\t",
+    "}",
+    "a,b",
+    "#",
+    "a # b",
+    "x=y",
+    "ünï",
+    "\u2028",
+    "{",
+    "\\",
+    "vllm:num_requests_running 5",
+    "",
+)
+INSERTS = (
+    "# EOF",
+    "# HELP vllm:num_requests_running",
+    "# HELP vllm:num_requests_running Number of requests in model execution batches.",
+    "# TYPE vllm:num_requests_running counter",
+    "# TYPE vllm:num_requests_running histogram",
+    "# TYPE vllm:num_requests_running bogus",
+    "# TYPE vllm:num_requests_running",
+    "# TYPE vllm:num_preemptions counter",
+    'vllm:num_preemptions{engine="0",model_name="m"} 3',
+    "# HELP vllm:inter_token_latency_seconds_total a counter",
+    "# TYPE vllm:inter_token_latency_seconds_total counter",
+    "# TYPE vllm:time_per_output_token_seconds histogram",
+    "#  HELP  vllm:kv_cache_usage_perc  spaced",
+    "#\tTYPE\tvllm:kv_cache_usage_perc\tgauge",
+    '# HELP "vllm:kv_cache_usage_perc" quoted',
+    "# a comment naming vllm:kv_cache_usage_perc",
+    "#HELP vllm:kv_cache_usage_perc no space",
+    '{__name__="vllm:num_requests_running",engine="0",model_name="m"} 4',
+    'vllm:num_requests_running{engine="0",model_name="m"} 4 1700000000000',
+    'vllm:num_requests_running{engine="0",model_name="m"} 4 ' + "9" * 400,
+    'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5 # {trace_id="abc"} 1.0',
+    'vllm:kv_cache_usage_perc {engine="0",model_name="m"} 0.5',
+    'vllm:kv_cache_usage_perc{engine="0",model_name="m",} 0.5',
+    'vllm:kv_cache_usage_perc{engine="0",engine="1"} 0.5',
+    'vllm:kv_cache_usage_perc{engine="0"}0.5',
+    "vllm:kv_cache_usage_perc 0.25",
+    "vllm:kv_cache_usage_perc\t0.25",
+    'vllm:kv_cache_usage_perc_total{engine="0"} 1',
+    "   vllm:num_requests_waiting 2   ",
+    'other_metric{label="vllm:num_requests_waiting"} 1',
+    "# HELP vllm:num_requests_waiting " + "x " * (MAX_LINE // 2),
+    'vllm:num_requests_waiting{model_name="' + "m" * MAX_LINE + '"} 1',
+)
+
+
+def _sample_line(rng: random.Random, lines: list[str]) -> int:
+    """An index, most often of a line the agent reads."""
+    ours = [i for i, line in enumerate(lines) if any(n in line for n in NAMES)]
+    return rng.choice(ours) if ours and rng.random() < 0.85 else rng.randrange(len(lines))
+
+
+def _mutate(text: str, rng: random.Random) -> str:
+    lines = text.split("\n")
+    i = _sample_line(rng, lines)
+    line = lines[i]
+    kind = rng.randrange(16)
+    if kind == 0:  # an odd value
+        head, _, _ = line.rpartition(" ")
+        lines[i] = f"{head or line} {rng.choice(ODD_VALUES)}"
+    elif kind == 1:  # an odd label value
+        at = line.find('="')
+        if at >= 0:
+            end = line.find('"', at + 2)
+            lines[i] = line[: at + 2] + rng.choice(ODD_LABEL_VALUES) + line[max(end, at + 2) :]
+    elif kind == 2:
+        del lines[i]
+    elif kind == 3:
+        lines.insert(i, line)
+    elif kind == 4:  # a line moved elsewhere
+        lines.insert(rng.randrange(len(lines)), lines.pop(i))
+    elif kind == 5:  # a byte replaced
+        if line:
+            j = rng.randrange(len(line))
+            lines[i] = line[:j] + rng.choice('{}",=\\ x0-.:#\t\r_ü') + line[j + 1 :]
+    elif kind == 6:  # a byte inserted
+        j = rng.randrange(len(line) + 1)
+        lines[i] = line[:j] + rng.choice('{}",=\\ \t#\r\x0b\xa0\u2028') + line[j:]
+    elif kind == 7:  # CRLF line ends
+        lines = [x + "\r" for x in lines]
+    elif kind == 8:  # truncated anywhere
+        return text[: rng.randrange(len(text) + 1)]
+    elif kind == 9:  # a line of its own inserted
+        lines.insert(i, rng.choice(INSERTS))
+    elif kind == 10:  # leading or trailing whitespace
+        lines[i] = rng.choice((" ", "\t", "  ")) + line if rng.random() < 0.5 else line + rng.choice((" ", "\t", "\r"))
+    elif kind == 11:  # spacing doubled
+        lines[i] = line.replace(" ", rng.choice(("  ", "\t", " \t")), 1)
+    elif kind == 12:  # a family retyped
+        lines[i] = line.replace(" gauge", rng.choice((" counter", " histogram", " summary", " info", " untyped")))
+        lines[i] = lines[i].replace(" counter", rng.choice((" gauge", " histogram", " summary")))
+    elif kind == 13:  # HELP text with escapes and quotes
+        if line.startswith("# HELP"):
+            lines[i] = line + rng.choice((' with "quotes"', " back\\\\slash", " new\\nline", ' odd"quote', " #"))
+    elif kind == 14:  # a label added, or one removed
+        if "{" in line:
+            lines[i] = line.replace("{", rng.choice(('{extra="1",', '{__name__="x",', "{", '{a="1",a="2",')), 1)
+    else:  # an engine's series moved to another engine
+        lines[i] = line.replace('engine="0"', 'engine="1"')
+    return "\n".join(lines)
+
+
+def test_generated_payloads_read_exactly_as_the_library_reads_them() -> None:
+    rng = random.Random(20261201)
+    seeds = [fixture_text(name) for name in CAPTURES]
+    outcomes: dict[str, int] = {}
+    for _ in range(CASES):
+        text = rng.choice(seeds)
+        for _ in range(rng.randrange(1, 5)):
+            text = _mutate(text, rng)
+        result = _check(text)
+        outcomes[result] = outcomes.get(result, 0) + 1
+    # the generator reaches every outcome (a generator that only ever made valid text would prove little)
+    assert set(outcomes) == {"parsed", "parse error", "refused"}, outcomes
+    assert outcomes["parsed"] > CASES / 3, outcomes
+
+
+def test_the_fast_path_reads_canonical_lines_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a real capture the library is never called (a canonical line it would have to read is a slow cycle)."""
+    import vllm_capacity.sources.vllm_scan as scan
+
+    def refuse(_: str) -> None:
+        raise AssertionError("the library parser was called")
+
+    monkeypatch.setattr(scan, "text_string_to_metric_families", refuse)
+    for name in CAPTURES:
+        assert parse_metrics(fixture_text(name)).engines
+
+
+def test_a_line_over_the_limit_is_refused_not_parsed() -> None:
+    """prometheus-client's parser is quadratic in some lines (a HELP of spaces, a value of escaped quotes): a
+    line of the families the agent reads longer than MAX_LINE is an error, found in time linear in the body."""
+    text = fixture_text("v1-0.32.0-cpu-idle.prom") + "# HELP vllm:num_requests_running " + " x" * MAX_LINE + "\n"
+    with pytest.raises(ScanError, match="limit"):
+        select_lines(text, WANTED, PRESENCE_ONLY)
+    # lines of other families may be as long as they like: they are never parsed
+    other = fixture_text("v1-0.32.0-cpu-idle.prom") + "# HELP vllm:other_family " + " x" * MAX_LINE + "\n"
+    assert select_lines(other, WANTED, PRESENCE_ONLY)
