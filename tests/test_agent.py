@@ -481,3 +481,34 @@ async def test_a_flapping_source_logs_at_a_bounded_rate(fake_vllm: FakeVllm) -> 
     assert lines[0]["event"] == "source_failed" and "changes_since_last_line" not in lines[0]
     assert any(e.get("changes_since_last_line", 0) > 50 for e in lines)
     assert lines[-1]["event"] == "source_recovered"  # the log ends saying the state it is in
+
+
+async def test_scrapers_of_one_snapshot_share_one_render_per_format(
+    fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ten scrapers at once cost one render per exposition format; a new snapshot is rendered afresh."""
+    import asyncio
+
+    from vllm_capacity.exposition import AgentCollector
+
+    renders = 0
+    collect = AgentCollector.collect
+
+    def counted(self: AgentCollector):  # type: ignore[no-untyped-def]
+        nonlocal renders
+        renders += 1
+        yield from collect(self)
+
+    monkeypatch.setattr(AgentCollector, "collect", counted)
+    async for h in _harness(fake_vllm.url):
+        await h.agent.cycle()
+        openmetrics = {"Accept": "application/openmetrics-text; version=1.0.0"}
+        texts = await asyncio.gather(*(h.http.get("/metrics", headers=openmetrics if i % 2 else {}) for i in range(10)))
+        bodies = {await r.text() for r in texts}
+        assert renders == 2  # one text, one OpenMetrics
+        assert sorted(b.endswith("# EOF\n") for b in bodies) == [False, True]
+        await h.scrape()
+        assert renders == 2  # still the same snapshot
+        await h.agent.cycle()  # a new snapshot
+        assert value(await h.scrape(), "vllm_capacity_up") == 1
+        assert renders == 3

@@ -7,8 +7,10 @@ The only module that builds metric families. It uses its own registry (never the
 
 from __future__ import annotations
 
+import asyncio
 import platform
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -19,6 +21,7 @@ from vllm_capacity import __version__
 from vllm_capacity.agent import Agent
 from vllm_capacity.budget import COMPONENTS
 from vllm_capacity.metrics import BY_NAME, NAMESPACE, SPECS, MetricSpec
+from vllm_capacity.snapshot import Snapshot
 
 ENGINE_SPECS = tuple(s for s in SPECS if s.engine_values)
 
@@ -145,11 +148,44 @@ def build_registry(agent: Agent, *, process_metrics: bool = True) -> CollectorRe
     return registry
 
 
-def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
-    """Encode for the client's Accept header: OpenMetrics when asked for, else the classic text format (also for an
-    Accept header prometheus-client cannot read, such as an OpenMetrics version that is not a number)."""
+def choose_format(accept: str | None) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+    """The encoder for the client's Accept header: OpenMetrics when asked for, else the classic text format (also
+    for an Accept header prometheus-client cannot read, such as an OpenMetrics version that is not a number)."""
     try:
-        encoder, content_type = choose_encoder(accept or "")
+        return choose_encoder(accept or "")
     except (TypeError, ValueError):
-        encoder, content_type = choose_encoder("")
+        return choose_encoder("")
+
+
+def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+    encoder, content_type = choose_format(accept)
     return encoder(registry), content_type
+
+
+class RenderCache:
+    """Each snapshot rendered once per exposition format, in a worker thread: N scrapers of one snapshot cost one
+    render, and the event loop (``/healthz``, the vLLM reads) never waits on the encoding. What is served is as fresh
+    as the latest snapshot; the process metrics beside it too (one interval at most)."""
+
+    def __init__(self, agent: Agent, registry: CollectorRegistry) -> None:
+        self._agent, self._registry = agent, registry
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-render")
+        self._cached: dict[str, tuple[Snapshot, asyncio.Future[bytes]]] = {}
+
+    async def body(self, accept: str | None) -> tuple[bytes, str]:
+        encoder, content_type = choose_format(accept)
+        snapshot = self._agent.snapshot
+        entry = self._cached.get(content_type)
+        if entry is None or entry[0] is not snapshot:
+            entry = (snapshot, asyncio.get_running_loop().run_in_executor(self._executor, encoder, self._registry))
+            self._cached[content_type] = entry
+        try:
+            # shielded: a scraper that hangs up does not cancel the render the others wait for
+            return await asyncio.shield(entry[1]), content_type
+        except Exception:
+            if self._cached.get(content_type) is entry:
+                del self._cached[content_type]  # a failed render is not kept: the next scrape tries again
+            raise
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)

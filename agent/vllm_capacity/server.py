@@ -15,7 +15,7 @@ from aiohttp import web
 
 from vllm_capacity import __version__
 from vllm_capacity.agent import Agent
-from vllm_capacity.exposition import build_registry, render
+from vllm_capacity.exposition import RenderCache, build_registry
 from vllm_capacity.webconfig import Authenticator
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -32,7 +32,7 @@ class Access:
 def make_app(
     agent: Agent, *, process_metrics: bool = True, access: Access | None = None, metrics_path: str = "/metrics"
 ) -> web.Application:
-    registry = build_registry(agent, process_metrics=process_metrics)
+    renders = RenderCache(agent, build_registry(agent, process_metrics=process_metrics))
     access = access if access is not None else Access()
 
     @web.middleware
@@ -53,7 +53,7 @@ def make_app(
         return response
 
     async def metrics(request: web.Request) -> web.Response:
-        body, content_type = render(registry, request.headers.get("Accept"))
+        body, content_type = await renders.body(request.headers.get("Accept"))
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def healthz(_: web.Request) -> web.Response:
@@ -81,7 +81,11 @@ def make_app(
 """
         return web.Response(text=page, content_type="text/html")
 
+    async def close_renders(_: web.Application) -> None:
+        renders.close()
+
     app = web.Application(middlewares=[guard])
+    app.on_cleanup.append(close_renders)
     app.add_routes(
         [
             web.get(metrics_path, metrics),
