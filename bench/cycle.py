@@ -1,43 +1,55 @@
-"""Benchmark one agent cycle (parse, derive, render) on real vLLM payloads, against a plain full parse.
+"""The agent's costs, each against a floor measured in the same run (this machine is shared and noisy: absolute
+times wander, ratios hold).
 
-usage: .venv/bin/python bench/cycle.py [--seconds 2]
+usage: .venv/bin/python bench/cycle.py [--seconds 2] [--write-docs] [--fuzz N] [--soak SECONDS]
 
-Payload: the real vLLM 0.32.0 capture (tests/fixtures/vllm/v1-0.32.0-cpu-saturated.prom), with every per-engine
-series repeated for 1, 8 and 64 data-parallel engines. For each it prints the time of one agent cycle, the time of
-``list(text_string_to_metric_families(payload))`` over the same text, their ratio (target <= 0.25), and microseconds
-per KiB (linear growth = a flat figure). Then it runs the real ``vllm-capacity serve`` process against a loopback
-server with the 64-engine payload at a 100 ms interval and prints its peak RSS (target < 60 MiB).
+Payloads: the real vLLM 0.32.0 capture (tests/fixtures/vllm/v1-0.32.0-cpu-saturated.prom) with every per-engine
+series repeated for 1, 8, 64 and 256 data-parallel engines, served by a loopback HTTP server in another process.
+
+1. **Cycle**: the CPU of one real agent cycle (HTTP fetch, parse in its worker thread, derive, snapshot), against
+   prometheus-client's full parse of the same text and a raw socket read of the same bytes; the render of one
+   scrape of the agent's /metrics separately.
+2. **Start-up**: the CPU of ``vllm-capacity --help`` and of a usage error, against ``python -c pass``.
+3. **Under load**: the real ``vllm-capacity serve`` on the 64-engine payload every 100 ms while 10 clients scrape
+   its /metrics back to back: false ``vllm_capacity_up 0``, the data's age, ``/healthz`` latency, peak RSS, threads
+   and open files; and the steady RSS at 1 engine.
+4. ``--fuzz N``: the differential scanner test and the agent fuzz test with N generated payloads each.
+5. ``--soak SECONDS``: the agent at 100 ms against a payload whose models change every few seconds; RSS, fds and
+   threads after warm-up and at the end.
+
+``--write-docs`` puts the results between the markers in docs/performance.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
+import os
 import re
+import resource
 import socket
+import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-
-from aiohttp import web
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
-
-from vllm_capacity.agent import Agent
-from vllm_capacity.derive import derive_all
-from vllm_capacity.exposition import build_registry
-from vllm_capacity.snapshot import Snapshot
-from vllm_capacity.sources.vllm import VllmClient
-from vllm_capacity.sources.vllm_parse import parse_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTURE = ROOT / "tests" / "fixtures" / "vllm" / "v1-0.32.0-cpu-saturated.prom"
+DOCS = ROOT / "docs" / "performance.md"
+ENGINES = (1, 8, 64, 256)
+INTERVAL = 0.1
+SCRAPERS = 10
 
 
-def payload(engines: int) -> str:
+def payload(engines: int, model: str = "tiny-llama") -> str:
     """The capture with each series that has engine="0" repeated for engines 0..n-1 (kept inside its family)."""
     out = []
     for line in CAPTURE.read_text().splitlines():
+        line = line.replace('model_name="tiny-llama"', f'model_name="{model}"')
         if 'engine="0"' in line and not line.startswith("#"):
             out.extend(line.replace('engine="0"', f'engine="{i}"') for i in range(engines))
         else:
@@ -45,125 +57,342 @@ def payload(engines: int) -> str:
     return "\n".join(out) + "\n"
 
 
-def per_call(fn, seconds: float) -> float:
-    n, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds or n < 3:
-        fn()
-        n += 1
-    return (time.perf_counter() - t0) / n
+# --- the payload server, in its own process so that its CPU is not counted as the agent's -------------------------
 
 
-def bench_cycle(seconds: float) -> None:
-    agent = Agent(VllmClient("http://127.0.0.1:9", timeout=1), interval=1)
-    registry = build_registry(agent, process_metrics=False)
-    print(f"{'engines':>8} {'payload':>10} {'cycle':>10} {'full parse':>11} {'ratio':>7} {'cycle us/KiB':>13}")
-    for engines in (1, 8, 64):
-        text = payload(engines)
+def serve_payloads(churn: float) -> None:
+    """``/e<N>/metrics`` and ``/e<N>/v1/models`` for each engine count; with churn, the model's name changes every
+    ``churn`` seconds (a soak: series come and go). Prints the port it listens on."""
+    from aiohttp import web
 
-        def cycle(text: str = text) -> None:
-            m = parse_metrics(text)
-            engines_ = tuple(derive_all(m, {"tiny-llama": 1024}, None))
-            agent.snapshot = Snapshot(up=True, timestamp=0.0, schema=m.schema, engines=engines_)
-            generate_latest(registry)
+    bodies = {n: payload(n).encode() for n in ENGINES}
+    t0 = time.monotonic()
 
-        def full(text: str = text) -> None:
-            for family in text_string_to_metric_families(text):
-                for _ in family.samples:
-                    pass
+    def model() -> str:
+        return f"model-{int((time.monotonic() - t0) / churn) % 5}" if churn else "tiny-llama"
 
-        c, f = per_call(cycle, seconds), per_call(full, seconds)
-        kib = len(text) / 1024
-        print(f"{engines:>8} {kib:>8.0f}KiB {c * 1e3:>8.2f}ms {f * 1e3:>9.2f}ms {c / f:>7.3f} {c * 1e6 / kib:>13.1f}")
-
-
-async def bench_rss(seconds: float) -> None:
-    text = payload(64)
-
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(text=text)
+    async def metrics(request: web.Request) -> web.Response:
+        n = int(request.match_info["n"])
+        body = bodies[n] if not churn else payload(n, model()).encode()
+        return web.Response(body=body, content_type="text/plain")
 
     async def models(_: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "tiny-llama", "max_model_len": 1024}]})
+        return web.json_response({"data": [{"id": model(), "max_model_len": 1024}]})
 
-    app = web.Application()
-    app.add_routes([web.get("/metrics", metrics), web.get("/v1/models", models)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    async def main() -> None:
+        app = web.Application()
+        app.add_routes([web.get("/e{n}/metrics", metrics), web.get("/e{n}/v1/models", models)])
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(site._server.sockets[0].getsockname()[1], flush=True)  # type: ignore[union-attr]
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+@contextlib.contextmanager
+def payload_server(churn: float = 0.0) -> Iterator[str]:
+    args = [sys.executable, __file__, "--serve-payloads", "--churn", str(churn)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        yield f"http://127.0.0.1:{proc.stdout.readline().strip()}"
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def scrape_for(agent: str, clients: int, seconds: float) -> None:
+    """`clients` scrapers of the agent's /metrics, back to back, for `seconds`; the first reads `up` and the data's
+    age from each body. Prints them as JSON. Run in its own process, so that the probe of /healthz is not queued
+    behind the scrapers' own work."""
+    import aiohttp
+
+    ups: list[float] = []
+    ages: list[float] = []
+
+    async def main() -> None:
+        deadline = time.monotonic() + seconds
+        async with aiohttp.ClientSession() as session:
+
+            async def scrape(reader: bool) -> None:
+                while time.monotonic() < deadline:
+                    async with session.get(agent + "/metrics") as resp:
+                        body = await resp.text()
+                    if reader:
+                        up = re.search(r"^vllm_capacity_up (\S+)$", body, re.M)
+                        ts = re.search(r"^vllm_capacity_last_update_timestamp_seconds (\S+)$", body, re.M)
+                        ups.append(float(up[1]) if up else -1.0)
+                        if ts:
+                            ages.append(time.time() - float(ts[1]))
+
+            await asyncio.gather(*(scrape(i == 0) for i in range(clients)))
+
+    asyncio.run(main())
+    print(json.dumps({"ups": ups, "ages": ages}))
+
+
+# --- 1. the cycle ----------------------------------------------------------------------------------------------------
+
+
+def cpu_per_call(fn: Callable[[], object], seconds: float) -> float:
+    """CPU seconds per call (every thread of this process), over at least `seconds` of wall time and 3 calls."""
+    n, w0, c0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - w0 < seconds or n < 3:
+        fn()
+        n += 1
+    return (time.process_time() - c0) / n
+
+
+async def acpu_per_call(fn: Callable[[], Awaitable[object]], seconds: float) -> float:
+    n, w0, c0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - w0 < seconds or n < 3:
+        await fn()
+        n += 1
+    return (time.process_time() - c0) / n
+
+
+def raw_read(host: str, port: int, path: str) -> int:
+    """The floor for a fetch: one HTTP/1.0 GET on a plain socket, read to the end."""
+    with socket.create_connection((host, port)) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n".encode())
+        size = 0
+        while chunk := s.recv(1 << 20):
+            size += len(chunk)
+    return size
+
+
+async def bench_cycle(url: str, seconds: float) -> list[dict[str, float]]:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from vllm_capacity.agent import Agent
+    from vllm_capacity.exposition import build_registry
+    from vllm_capacity.sources.vllm import VllmClient
+
+    host, port = url.removeprefix("http://").split(":")
+    rows = []
+    for engines in ENGINES:
+        text = payload(engines)
+        client = VllmClient(f"{url}/e{engines}", timeout=60)
+        agent = Agent(client, interval=INTERVAL)
+        registry = build_registry(agent, process_metrics=False)
+        await agent.cycle()
+        if not agent.snapshot.up or len(agent.snapshot.engines) != engines:
+            raise SystemExit(f"the agent did not read the {engines}-engine payload: {dict(agent.errors)}")
+        cycle = await acpu_per_call(agent.cycle, seconds)
+        render = cpu_per_call(lambda registry=registry: generate_latest(registry), seconds)
+        full = cpu_per_call(lambda text=text: list(text_string_to_metric_families(text)), seconds)
+        raw = cpu_per_call(lambda engines=engines: raw_read(host, int(port), f"/e{engines}/metrics"), seconds)
+        await client.aclose()
+        rows.append(
+            {"engines": engines, "kib": len(text) / 1024, "cycle": cycle, "full": full, "raw": raw, "render": render}
+        )
+    return rows
+
+
+def cycle_table(rows: list[dict[str, float]]) -> list[str]:
+    out = [
+        "| engines | payload | cycle CPU | full parse | cycle / full parse | raw read | cycle / raw read | render |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        out.append(
+            f"| {r['engines']:.0f} | {r['kib']:.0f} KiB | {r['cycle'] * 1e3:.2f} ms | {r['full'] * 1e3:.1f} ms "
+            f"| {r['cycle'] / r['full']:.3f} | {r['raw'] * 1e3:.2f} ms | {r['cycle'] / r['raw']:.1f} "
+            f"| {r['render'] * 1e3:.2f} ms |"
+        )
+    return out
+
+
+# --- 2. start-up -----------------------------------------------------------------------------------------------------
+
+
+def child_cpu(args: list[str], runs: int = 5) -> float:
+    """Median CPU seconds (user + system) of a command."""
+    times = []
+    for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        times.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(times)
+
+
+def bench_startup() -> list[str]:
+    floor = child_cpu([sys.executable, "-c", "pass"])
+    helped = child_cpu([sys.executable, "-m", "vllm_capacity", "--help"])
+    usage = child_cpu([sys.executable, "-m", "vllm_capacity", "serve", "--interval", "soon"])
+    return [
+        f"- `vllm-capacity --help`: {helped * 1e3:.0f} ms CPU ({(helped - floor) * 1e3:.0f} ms over "
+        f"`python -c pass`, {floor * 1e3:.0f} ms; target <= 100 ms)",
+        f"- a usage error (`serve --interval soon`): {usage * 1e3:.0f} ms CPU",
+    ]
+
+
+# --- 3. under load -----------------------------------------------------------------------------------------------
+
+
+def _proc_status(pid: int) -> dict[str, float]:
+    status = Path(f"/proc/{pid}/status").read_text()
+
+    def kib(key: str) -> float:
+        m = re.search(rf"{key}:\s+(\d+) kB", status)
+        return int(m[1]) / 1024 if m else float("nan")
+
+    threads = re.search(r"Threads:\s+(\d+)", status)
+    return {
+        "rss": kib("VmRSS"),
+        "peak": kib("VmHWM"),
+        "threads": int(threads[1]) if threads else 0,
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+    }
+
+
+async def _start_agent(vllm_url: str) -> tuple[asyncio.subprocess.Process, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "vllm_capacity",
-        "serve",
-        "--vllm-url",
-        url,
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--interval",
-        "100ms",
-        "--log-level",
-        "warning",
+        *(sys.executable, "-m", "vllm_capacity", "serve", "--vllm-url", vllm_url, "--listen", f"127.0.0.1:{port}"),
+        *("--interval", f"{INTERVAL * 1000:.0f}ms", "--log-level", "warning", "--nvml", "off"),
     )
-    await asyncio.sleep(max(seconds, 2))  # started, and a few cycles in
-    latencies = await _healthz_under_scrapes(f"http://127.0.0.1:{port}", max(seconds * 2, 4))
-    if proc.returncode is not None:
-        raise SystemExit(f"the agent exited with {proc.returncode}")
-    status = await asyncio.to_thread(Path(f"/proc/{proc.pid}/status").read_text)
-    proc.terminate()
-    await proc.wait()
-    await runner.cleanup()
-    peak = int(re.search(r"VmHWM:\s+(\d+) kB", status)[1]) / 1024  # type: ignore[index]
-    rss = int(re.search(r"VmRSS:\s+(\d+) kB", status)[1]) / 1024  # type: ignore[index]
-    print()
-    print(
-        f"agent process, 64-engine payload ({len(text) / 1024:.0f} KiB) every 100 ms: "
-        f"RSS {rss:.1f} MiB, peak {peak:.1f} MiB (target < 60 MiB)"
-    )
-    latencies.sort()
-    p50, p95 = latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.95)]
-    print(
-        f"/healthz while 3 clients scrape /metrics without pause: p50 {p50 * 1e3:.1f} ms, p95 {p95 * 1e3:.1f} ms "
-        f"({len(latencies)} probes)"
-    )
-
-
-async def _healthz_under_scrapes(agent: str, seconds: float) -> list[float]:
-    """/healthz latencies, probed every 50 ms while three clients scrape the agent's /metrics back to back."""
+    agent = f"http://127.0.0.1:{port}"
     import httpx
 
-    stop = asyncio.Event()
-    latencies: list[float] = []
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=5) as client:
+        for _ in range(200):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(agent + "/readyz")).status_code == 200:
+                    break
+            await asyncio.sleep(0.05)
+    return proc, agent
 
-        async def scrape() -> None:
-            while not stop.is_set():
-                await client.get(agent + "/metrics")
 
-        async def probe() -> None:
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                await client.get(agent + "/healthz")
-                latencies.append(time.perf_counter() - t0)
-                await asyncio.sleep(0.05)
+async def bench_load(url: str, seconds: float) -> list[str]:
+    import aiohttp
 
-        tasks = [asyncio.create_task(scrape()) for _ in range(3)] + [asyncio.create_task(probe())]
-        await asyncio.sleep(seconds)
-        stop.set()
-        await asyncio.gather(*tasks)
-    return latencies
+    proc, agent = await _start_agent(f"{url}/e64")
+    duration = max(seconds * 5, 10)
+    scrapers = await asyncio.create_subprocess_exec(
+        *(sys.executable, __file__, "--scrape", agent, "--clients", str(SCRAPERS), "--seconds", str(duration)),
+        stdout=asyncio.subprocess.PIPE,
+    )
+    health = []
+    async with aiohttp.ClientSession() as session:
+        deadline = time.monotonic() + duration
+        while time.monotonic() < deadline:
+            t0 = time.perf_counter()
+            async with session.get(agent + "/healthz") as resp:
+                await resp.read()
+            health.append(time.perf_counter() - t0)
+            await asyncio.sleep(0.05)
+    out, _ = await scrapers.communicate()
+    scraped = json.loads(out)
+    ups, ages = scraped["ups"], scraped["ages"]
+    loaded = _proc_status(proc.pid)
+    proc.terminate()
+    await proc.wait()
+
+    proc, agent = await _start_agent(f"{url}/e1")
+    await asyncio.sleep(max(seconds * 2, 5))
+    idle = _proc_status(proc.pid)
+    proc.terminate()
+    await proc.wait()
+
+    ages.sort()
+    health.sort()
+
+    def p(values: list[float], q: float) -> float:
+        return values[min(len(values) - 1, int(len(values) * q))] if values else float("nan")
+
+    false_down = sum(1 for u in ups if u != 1.0)
+    return [
+        f"- {SCRAPERS} clients scraping /metrics back to back, 64 engines, {INTERVAL * 1000:.0f} ms interval: "
+        f"`vllm_capacity_up` not 1 in {false_down} of {len(ups)} scrapes (target 0); data age p50 "
+        f"{p(ages, 0.5) * 1e3:.0f} ms, p99 {p(ages, 0.99) * 1e3:.0f} ms (target <= {3 * INTERVAL * 1e3:.0f} ms)",
+        f"- `/healthz` meanwhile: p50 {p(health, 0.5) * 1e3:.1f} ms, p99 {p(health, 0.99) * 1e3:.1f} ms "
+        f"({len(health)} probes; target p99 <= 20 ms)",
+        f"- agent process under that load: RSS {loaded['rss']:.1f} MiB, peak {loaded['peak']:.1f} MiB, "
+        f"{loaded['threads']:.0f} threads, {loaded['fds']:.0f} open files",
+        f"- agent process at 1 engine, no scrapers: RSS {idle['rss']:.1f} MiB (target <= 45 MiB), "
+        f"peak {idle['peak']:.1f} MiB, {idle['threads']:.0f} threads",
+    ]
+
+
+# --- 5. soak -----------------------------------------------------------------------------------------------------
+
+
+async def bench_soak(seconds: float) -> list[str]:
+    with payload_server(churn=3.0) as url:
+        proc, _ = await _start_agent(f"{url}/e8")
+        warm = max(30.0, seconds / 10)
+        await asyncio.sleep(warm)
+        start = _proc_status(proc.pid)
+        await asyncio.sleep(seconds - warm)
+        end = _proc_status(proc.pid)
+        alive = proc.returncode is None
+        proc.terminate()
+        await proc.wait()
+    return [
+        f"- soak, {seconds:.0f} s at {INTERVAL * 1000:.0f} ms, 8 engines, the model renamed every 3 s: "
+        f"{'alive' if alive else 'EXITED'}; after {warm:.0f} s warm-up RSS {start['rss']:.1f} MiB, "
+        f"{start['fds']:.0f} fds, {start['threads']:.0f} threads; at the end RSS {end['rss']:.1f} MiB "
+        f"({end['rss'] - start['rss']:+.1f} MiB; target <= +2), {end['fds']:.0f} fds, {end['threads']:.0f} threads",
+    ]
+
+
+# --- 4. fuzz -------------------------------------------------------------------------------------------------------
+
+
+def run_fuzz(cases: int) -> int:
+    env = {**os.environ, "VLLM_CAPACITY_SCAN_CASES": str(cases), "VLLM_CAPACITY_FUZZ_CASES": str(cases)}
+    tests = ["tests/test_vllm_scan.py", "tests/test_fuzz.py", "-q", "-p", "no:cacheprovider"]
+    return subprocess.run([sys.executable, "-m", "pytest", *tests], cwd=ROOT, env=env, check=False).returncode
+
+
+def write_docs(lines: list[str]) -> None:
+    text = DOCS.read_text()
+    begin, end = "<!-- bench:begin -->\n", "<!-- bench:end -->"
+    head, rest = text.split(begin)
+    _, tail = rest.split(end)
+    DOCS.write_text(head + begin + "\n".join(lines) + "\n" + end + tail)
+
+
+async def run(args: argparse.Namespace) -> list[str]:
+    with payload_server() as url:
+        rows = await bench_cycle(url, args.seconds)
+        lines = [*cycle_table(rows), "", *bench_startup(), *await bench_load(url, args.seconds)]
+    if args.soak:
+        lines += await bench_soak(args.soak)
+    return lines
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=2.0, help="time spent on each measurement")
+    ap.add_argument("--write-docs", action="store_true", help="put the results into docs/performance.md")
+    ap.add_argument("--fuzz", type=int, default=0, help="run the fuzz tests with this many payloads, then stop")
+    ap.add_argument("--soak", type=float, default=0, help="also soak the agent for this many seconds")
+    ap.add_argument("--serve-payloads", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--churn", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--scrape", help=argparse.SUPPRESS)
+    ap.add_argument("--clients", type=int, default=SCRAPERS, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    bench_cycle(args.seconds)
-    asyncio.run(bench_rss(args.seconds))
+    if args.serve_payloads:
+        serve_payloads(args.churn)
+        return
+    if args.scrape:
+        scrape_for(args.scrape, args.clients, args.seconds)
+        return
+    if args.fuzz:
+        raise SystemExit(run_fuzz(args.fuzz))
+    lines = asyncio.run(run(args))
+    print("\n".join(lines))
+    if args.write_docs:
+        write_docs(lines)
 
 
 if __name__ == "__main__":

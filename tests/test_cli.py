@@ -195,6 +195,24 @@ def test_listen_address_in_use_is_a_clear_error() -> None:
     assert f"--listen 127.0.0.1:{port}" in result.stderr
 
 
+def test_help_and_usage_errors_import_no_server_stack() -> None:
+    """--help and a usage error answer before asyncio, aiohttp, structlog or prometheus-client are imported (they
+    are most of the start-up time; bench/cycle.py measures it)."""
+    probe = (
+        "import sys\n"
+        "from vllm_capacity.cli import main\n"
+        "for argv in (['--help'], ['serve', '--help'], ['serve', '--interval', 'soon']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "heavy = {'asyncio', 'aiohttp', 'structlog', 'prometheus_client', 'httpx'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
+
+
 def test_version() -> None:
     result = _run("--version")
     assert result.returncode == 0 and result.stdout.startswith("vllm-capacity ")

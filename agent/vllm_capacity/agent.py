@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -328,6 +328,7 @@ class Agent:
             await self._refresh_models()
 
         max_model_len = dict(self._models.max_model_len) if self._models else {}
+        carried = self._carry_counters(metrics, restarted)
         engines = tuple(
             derive.derive_all(
                 metrics,
@@ -338,11 +339,10 @@ class Agent:
                 tp=self.tp,
                 pp=self.pp,
                 version=self._version,
+                preemptions=carried,
             )
         )
         self._check_agreement(engines)
-        carried = self._carry_counters(metrics, restarted)
-        engines = tuple(replace(e, preemptions_total=carried.get((e.model_name, e.engine))) for e in engines)
         self._last_metrics = metrics
         self.snapshot = Snapshot(
             up=True,

@@ -7,9 +7,7 @@ variable) and why.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,6 +71,9 @@ def _client(values: SourceConfig) -> Any:
 
 
 async def _serve(values: ServeConfig) -> int:
+    import asyncio
+    import signal
+
     import structlog
     from aiohttp import web
 
@@ -255,8 +256,7 @@ def _plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | 
 
 
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
-    from vllm_capacity import log
-
+    # --help and usage errors import nothing beyond argparse and the options (asyncio, aiohttp, structlog come later)
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
@@ -267,6 +267,10 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
     except UsageError as err:
         print(f"vllm-capacity {ns.command}: error: {err}", file=sys.stderr)
         return 2
+    import asyncio
+
+    from vllm_capacity import log
+
     if isinstance(values, ServeConfig):
         log.configure(values.log_format, values.log_level)
         return asyncio.run(_serve(values))

@@ -226,9 +226,10 @@ def derive_engine(
     tp: int = 1,
     pp: int = 1,
     rules: tuple[str, tuple[int, int, int]] | None = None,
+    preemptions_total: float | None = None,
 ) -> EngineCapacity:
     """One engine's figures. ``rules``: the engine and release whose sizing rules apply (:func:`sizing_rules`;
-    None: the metric generation's)."""
+    None: the metric generation's); ``preemptions_total``: vLLM's counter as the agent carries it over restarts."""
     cc = m.cache_config
     block_size = cc.block_size if cc else None
     rules = rules or sizing_rules(schema, None)
@@ -243,6 +244,7 @@ def derive_engine(
     return EngineCapacity(
         model_name=m.model_name,
         engine=m.engine,
+        preemptions_total=preemptions_total,
         max_model_len=max_model_len,
         usage_ratio=m.kv_cache_usage,
         blocks=blocks,
@@ -320,9 +322,11 @@ def derive_all(
     tp: int = 1,
     pp: int = 1,
     version: str | None = None,
+    preemptions: Mapping[tuple[str, str], float] | None = None,
 ) -> list[EngineCapacity]:
     """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``startup`` engine -> its
-    startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation)."""
+    startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation);
+    ``preemptions`` (model_name, engine) -> the preemption counter the agent carries."""
     out = []
     rules = sizing_rules(metrics.schema, version)  # once a scrape, not once an engine
     for m in metrics.engines:
@@ -347,6 +351,7 @@ def derive_all(
                 tp=tp,
                 pp=pp,
                 rules=rules,
+                preemptions_total=(preemptions or {}).get((m.model_name, m.engine)),
             )
         )
     return out

@@ -18,6 +18,7 @@ Facts relied on (vLLM's ``vllm/engine/metrics.py`` (V0) and ``vllm/v1/metrics/lo
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -53,6 +54,7 @@ WANTED = (
     CACHE_CONFIG,
     PROCESS_START,
 )
+_WANTED_SET = frozenset(WANTED)
 #: Families recognised by their HELP/TYPE lines alone (their samples are dropped): which latency name is served.
 PRESENCE_ONLY = (ITL, TPOT)
 _PER_ENGINE = {KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, PREEMPTIONS, GENERATION_TOKENS}
@@ -220,12 +222,13 @@ def parse_metrics(text: str) -> VllmMetrics:
 
 def _check_body(text: str) -> None:
     """Refuse what is not a whole vLLM exposition before parsing it, each with its reason."""
-    if not text.strip():
+    start = _LEADING_SPACE.match(text).end()  # type: ignore[union-attr]  # (no copy of a body of megabytes)
+    if start == len(text):
         raise SourceError(Reason.EMPTY_BODY, "vLLM /metrics returned an empty body")
-    head = text.lstrip()[:200].lower()
+    head = text[start : start + 200].lower()
     if head.startswith(("<!doctype", "<html", "<?xml", "{")):
         raise SourceError(
-            Reason.NOT_METRICS, f"vLLM /metrics returned a document, not metrics text: {text.lstrip()[:60]!r}"
+            Reason.NOT_METRICS, f"vLLM /metrics returned a document, not metrics text: {text[start : start + 60]!r}"
         )
     if not text.endswith("\n"):
         raise SourceError(Reason.TRUNCATED, "vLLM /metrics body does not end with a newline: truncated")
@@ -233,6 +236,7 @@ def _check_body(text: str) -> None:
         raise SourceError(Reason.NOT_VLLM, "the /metrics body has no vllm: metric at all: is --vllm-url a vLLM server?")
 
 
+_LEADING_SPACE = re.compile(r"\s*")
 EngineSlot = tuple[str, str]  # (model_name, engine)
 
 
@@ -266,15 +270,16 @@ class _Scan:
             self.latency_families.add(family.name)
         if family.name == RUNNING:
             self.running_help = family.documentation
+        seen, all_series = self.seen, self.series
         for sample in family.samples:
             name, labels = sample.name, sample.labels
-            if name not in WANTED:
+            if name not in _WANTED_SET:
                 continue
-            self.seen.add(name)  # the generation of names is what is there, whatever its value (NaN included)
+            seen.add(name)  # the generation of names is what is there, whatever its value (NaN included)
             series = (name, frozenset(labels.items()))
-            if series in self.series:  # Prometheus refuses a scrape with a duplicated series; so does the agent
+            if series in all_series:  # Prometheus refuses a scrape with a duplicated series; so does the agent
                 raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics has the series {name}{labels} twice")
-            self.series.add(series)
+            all_series.add(series)
             key = (labels.get("model_name", ""), labels.get("engine", "0"))
             if name in _PER_ENGINE:  # the engine exists, whatever its values say
                 self.has_engine_label |= "engine" in labels

@@ -47,13 +47,12 @@ _WS = " \t\n\r\x0b\x0c"  # string.whitespace: what the parser's tokenizer splits
 _META = re.compile(r"# (HELP|TYPE) ([a-zA-Z_:][a-zA-Z0-9_:]*)(?:[ \t\r\x0b\x0c]+([^ \t\r\x0b\x0c].*))?", re.DOTALL)
 _VALUE = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?Inf|NaN"
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
-_SAMPLE = re.compile(
-    rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})? ({_VALUE})(?: ({_VALUE}))?", re.DOTALL
-)
+_SERIES_FORM = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})?", re.DOTALL)
+_VALUES = re.compile(rf" ({_VALUE})(?: ({_VALUE}))?")
+#: series part of a sample line -> (name, labels), as read before (bounded: cleared when full)
+_SERIES: dict[str, tuple[str, dict[str, str]]] = {}
 _LABELS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', re.DOTALL)
 _TOKEN_END = re.compile(r"[{ \t]")
-# a comment line but the first: "#" after nothing but whitespace (\s: what str.strip strips), from the newline before
-_COMMENT = re.compile(r"\n[^\S\n]*#[^\n]*")
 # the parser's unescaping of label values and HELP text
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
 _LABEL_ESCAPE = re.compile(r'\\[\\n"]')
@@ -102,40 +101,41 @@ def select_lines_plainly(text: str, sample_names: Iterable[str], meta_names: Ite
 def select_lines(text: str, sample_names: Sequence[str], meta_names: Sequence[str]) -> list[str]:
     """The same lines as :func:`select_lines_plainly`, found without visiting the lines that name nothing wanted.
 
-    Sample lines can only be those containing a sample name: they are found with ``str.find`` of each name (a name
-    containing another is found with it), one visit per line. Comment lines are found by a regular expression that
-    jumps from newline to newline in C; they are few (two per family, not per engine)."""
+    A selected line either starts (after whitespace) with a sample name or is a comment naming one of the names:
+    one regular expression finds both kinds from the newline before them, jumping from newline to newline in C.
+    Comment lines are few (two per family, not per engine); each is searched for the names."""
     samples = frozenset(sample_names)
     names = _names_pattern((*sample_names, *meta_names))
-    starts: set[int] = set()
-    for probe in _probes(tuple(sample_names)):
-        at = text.find(probe)
-        while at >= 0:
-            start = text.rfind("\n", 0, at) + 1
-            end = _line_end(text, at)
-            starts.add(start)
-            at = text.find(probe, end)
-    first = text[: _line_end(text, 0)]
-    if first.strip().startswith("#") and names.search(first):
-        starts.add(0)
-    for comment in _COMMENT.finditer(text):
-        if names.search(text, comment.start(), comment.end()):
-            starts.add(comment.start() + 1)
+    starts_pattern = _starts_pattern(tuple(sample_names))
+    starts: list[int] = []
+    first = "\n" + text[: _line_end(text, 0)]
+    for at, found in ((0, starts_pattern.match(first)), *((m.start() + 1, m) for m in starts_pattern.finditer(text))):
+        if found is not None and (found.lastgroup != "comment" or names.search(found[0])):
+            starts.append(at)
     selected: list[str] = []
-    for start in sorted(starts):
+    for start in sorted(set(starts)):
         _keep(text[start : _line_end(text, start)], samples, selected)
     return selected
 
 
 @functools.cache
-def _probes(names: tuple[str, ...]) -> tuple[str, ...]:
-    """The names to search for: a name that contains another is found by searching for the other."""
-    return tuple(n for n in names if not any(other != n and other in n for other in names))
+def _names_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
+    return re.compile("|".join(re.escape(n) for n in names))
 
 
 @functools.cache
-def _names_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile("|".join(re.escape(n) for n in names))
+def _starts_pattern(sample_names: tuple[str, ...]) -> re.Pattern[str]:
+    """From a newline, whitespace (``\\s``: what ``str.strip`` strips), then a whole comment line or the start of a
+    sample name; the names are grouped by their namespace (``vllm:``) so that the expression tries few branches."""
+    groups: dict[str, list[str]] = {}
+    for name in sample_names:
+        namespace, colon, rest = name.partition(":")
+        groups.setdefault(namespace + colon if colon else "", []).append(rest if colon else name)
+    branches = [
+        re.escape(namespace) + "(?:" + "|".join(re.escape(rest) for rest in rests) + ")"
+        for namespace, rests in groups.items()
+    ]
+    return re.compile(r"\n[^\S\n]*(?:(?P<comment>#[^\n]*)|" + "|".join(branches) + ")")
 
 
 def _line_end(text: str, at: int) -> int:
@@ -167,21 +167,40 @@ def _items(lines: list[str]) -> Iterator[_Item]:
 
 
 def _sample(line: str) -> Sample:
-    m = _SAMPLE.fullmatch(line)
+    # The series part (name and labels) is read once and remembered: the same series come back every scrape with
+    # only their values changed. In a canonical line the series part ends at the last "}" (values hold none), or
+    # at the first space when there are no labels.
+    brace = line.rfind("}")
+    cut = brace + 1 if brace > 0 else line.find(" ")
+    series = _SERIES.get(line[:cut]) if cut > 0 else None
+    if series is None:
+        series = _series(line[:cut] if cut > 0 else line)
+    m = _VALUES.fullmatch(line, cut)
     if m is None:
         raise _NotCanonical
-    name, labels_text, value_text, timestamp_text = m.groups()
+    value_text, timestamp_text = m.groups()
+    try:
+        timestamp = _number(timestamp_text) / 1000 if timestamp_text else None
+    except OverflowError:  # an integer timestamp beyond a float: the parser's error to raise
+        raise _NotCanonical from None
+    return Sample(series[0], dict(series[1]), _number(value_text), timestamp)
+
+
+def _series(text: str) -> tuple[str, dict[str, str]]:
+    m = _SERIES_FORM.fullmatch(text)
+    if m is None:
+        raise _NotCanonical
+    name, labels_text = m.groups()
     labels: dict[str, str] = {}
     if labels_text:
         for label, raw in _LABELS.findall(labels_text):
             if label in labels or label.startswith("__"):  # a duplicate is the parser's error; __ names are reserved
                 raise _NotCanonical
             labels[label] = _LABEL_ESCAPE.sub(_unescape, raw) if "\\" in raw else raw
-    try:
-        timestamp = _number(timestamp_text) / 1000 if timestamp_text else None
-    except OverflowError:  # an integer timestamp beyond a float: the parser's error to raise
-        raise _NotCanonical from None
-    return Sample(name, labels, _number(value_text), timestamp)
+    if len(_SERIES) >= MAX_SELECTED:
+        _SERIES.clear()
+    _SERIES[text] = (name, labels)
+    return name, labels
 
 
 def _unescape(match: re.Match[str]) -> str:
