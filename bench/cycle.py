@@ -3,8 +3,9 @@ times wander, ratios hold).
 
 usage: .venv/bin/python bench/cycle.py [--seconds 2] [--write-docs] [--fuzz N] [--soak SECONDS]
 
-Payloads: the real vLLM 0.32.0 capture (tests/fixtures/vllm/v1-0.32.0-cpu-saturated.prom) with every per-engine
-series repeated for 1, 8, 64 and 256 data-parallel engines, served by a loopback HTTP server in another process.
+Payloads (tests/payloads.py): the real vLLM 0.32.0 capture (tests/fixtures/vllm/v1-0.32.0-cpu-saturated.prom) with
+every per-engine series repeated for 1, 8, 64 and 256 data-parallel engines, served by a loopback HTTP server in
+another process.
 
 1. **Cycle**: the CPU of one real agent cycle (HTTP fetch, parse in its worker thread, derive, snapshot), against
    prometheus-client's full parse of the same text and a raw socket read of the same bytes; the render of one
@@ -38,23 +39,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CAPTURE = ROOT / "tests" / "fixtures" / "vllm" / "v1-0.32.0-cpu-saturated.prom"
+sys.path.insert(0, str(ROOT / "tests"))
+from payloads import data_parallel as payload  # noqa: E402  (tests/payloads.py: shared with the load test)
+
 DOCS = ROOT / "docs" / "performance.md"
 ENGINES = (1, 8, 64, 256)
 INTERVAL = 0.1
 SCRAPERS = 10
-
-
-def payload(engines: int, model: str = "tiny-llama") -> str:
-    """The capture with each series that has engine="0" repeated for engines 0..n-1 (kept inside its family)."""
-    out = []
-    for line in CAPTURE.read_text().splitlines():
-        line = line.replace('model_name="tiny-llama"', f'model_name="{model}"')
-        if 'engine="0"' in line and not line.startswith("#"):
-            out.extend(line.replace('engine="0"', f'engine="{i}"') for i in range(engines))
-        else:
-            out.append(line)
-    return "\n".join(out) + "\n"
 
 
 # --- the payload server, in its own process so that its CPU is not counted as the agent's -------------------------
