@@ -17,6 +17,7 @@ Facts relied on (vLLM's ``vllm/engine/metrics.py`` (V0) and ``vllm/v1/metrics/lo
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -121,40 +122,41 @@ def _label_float(labels: Mapping[str, str], key: str) -> float | None:
 
 @dataclass(frozen=True)
 class CacheConfig:
-    """``vllm:cache_config_info`` of one engine. ``labels`` holds every label except ``engine``, ``"None"`` dropped."""
+    """``vllm:cache_config_info`` of one engine. ``labels`` holds every label except ``engine``, ``"None"`` dropped.
+    The same object serves every scrape with the same labels: its figures are read from them once."""
 
     labels: Mapping[str, str]
 
-    @property
+    @functools.cached_property
     def block_size(self) -> int | None:
         return _label_int(self.labels, "block_size")
 
-    @property
+    @functools.cached_property
     def num_gpu_blocks(self) -> int | None:
         """As reported: in V1 this is the sum over all data-parallel engines of the server."""
         return _label_int(self.labels, "num_gpu_blocks")
 
-    @property
+    @functools.cached_property
     def kv_cache_size_tokens(self) -> int | None:
         return _label_int(self.labels, "kv_cache_size_tokens")
 
-    @property
+    @functools.cached_property
     def kv_cache_max_concurrency(self) -> float | None:
         return _label_float(self.labels, "kv_cache_max_concurrency")
 
-    @property
+    @functools.cached_property
     def kv_cache_memory_bytes(self) -> int | None:
         return _label_int(self.labels, "kv_cache_memory_bytes")
 
-    @property
+    @functools.cached_property
     def num_gpu_blocks_override(self) -> int | None:
         return _label_int(self.labels, "num_gpu_blocks_override")
 
-    @property
+    @functools.cached_property
     def gpu_memory_utilization(self) -> float | None:
         return _label_float(self.labels, "gpu_memory_utilization")
 
-    @property
+    @functools.cached_property
     def cache_dtype(self) -> str | None:
         return self.labels.get("cache_dtype")
 
@@ -238,6 +240,23 @@ def _check_body(text: str) -> None:
 
 _LEADING_SPACE = re.compile(r"\s*")
 EngineSlot = tuple[str, str]  # (model_name, engine)
+# cache_config_info's labels -> what they say: the same labels come back every scrape (bounded: cleared when full)
+_CACHE_CONFIGS: dict[frozenset[tuple[str, str]], tuple[list[str], CacheConfig]] = {}
+
+
+def _cache_config(key: frozenset[tuple[str, str]], labels: Mapping[str, str]) -> tuple[list[str], CacheConfig]:
+    """The implausible labels of a cache_config_info series, and the config without them (or "None")."""
+    known = _CACHE_CONFIGS.get(key)
+    if known is None:
+        bad = _plausible_config(labels)
+        dropped = {b[len(CACHE_CONFIG) + 1 : -1] for b in bad}
+        config = CacheConfig(
+            {k: v for k, v in labels.items() if k != "engine" and k not in dropped and v not in ("None", "")}
+        )
+        if len(_CACHE_CONFIGS) >= 4096:
+            _CACHE_CONFIGS.clear()
+        known = _CACHE_CONFIGS[key] = (bad, config)
+    return known
 
 
 def _finite(value: float) -> float | None:
@@ -288,12 +307,9 @@ class _Scan:
             if value is None:
                 continue
             if name == CACHE_CONFIG:
-                bad = _plausible_config(labels)
+                bad, config = _cache_config(series[1], labels)
                 self.implausible.update(bad)
-                dropped = {b[len(CACHE_CONFIG) + 1 : -1] for b in bad}
-                self.cache_configs[labels.get("engine", "0")] = CacheConfig(
-                    {k: v for k, v in labels.items() if k != "engine" and k not in dropped and v not in ("None", "")}
-                )
+                self.cache_configs[labels.get("engine", "0")] = config
                 continue
             if not _plausible(name, value):
                 self.implausible.add(name)
