@@ -57,6 +57,7 @@ def serve_payloads(churn: float) -> None:
     from aiohttp import web
 
     bodies = {n: payload(n).encode() for n in ENGINES}
+    near_cap = {"unwanted": _near_cap(wanted=False), "wanted": _near_cap(wanted=True)}
     t0 = time.monotonic()
 
     def model() -> str:
@@ -70,9 +71,19 @@ def serve_payloads(churn: float) -> None:
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": model(), "max_model_len": 1024}]})
 
+    async def big(request: web.Request) -> web.Response:
+        return web.Response(body=near_cap[request.match_info["kind"]], content_type="text/plain")
+
     async def main() -> None:
         app = web.Application()
-        app.add_routes([web.get("/e{n}/metrics", metrics), web.get("/e{n}/v1/models", models)])
+        app.add_routes(
+            [
+                web.get("/e{n}/metrics", metrics),
+                web.get("/e{n}/v1/models", models),
+                web.get("/cap-{kind}/metrics", big),
+                web.get("/cap-{kind}/v1/models", models),
+            ]
+        )
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -81,6 +92,22 @@ def serve_payloads(churn: float) -> None:
         await asyncio.Event().wait()
 
     asyncio.run(main())
+
+
+def _near_cap(wanted: bool) -> bytes:
+    """A body just under the default --max-body-size (32 MiB): the 1-engine capture plus histogram lines the agent
+    never reads, or plus as many lines of a family it reads (over the scanner's bounds: a parse_error)."""
+    base = payload(1)
+    if wanted:
+        line = 'vllm:num_requests_running{{engine="{}",model_name="tiny-llama"}} 1.0\n'
+    else:
+        line = 'vllm:request_prefill_time_seconds_bucket{{engine="{}",le="0.5",model_name="tiny-llama"}} 3.0\n'
+    out, size, i = [base], len(base), 1
+    while size < 31 * 1024 * 1024:
+        out.append(line.format(i))
+        size += len(out[-1])
+        i += 1
+    return "".join(out).encode()
 
 
 @contextlib.contextmanager
@@ -293,6 +320,14 @@ async def bench_load(url: str, seconds: float) -> list[str]:
     proc.terminate()
     await proc.wait()
 
+    near_cap = {}
+    for kind in ("unwanted", "wanted"):
+        proc, agent = await _start_agent(f"{url}/cap-{kind}")
+        await asyncio.sleep(max(seconds * 2, 4))
+        near_cap[kind] = _proc_status(proc.pid)
+        proc.terminate()
+        await proc.wait()
+
     ages.sort()
     health.sort()
 
@@ -310,6 +345,9 @@ async def bench_load(url: str, seconds: float) -> list[str]:
         f"{loaded['threads']:.0f} threads, {loaded['fds']:.0f} open files",
         f"- agent process at 1 engine, no scrapers: RSS {idle['rss']:.1f} MiB (target <= 45 MiB), "
         f"peak {idle['peak']:.1f} MiB, {idle['threads']:.0f} threads",
+        f"- bodies of 31 MiB (the default --max-body-size is 32 MiB; the shipped memory limit 128 Mi), read every "
+        f"{INTERVAL * 1000:.0f} ms: peak RSS {near_cap['unwanted']['peak']:.1f} MiB with unread histogram lines, "
+        f"{near_cap['wanted']['peak']:.1f} MiB with lines of a family the agent reads (refused: over its bounds)",
     ]
 
 

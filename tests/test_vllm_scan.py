@@ -3,7 +3,8 @@ generated mutations of them (escapes, quotes, ``#`` and ``}`` in label values, u
 NaN/Inf, timestamps, duplicated, dropped, moved and truncated lines, odd spacing, retyped families, lines over the
 length limit). For every payload:
 
-* the fast selection equals the line-by-line definition of it, and
+* the fast selection equals the line-by-line definition of it (over the string, and over the bytes of an ASCII
+  body, which the agent scans without decoding), and
 * the fast parse of the selected lines equals ``list(text_string_to_metric_families(selected))``: the same families,
   documentation, types, sample names, labels, values (``int`` vs ``float`` included) and timestamps, or the same
   exception.
@@ -22,10 +23,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import fixture_text
-from vllm_capacity.sources.vllm_parse import PRESENCE_ONLY, WANTED, parse_metrics
+from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.vllm_parse import PRESENCE_ONLY, WANTED, parse_metrics, parse_metrics_body
 from vllm_capacity.sources.vllm_scan import (
     MAX_LINE,
     ScanError,
+    is_ascii,
     parse_selected,
     select_lines,
     select_lines_plainly,
@@ -71,6 +74,10 @@ def _check(text: str) -> str:
     plain = _outcome(select_lines_plainly, text, WANTED, PRESENCE_ONLY)
     fast = _outcome(select_lines, text, WANTED, PRESENCE_ONLY)
     assert fast == plain, text
+    body = text.encode()
+    if is_ascii(body):  # the agent scans an ASCII body's bytes as they came
+        assert _outcome(select_lines, body, WANTED, PRESENCE_ONLY) == plain, text
+        assert _outcome(parse_metrics_body, body) == _outcome(parse_metrics, text), text
     if plain[0] == "raised":
         return "refused"
     lines = plain[1]
@@ -263,3 +270,13 @@ def test_a_line_over_the_limit_is_refused_not_parsed() -> None:
     # lines of other families may be as long as they like: they are never parsed
     other = fixture_text("v1-0.32.0-cpu-idle.prom") + "# HELP vllm:other_family " + " x" * MAX_LINE + "\n"
     assert select_lines(other, WANTED, PRESENCE_ONLY)
+
+
+def test_a_body_that_is_not_utf8_is_a_parse_error() -> None:
+    body = fixture_text("v1-0.32.0-cpu-idle.prom").encode() + b'vllm:num_requests_running{model_name="\xff"} 1\n'
+    with pytest.raises(SourceError, match="not UTF-8") as err:
+        parse_metrics_body(body)
+    assert err.value.reason == Reason.PARSE_ERROR
+    # UTF-8 beyond ASCII is read as text, as the library reads it
+    accented = fixture_text("v1-0.32.0-cpu-idle.prom").replace("tiny-llama", "tïny-llama")
+    assert parse_metrics_body(accented.encode()).engines[0].model_name == "tïny-llama"

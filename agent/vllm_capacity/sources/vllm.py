@@ -23,7 +23,7 @@ import aiohttp
 from vllm_capacity import __version__
 from vllm_capacity.redaction import redact, redact_url, url_secrets
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.vllm_parse import VllmMetrics, parse_metrics
+from vllm_capacity.sources.vllm_parse import VllmMetrics, parse_metrics_body
 from vllm_capacity.units import MiB
 
 DEFAULT_MAX_BODY_BYTES = 32 * MiB
@@ -76,7 +76,9 @@ class VllmClient:
             await self._session.close()
         self._parser.shutdown(wait=False, cancel_futures=True)
 
-    async def _get(self, path: str, *, headers: dict[str, str] | None = None, accept: str = "*/*") -> tuple[bytes, str]:
+    async def _get(
+        self, path: str, *, headers: dict[str, str] | None = None, accept: str = "*/*"
+    ) -> tuple[bytearray, str]:
         """GET ``path`` within one deadline for the whole exchange; returns (body, content-type). Every failure is a
         SourceError whose message carries no secret (the URL's userinfo, the API key)."""
         try:
@@ -87,7 +89,7 @@ class VllmClient:
             message = f"{self.display_url}{path}: {type(err).__name__}: {err}"
             raise SourceError(Reason.INTERNAL, redact(message, self._secrets)) from None
 
-    async def _exchange(self, path: str, headers: dict[str, str], accept: str) -> tuple[bytes, str]:
+    async def _exchange(self, path: str, headers: dict[str, str], accept: str) -> tuple[bytearray, str]:
         url = self.display_url + path
         try:
             async with asyncio.timeout(self.timeout):
@@ -109,14 +111,14 @@ class VllmClient:
                         raise SourceError(
                             Reason.BODY_TOO_LARGE, f"{url} body is {declared} bytes, over the {self.max_body_bytes} cap"
                         )
-                    chunks, size = [], 0
+                    # one growing buffer (a large one grows in place): never the chunks and their join side by side
+                    body = bytearray()
                     async for chunk in resp.content.iter_chunked(1 << 20):
-                        size += len(chunk)
-                        if size > self.max_body_bytes:
+                        if len(body) + len(chunk) > self.max_body_bytes:
                             raise SourceError(
                                 Reason.BODY_TOO_LARGE, f"{url} body exceeds the {self.max_body_bytes}-byte cap"
                             )
-                        chunks.append(chunk)
+                        body += chunk
                     content_type = resp.headers.get("Content-Type", "")
         except TimeoutError as err:
             raise SourceError(Reason.TIMEOUT, f"{url} did not answer in full within {self.timeout:g}s") from err
@@ -126,7 +128,7 @@ class VllmClient:
             raise SourceError(Reason.TRUNCATED, f"{url} closed the connection mid-response: {_cause(err)}") from err
         except aiohttp.ClientError as err:
             raise SourceError(Reason.CONNECTION_ERROR, f"{url}: {_cause(err)}") from err
-        return b"".join(chunks), content_type
+        return body, content_type
 
     def _check_metrics_type(self, content_type: str) -> None:
         if "html" in content_type or "json" in content_type:
@@ -137,9 +139,7 @@ class VllmClient:
     async def fetch_metrics(self) -> VllmMetrics:
         body, content_type = await self._get("/metrics", accept="text/plain;version=0.0.4;q=1,*/*;q=0.1")
         self._check_metrics_type(content_type)
-        url = self.display_url + "/metrics"
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._parser, lambda: parse_metrics(_decode(body, url)))
+        return await asyncio.get_running_loop().run_in_executor(self._parser, parse_metrics_body, body)
 
     async def fetch_models(self) -> ModelsInfo:
         body, _ = await self._get("/v1/models", headers=self._api_headers, accept="application/json")
@@ -155,7 +155,7 @@ class VllmClient:
         return str(version) if version else None
 
 
-def _decode(body: bytes, url: str) -> str:
+def _decode(body: bytes | bytearray, url: str) -> str:
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as err:

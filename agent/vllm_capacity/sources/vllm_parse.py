@@ -22,11 +22,12 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.vllm_scan import ScanError, parse_selected, select_lines
+from vllm_capacity.sources.vllm_scan import ScanError, is_ascii, parse_selected, select_lines
 
 KV_USAGE = "vllm:kv_cache_usage_perc"
 GPU_CACHE_USAGE = "vllm:gpu_cache_usage_perc"
@@ -198,6 +199,22 @@ class VllmMetrics:
 
 def parse_metrics(text: str) -> VllmMetrics:
     """Parse a vLLM /metrics body. Raises :class:`SourceError` when it is not a (whole) vLLM exposition."""
+    return _parse(text)
+
+
+def parse_metrics_body(body: bytes | bytearray) -> VllmMetrics:
+    """:func:`parse_metrics` of the body's bytes: an ASCII body (vLLM's) is scanned as it came, never copied into a
+    string (a body near the --max-body-size cap then costs its own size in memory, not two or three times it)."""
+    if is_ascii(body):
+        return _parse(body)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics body is not UTF-8 text: {err}") from err
+    return _parse(text)
+
+
+def _parse(text: str | bytes | bytearray) -> VllmMetrics:
     _check_body(text)
     try:
         families = parse_selected(select_lines(text, WANTED, PRESENCE_ONLY))
@@ -222,22 +239,27 @@ def parse_metrics(text: str) -> VllmMetrics:
     )
 
 
-def _check_body(text: str) -> None:
-    """Refuse what is not a whole vLLM exposition before parsing it, each with its reason."""
-    start = _LEADING_SPACE.match(text).end()  # type: ignore[union-attr]  # (no copy of a body of megabytes)
+def _check_body(text: str | bytes | bytearray) -> None:
+    """Refuse what is not a whole vLLM exposition before parsing it, each with its reason. ``text`` as a string, or
+    as the bytes of an ASCII body (never copied: it may be megabytes)."""
+    binary = not isinstance(text, str)
+    leading: re.Pattern[Any] = _LEADING_SPACE_BYTES if binary else _LEADING_SPACE
+    start = leading.match(text).end()  # type: ignore[union-attr]  # \s* always matches
     if start == len(text):
         raise SourceError(Reason.EMPTY_BODY, "vLLM /metrics returned an empty body")
-    head = text[start : start + 200].lower()
-    if head.startswith(("<!doctype", "<html", "<?xml", "{")):
+    head = text[start : start + 200]
+    head_text = head.decode("ascii") if isinstance(head, bytes | bytearray) else head
+    if head_text.lower().startswith(("<!doctype", "<html", "<?xml", "{")):
         raise SourceError(
-            Reason.NOT_METRICS, f"vLLM /metrics returned a document, not metrics text: {text[start : start + 60]!r}"
+            Reason.NOT_METRICS, f"vLLM /metrics returned a document, not metrics text: {head_text[:60]!r}"
         )
-    if not text.endswith("\n"):
+    if not text.endswith(b"\n" if binary else "\n"):  # type: ignore[arg-type]
         raise SourceError(Reason.TRUNCATED, "vLLM /metrics body does not end with a newline: truncated")
-    if "vllm:" not in text:
+    if (b"vllm:" if binary else "vllm:") not in text:  # type: ignore[operator]
         raise SourceError(Reason.NOT_VLLM, "the /metrics body has no vllm: metric at all: is --vllm-url a vLLM server?")
 
 
+_LEADING_SPACE_BYTES = re.compile(rb"[ \t\n\r\x0b\x0c\x1c-\x1f]*")  # what str.strip strips, in ASCII
 _LEADING_SPACE = re.compile(r"\s*")
 EngineSlot = tuple[str, str]  # (model_name, engine)
 # cache_config_info's labels -> what they say: the same labels come back every scrape (bounded: cleared when full)

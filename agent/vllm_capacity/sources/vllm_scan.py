@@ -16,16 +16,20 @@ plain definition and a fast implementation that the tests hold to it:
    odd spacing, a quoted name, a duplicated label...) it hands all selected lines to prometheus-client's parser.
    Either way the result is ``list(text_string_to_metric_families(selected))``, never an approximation of it.
 
-Bounded cost whatever the body: selection is linear in the body; a selected line longer than :data:`MAX_LINE` or more
-than :data:`MAX_SELECTED` selected lines is an error (prometheus-client's parser is quadratic in the length of some
-lines: a 1 MB HELP line of spaces takes tens of seconds).
+Bounded cost whatever the body: selection is linear in the body; a selected line longer than :data:`MAX_LINE`, or
+more than :data:`MAX_SELECTED` selected lines or :data:`MAX_SELECTED_CHARS` characters, is an error
+(prometheus-client's parser is quadratic in the length of some lines: a 1 MB HELP line of spaces takes tens of
+seconds; and the bounds keep the parse's memory small). For ASCII bodies (vLLM's) the selection reads the bytes as
+they came, decoding only the selected lines.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -33,9 +37,10 @@ from prometheus_client.samples import Sample
 
 #: Longest selected line read (vLLM 0.32's longest, cache_config_info, is about 700 characters).
 MAX_LINE = 8192
-#: Most selected lines read: 4 comment lines for each of a dozen families plus a dozen samples for each of 4,096
-#: data-parallel engines fits with room; more is not a vLLM server.
-MAX_SELECTED = 65536
+#: Most selected lines, and characters in them: a dozen samples for each of 2,048 data-parallel engines fits with
+#: room (64 engines select 533 lines, 60 KiB); more is not a vLLM server. They bound the parse's memory.
+MAX_SELECTED = 32768
+MAX_SELECTED_CHARS = 4 * 1024 * 1024
 
 
 class ScanError(ValueError):
@@ -75,58 +80,84 @@ def _token(stripped: str) -> str:
     return stripped if end is None else stripped[: end.start()]
 
 
-def _keep(line: str, sample_names: frozenset[str], selected: list[str]) -> None:
-    """Append the stripped line if it is selected (the caller knows it contains one of the names)."""
-    stripped = line.strip()
-    if stripped.startswith("#") or _token(stripped) in sample_names:
-        if len(stripped) > MAX_LINE:
-            raise ScanError(
-                f"a line of {len(stripped)} characters in a family the agent reads; the limit is {MAX_LINE}"
-            )
-        if len(selected) >= MAX_SELECTED:
-            raise ScanError(f"more than {MAX_SELECTED} lines of the families the agent reads")
-        selected.append(stripped)
+class _Selected(list[str]):
+    """The selected lines, within the bounds: a list that also counts its characters."""
+
+    chars = 0
+
+    def keep(self, line: str, sample_names: frozenset[str]) -> None:
+        """Append the stripped line if it is selected (the caller knows it contains one of the names)."""
+        stripped = line.strip()
+        if stripped.startswith("#") or _token(stripped) in sample_names:
+            if len(stripped) > MAX_LINE:
+                raise ScanError(
+                    f"a line of {len(stripped)} characters in a family the agent reads; the limit is {MAX_LINE}"
+                )
+            self.chars += len(stripped)
+            if len(self) >= MAX_SELECTED or self.chars > MAX_SELECTED_CHARS:
+                raise ScanError(
+                    f"more than {MAX_SELECTED} lines or {MAX_SELECTED_CHARS // 1024 // 1024} MiB in the families the "
+                    "agent reads"
+                )
+            self.append(stripped)
 
 
 def select_lines_plainly(text: str, sample_names: Iterable[str], meta_names: Iterable[str]) -> list[str]:
     """The selection, defined line by line (see the module's docstring); the tests hold :func:`select_lines` to it."""
     samples, names = frozenset(sample_names), (*sample_names, *meta_names)
-    selected: list[str] = []
+    selected = _Selected()
     for line in text.split("\n"):
         if any(name in line for name in names):
-            _keep(line, samples, selected)
+            selected.keep(line, samples)
     return selected
 
 
-def select_lines(text: str, sample_names: Sequence[str], meta_names: Sequence[str]) -> list[str]:
+def select_lines(text: str | bytes | bytearray, sample_names: Sequence[str], meta_names: Sequence[str]) -> list[str]:
     """The same lines as :func:`select_lines_plainly`, found without visiting the lines that name nothing wanted.
 
     A selected line either starts (after whitespace) with a sample name or is a comment naming one of the names:
     one regular expression finds both kinds from the newline before them, jumping from newline to newline in C.
-    Comment lines are few (two per family, not per engine); each is searched for the names."""
+    Comment lines are few (two per family, not per engine); each is searched for the names.
+
+    ``text`` may be the body's bytes when they are ASCII (the rule for vLLM's bodies; :func:`is_ascii`): then only the
+    selected lines are ever decoded, and a body of megabytes is never copied into a string."""
     samples = frozenset(sample_names)
-    names = _names_pattern((*sample_names, *meta_names))
-    starts_pattern = _starts_pattern(tuple(sample_names))
-    starts: list[int] = []
-    first = "\n" + text[: _line_end(text, 0)]
-    for at, found in ((0, starts_pattern.match(first)), *((m.start() + 1, m) for m in starts_pattern.finditer(text))):
+    binary = isinstance(text, bytes | bytearray)
+    names = _names_pattern((*sample_names, *meta_names), binary)
+    starts_pattern = _starts_pattern(tuple(sample_names), binary)
+    newline: str | bytes = b"\n" if binary else "\n"
+    selected = _Selected()
+    first = newline + text[: _line_end(text, 0)]  # type: ignore[operator]
+    # in the order of the text, one line at a time (the bounds stop a body of a million wanted lines early)
+    for at, found in itertools.chain(((0, starts_pattern.match(first)),), _after_newline(starts_pattern, text)):
         if found is not None and (found.lastgroup != "comment" or names.search(found[0])):
-            starts.append(at)
-    selected: list[str] = []
-    for start in sorted(set(starts)):
-        _keep(text[start : _line_end(text, start)], samples, selected)
+            line = text[at : _line_end(text, at)]
+            selected.keep(line.decode("ascii") if isinstance(line, bytes | bytearray) else line, samples)
     return selected
 
 
-@functools.cache
-def _names_pattern(names: tuple[str, ...]) -> re.Pattern[str]:
-    return re.compile("|".join(re.escape(n) for n in names))
+def _after_newline(pattern: re.Pattern[Any], text: str | bytes | bytearray) -> Iterator[tuple[int, re.Match[Any]]]:
+    for m in pattern.finditer(text):
+        yield m.start() + 1, m
+
+
+def is_ascii(body: bytes | bytearray) -> bool:
+    """Whether :func:`select_lines` may read these bytes as they are (for ASCII, what ``str.strip`` strips is
+    ``[ \\t\\n\\r\\x0b\\x0c\\x1c-\\x1f]``, which the byte expressions spell out)."""
+    return body.isascii()
 
 
 @functools.cache
-def _starts_pattern(sample_names: tuple[str, ...]) -> re.Pattern[str]:
-    """From a newline, whitespace (``\\s``: what ``str.strip`` strips), then a whole comment line or the start of a
-    sample name; the names are grouped by their namespace (``vllm:``) so that the expression tries few branches."""
+def _names_pattern(names: tuple[str, ...], binary: bool) -> re.Pattern[Any]:
+    pattern = "|".join(re.escape(n) for n in names)
+    return re.compile(pattern.encode("ascii") if binary else pattern)
+
+
+@functools.cache
+def _starts_pattern(sample_names: tuple[str, ...], binary: bool) -> re.Pattern[Any]:
+    """From a newline, whitespace (what ``str.strip`` strips: ``\\s`` in a string, spelled out for ASCII bytes), then
+    a whole comment line or the start of a sample name; the names are grouped by their namespace (``vllm:``) so that
+    the expression tries few branches."""
     groups: dict[str, list[str]] = {}
     for name in sample_names:
         namespace, colon, rest = name.partition(":")
@@ -135,11 +166,13 @@ def _starts_pattern(sample_names: tuple[str, ...]) -> re.Pattern[str]:
         re.escape(namespace) + "(?:" + "|".join(re.escape(rest) for rest in rests) + ")"
         for namespace, rests in groups.items()
     ]
-    return re.compile(r"\n[^\S\n]*(?:(?P<comment>#[^\n]*)|" + "|".join(branches) + ")")
+    space = r"[ \t\r\x0b\x0c\x1c-\x1f]" if binary else r"[^\S\n]"
+    pattern = r"\n" + space + r"*(?:(?P<comment>#[^\n]*)|" + "|".join(branches) + ")"
+    return re.compile(pattern.encode("ascii") if binary else pattern)
 
 
-def _line_end(text: str, at: int) -> int:
-    end = text.find("\n", at)
+def _line_end(text: str | bytes | bytearray, at: int) -> int:
+    end = text.find(b"\n" if isinstance(text, bytes | bytearray) else "\n", at)  # type: ignore[arg-type]
     return len(text) if end < 0 else end
 
 
