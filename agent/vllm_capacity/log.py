@@ -37,7 +37,3 @@ def configure(fmt: str = "console", level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(getattr(logging, level.upper()))
-    # httpx and httpcore log every request at info and debug, with its URL: the agent logs what matters about its
-    # reads itself (redacted), so theirs stay quiet below warning
-    for name in ("httpx", "httpcore"):
-        logging.getLogger(name).setLevel(logging.WARNING)
