@@ -279,7 +279,8 @@ async def test_the_default_listener_serves_ipv4_and_ipv6(fake_vllm: FakeVllm) ->
 
 def test_a_client_protocol_error_is_one_json_log_line(fake_vllm_thread: str) -> None:
     """aiohttp's own error log (a request line over 8 KiB) goes through the same JSON renderer: every stderr line
-    is one JSON object, the traceback a field of it (it was a raw multi-line traceback)."""
+    is one JSON object, the traceback a field of it (it was a raw multi-line traceback); the same error again is
+    counted, not logged again."""
     import socket
 
     port = free_port()
@@ -291,15 +292,18 @@ def test_a_client_protocol_error_is_one_json_log_line(fake_vllm_thread: str) -> 
                     break
             except httpx.TransportError:
                 threading.Event().wait(0.1)
-        with socket.create_connection(("127.0.0.1", port)) as c:
-            c.sendall(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert c.recv(64).startswith(b"HTTP/1.0 400")
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port)) as c:
+                c.sendall(b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+                assert c.recv(64).startswith(b"HTTP/1.0 400")
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=10)
     events = [json.loads(line) for line in stderr.splitlines()]  # each line one JSON object
-    (error,) = [e for e in events if e.get("logger") == "aiohttp.server"]
+    (error,) = [e for e in events if e.get("logger") == "aiohttp.server"]  # three bad requests: logged once
     assert error["level"] == "error" and "exception" in error
+    assert value(text, "vllm_capacity_http_errors_total", kind="bad_request") == 3  # and each counted
 
 
 async def test_sigterm_stops_at_once_while_a_read_of_vllm_hangs(fake_vllm: FakeVllm) -> None:

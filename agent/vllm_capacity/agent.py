@@ -121,6 +121,8 @@ class Agent:
         if nvml is not None:
             self.sources[SOURCE_NVML] = SourceStatus()
         self.errors: Counter[tuple[str, str]] = Counter()
+        #: what the sidecar's own listener refused or failed, by kind (fed by the server: listener.py, log.py)
+        self.http_errors: Counter[str] = Counter()
         # latched once the first cycle has finished, whatever it found: the sidecar then serves a true view (vLLM
         # down is vllm_capacity_up 0). Readiness never follows vLLM: a native sidecar's readiness is the pod's.
         self.ready = False

@@ -77,8 +77,10 @@ async def _serve(values: ServeConfig) -> int:
     import structlog
     from aiohttp import web
 
+    from vllm_capacity import log as log_setup
     from vllm_capacity import webconfig
     from vllm_capacity.agent import Agent
+    from vllm_capacity.listener import ConnectionGuard
     from vllm_capacity.server import Access, make_app
 
     log = structlog.get_logger("vllm_capacity")
@@ -101,16 +103,19 @@ async def _serve(values: ServeConfig) -> int:
     app = make_app(agent, access=access, metrics_path=values.web_telemetry_path)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
     await runner.setup()
+    log_setup.count_foreign_errors(agent.http_errors)
+    loop = asyncio.get_running_loop()
+    assert runner.server is not None  # set up just above
+    guard = ConnectionGuard(runner.server, agent.http_errors)  # a connection cap and a header deadline
     try:
         # None: every interface, IPv4 and IPv6
-        await web.TCPSite(runner, host or None, port, ssl_context=ssl_context).start()
+        listener = await loop.create_server(guard, host or None, port, ssl=ssl_context, reuse_address=True)
     except OSError as err:
         await runner.cleanup()
         await client.aclose()
         print(f"vllm-capacity serve: error: --listen {host}:{port}: {err.strerror}", file=sys.stderr)
         return 1
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     if values.web_config_file is not None:
@@ -130,6 +135,7 @@ async def _serve(values: ServeConfig) -> int:
         await agent.run(stop)
     finally:
         log.info("stopping")
+        listener.close()
         await runner.cleanup()
         await client.aclose()
     return 0

@@ -136,6 +136,8 @@ class AgentCollector(Collector):
             f.add(n + "source_duration_seconds", [source], status.duration_seconds)
         for (source, reason), count in sorted(agent.errors.items()):
             f.add(n + "source_errors_total", [source, reason], float(count))
+        for kind, count in sorted(agent.http_errors.items()):
+            f.add(n + "http_errors_total", [kind], float(count))
         f.add(n + "last_update_timestamp_seconds", [], snap.timestamp)
         yield from f
 

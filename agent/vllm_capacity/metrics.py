@@ -295,6 +295,13 @@ SPECS: tuple[MetricSpec, ...] = (
         "Failed reads of a source, by reason (connect, timeout, http_5xx, parse_error, body_too_large, ...).",
     ),
     _m(
+        "http_errors_total",
+        "counter",
+        ("kind",),
+        "Connections and requests the sidecar's own listener refused or failed, by kind (header_timeout, "
+        "over_connection_limit, evicted_slow_client, bad_request, accept).",
+    ),
+    _m(
         "last_update_timestamp_seconds",
         "gauge",
         (),
