@@ -450,3 +450,34 @@ def test_compose_prometheus_and_grafana_provisioning(tmp_path: Path) -> None:
     assert grafana[provider["options"]["path"]] == ROOT / "dashboards"
     datasource = yaml.safe_load((COMPOSE / "grafana" / "datasources" / "prometheus.yaml").read_text())["datasources"][0]
     assert datasource["type"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
+
+
+def test_compose_web_config_override(tmp_path: Path) -> None:
+    """docker-compose.web-config.yaml gives the sidecar its web configuration as compose secrets and points
+    Prometheus at it over TLS with basic auth; its Prometheus configuration is the plain one but for that."""
+    shutil.copytree(COMPOSE, tmp_path / "compose")
+    shutil.copytree(ROOT / "deploy" / "kubernetes" / "vllm", tmp_path / "kubernetes" / "vllm")
+    secrets = tmp_path / "compose" / "web-config"
+    for name in ("web.yml", "tls.crt", "tls.key", "ca.crt", "prometheus-password"):
+        (secrets / name).write_text("placeholder\n")
+    files = ["-f", str(tmp_path / "compose" / "docker-compose.yaml")]
+    files += ["-f", str(tmp_path / "compose" / "docker-compose.web-config.yaml")]
+    result = subprocess.run([shutil.which("docker-compose"), *files, "config"], capture_output=True, text=True)  # type: ignore[list-item]
+    assert result.returncode == 0, result.stdout + result.stderr
+    services = yaml.safe_load(result.stdout)["services"]
+    sidecar = services["vllm-capacity"]
+    assert "VLLM_CAPACITY_WEB_CONFIG_FILE" in str(sidecar["environment"])
+    assert {s["source"] if isinstance(s, dict) else s for s in sidecar["secrets"]} == {"web.yml", "tls.crt", "tls.key"}
+    assert any("prometheus-web-config.yml" in str(v) for v in services["prometheus"]["volumes"])
+
+    plain = yaml.safe_load((COMPOSE / "prometheus.yml").read_text())
+    tls = yaml.safe_load((COMPOSE / "prometheus-web-config.yml").read_text())
+    job = next(j for j in tls["scrape_configs"] if j["job_name"] == "vllm-capacity")
+    assert job.pop("scheme") == "https" and job.pop("basic_auth")["password_file"].startswith("/run/secrets/")
+    assert job.pop("tls_config")["ca_file"] == "/run/secrets/ca.crt"
+    assert tls == plain  # nothing else differs: no second copy to drift
+    local = tmp_path / "prometheus.yml"
+    text = (COMPOSE / "prometheus-web-config.yml").read_text().replace("/etc/prometheus/rules/", f"{ROOT}/alerts/")
+    local.write_text(text.replace("/run/secrets/", f"{secrets}/"))
+    result = subprocess.run([shutil.which("promtool"), "check", "config", str(local)], capture_output=True, text=True)  # type: ignore[list-item]
+    assert result.returncode == 0, result.stdout + result.stderr
