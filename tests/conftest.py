@@ -93,6 +93,7 @@ class FakeVllm:
     content_type: str = "text/plain; version=0.0.4; charset=utf-8"
     delay: float = 0.0
     truncate_to: int | None = None  # send a Content-Length for the whole body but only this many bytes
+    metrics_bytes: bytes | None = None  # sent instead of ``metrics`` when set (a body that is not UTF-8)
     requests: list[str] = field(default_factory=list)
     url: str = ""
 
@@ -105,7 +106,7 @@ async def fake_vllm() -> AsyncIterator[FakeVllm]:
         state.requests.append("/metrics")
         if state.delay:
             await asyncio.sleep(state.delay)
-        body = state.metrics.encode()
+        body = state.metrics_bytes if state.metrics_bytes is not None else state.metrics.encode()
         if state.truncate_to is not None:
             resp = web.StreamResponse(status=200, headers={"Content-Type": state.content_type})
             resp.content_length = len(body)

@@ -1,8 +1,9 @@
-"""Bigger vLLM payloads from the real captures, for the load test and the benchmark (no pytest here: bench/ imports
-it too)."""
+"""vLLM payloads made from the real captures: bigger ones for the load test and the benchmark, damaged ones for the
+fault matrix (no pytest here: bench/ imports it too)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 CAPTURE = Path(__file__).parent / "fixtures" / "vllm" / "v1-0.32.0-cpu-saturated.prom"
@@ -19,3 +20,20 @@ def data_parallel(engines: int, model: str = "tiny-llama", capture: Path = CAPTU
         else:
             out.append(line)
     return "\n".join(out) + "\n"
+
+
+ENGINE = '{engine="0",model_name="tiny-llama"}'
+
+
+def with_value(text: str, family: str, raw: str) -> str:
+    """``text`` with the value of ``family``'s one sample of engine 0 of tiny-llama replaced by ``raw``."""
+    line = re.search(rf"^{re.escape(family + ENGINE)} \S+$", text, re.MULTILINE)
+    assert line, family
+    return text.replace(line[0], f"{family}{ENGINE} {raw}")
+
+
+def with_cache_label(text: str, label: str, raw: str) -> str:
+    """``text`` with one label of vllm:cache_config_info set to ``raw``."""
+    replaced = re.sub(rf'(vllm:cache_config_info\{{[^}}]*\b{label}=)"[^"]*"', rf'\g<1>"{raw}"', text)
+    assert replaced != text, label
+    return replaced

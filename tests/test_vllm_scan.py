@@ -280,3 +280,31 @@ def test_a_body_that_is_not_utf8_is_a_parse_error() -> None:
     # UTF-8 beyond ASCII is read as text, as the library reads it
     accented = fixture_text("v1-0.32.0-cpu-idle.prom").replace("tiny-llama", "tïny-llama")
     assert parse_metrics_body(accented.encode()).engines[0].model_name == "tïny-llama"
+
+
+def test_a_body_near_the_cap_is_read_without_a_copy() -> None:
+    """A 31 MiB body (the default --max-body-size is 32 MiB, the shipped memory limit 128 Mi) is parsed allocating
+    a small fraction of its size: an ASCII body is scanned as bytes, never decoded whole (it cost two to three times
+    the body, and 469 MiB with many lines of a read family). bench/cycle.py measures the process's peak RSS."""
+    import tracemalloc
+
+    line = 'vllm:request_prefill_time_seconds_bucket{engine="0",le="0.5",model_name="tiny-llama"} 3.0\n'
+    body = (fixture_text("v1-0.32.0-cpu-saturated.prom") + line * (31 * 1024 * 1024 // len(line))).encode()
+    tracemalloc.start()
+    try:
+        assert parse_metrics_body(body).engines
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * 1024 * 1024, f"parsing a {len(body) >> 20} MiB body allocated {peak >> 20} MiB at its peak"
+    # as many lines of a family the agent reads: refused at the bounds, before they cost memory
+    wanted = 'vllm:num_requests_running{engine="%d",model_name="tiny-llama"} 1.0\n'
+    many = (fixture_text("v1-0.32.0-cpu-saturated.prom") + "".join(wanted % i for i in range(400_000))).encode()
+    tracemalloc.start()
+    try:
+        with pytest.raises(SourceError, match="more than"):
+            parse_metrics_body(many)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 12 * 1024 * 1024, f"refusing {len(many) >> 20} MiB of wanted lines allocated {peak >> 20} MiB"

@@ -283,7 +283,8 @@ def _cache_config(key: frozenset[tuple[str, str]], labels: Mapping[str, str]) ->
 
 def _finite(value: float) -> float | None:
     """A sample's value as a finite float; None for NaN, infinities and integers beyond a float (the parser keeps
-    those as Python ints, which no float can hold): such a series is left out, never exported wrong."""
+    those as Python ints, which no float can hold): such a series is left out, never exported wrong (NaN is
+    unknown; the others are also named implausible)."""
     try:
         as_float = float(value)
     except OverflowError:
@@ -327,6 +328,8 @@ class _Scan:
                 self.values.setdefault(key, {})
             value = _finite(sample.value)
             if value is None:
+                if sample.value == sample.value:  # an infinity or an integer beyond a float: wrong, not unknown
+                    self.implausible.add(name)
                 continue
             if name == CACHE_CONFIG:
                 bad, config = _cache_config(series[1], labels)
