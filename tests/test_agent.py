@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from collections.abc import AsyncIterator
 
@@ -9,7 +10,7 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from conftest import VLLM_FIXTURES, FakeClock, FakeVllm, fixture_text, value
+from conftest import VLLM_FIXTURES, FakeClock, FakeVllm, fixture_text, samples, value
 from payloads import with_value
 from vllm_capacity.agent import Agent
 from vllm_capacity.server import make_app
@@ -423,3 +424,54 @@ async def test_scrapers_of_one_snapshot_share_one_render_per_format(
         await h.agent.cycle()  # a new snapshot
         assert value(await h.scrape(), "vllm_capacity_up") == 1
         assert renders == 3
+
+
+ITL_LE = re.compile(
+    r'^(vllm:inter_token_latency_seconds_bucket\{engine="0",le="([^"]+)",model_name="tiny-llama"\}) \S+$', re.M
+)
+
+
+def _itl_body(running: int, counts: dict[str, float]) -> str:
+    """The saturated capture with ``running`` requests and the inter-token latency buckets set to ``counts``."""
+    body = with_value(SATURATED, "vllm:num_requests_running", str(running))
+    return ITL_LE.sub(lambda m: f"{m[1]} {counts[m[2]]}", body)
+
+
+async def test_the_latency_curve_and_the_concurrency_an_objective_allows(fake_vllm: FakeVllm) -> None:
+    """A server whose inter-token latency is 20 ms up to 4 running requests, 40 ms at 8 and 100 ms at 16, read every
+    5 s; with --slo-itl p90<=50ms the agent finds 8 (the knee seen at 16), and at 16 running the objective binds the
+    headroom (negative: over the objective)."""
+    from vllm_capacity.latency import parse_objective
+
+    les = ITL_LE.findall(SATURATED)
+    counts = {le: 0.0 for _, le in les}
+    clock = FakeClock()
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    agent = Agent(vllm, interval=5, monotonic=clock, objectives=[parse_objective("itl", "p90<=50ms")])
+    async with TestClient(TestServer(make_app(agent))) as http:
+        fake_vllm.metrics = _itl_body(1, counts)
+        await agent.cycle()  # the baseline
+        for running, latency in ((1, 0.02), (2, 0.02), (4, 0.02), (8, 0.04), (16, 0.1)):
+            for _ in range(3):
+                for le in counts:
+                    counts[le] += 200.0 if float(le) >= latency else 0.0
+                fake_vllm.metrics = _itl_body(running, counts)
+                clock.advance(5)
+                await agent.cycle()
+        text = await (await http.get("/metrics")).text()
+    await vllm.aclose()
+    p90 = {
+        int(dict(labels)["running"]): v
+        for (name, labels), v in samples(text).items()
+        if name == "vllm_capacity_latency_by_concurrency_seconds" and dict(labels)["quantile"] == "0.9"
+    }
+    assert set(p90) == {1, 2, 4, 8, 16}
+    assert p90[1] == p90[4] < p90[8] < 0.05 < p90[16]
+    assert value(text, "vllm_capacity_max_concurrency", basis="slo") == 8
+    assert value(text, "vllm_capacity_slo_knee_observed") == 1
+    assert value(text, "vllm_capacity_concurrency_utilization_ratio", basis="slo") == 2.0
+    assert value(text, "vllm_capacity_headroom_requests", basis="slo") == -8
+    # 600 observations at 16, the earliest of them aged 10 s of a 1 h half-life
+    observed = value(text, "vllm_capacity_latency_by_concurrency_observations", latency="itl", running="16")
+    assert observed == pytest.approx(600 * 0.5 ** (10 / 3600), rel=1e-3)
+    assert 'latency="ttft"' not in text  # its histogram did not move: nothing learned

@@ -7,7 +7,7 @@ import pytest
 from conftest import fixture_text
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm_parse import (
-    PRESENCE_ONLY,
+    META,
     SCHEMA_V0,
     SCHEMA_V1,
     SCHEMA_V1_CAPACITY,
@@ -86,15 +86,17 @@ def test_label_order_does_not_matter() -> None:
 
 
 def _selected(text: str) -> str:
-    return "\n".join(select_lines(text, WANTED, PRESENCE_ONLY))
+    return "\n".join(select_lines(text, WANTED, META))
 
 
-def test_histogram_samples_are_never_parsed() -> None:
+def test_only_the_latency_histograms_buckets_are_parsed() -> None:
     kept = _selected(fixture_text("v1-0.32.0-cpu-idle.prom"))
-    assert "_bucket" not in kept
+    buckets = {line.split("{")[0] for line in kept.splitlines() if "_bucket{" in line}
+    assert buckets == {"vllm:inter_token_latency_seconds_bucket", "vllm:time_to_first_token_seconds_bucket"}
+    assert "_sum{" not in kept and "_count{" not in kept
     assert "vllm:kv_cache_usage_perc{" in kept
     assert "# TYPE vllm:num_preemptions_total counter" in kept
-    assert len(kept) < len(fixture_text("v1-0.32.0-cpu-idle.prom")) / 10
+    assert len(kept) < len(fixture_text("v1-0.32.0-cpu-idle.prom")) / 5
 
 
 def test_multiple_models_and_engines_are_kept_apart() -> None:
@@ -179,5 +181,7 @@ def test_older_latency_name_is_recognised_from_help_and_type_alone() -> None:
         'vllm:time_per_output_token_seconds_count{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 3.0\n'
         'vllm:time_per_output_token_seconds_sum{engine="0",model_name="Qwen/Qwen2.5-7B-Instruct"} 0.3\n'
     )
-    assert "_bucket" not in _selected(text)
+    assert [ln for ln in _selected(text).splitlines() if "_bucket" in ln] == [
+        'vllm:time_per_output_token_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen2.5-7B-Instruct"} 3.0'
+    ]
     assert parse_metrics(text).itl_metric == "vllm:time_per_output_token_seconds"

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import fixture_text
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.vllm_parse import PRESENCE_ONLY, WANTED, parse_metrics, parse_metrics_body
+from vllm_capacity.sources.vllm_parse import META, WANTED, parse_metrics, parse_metrics_body
 from vllm_capacity.sources.vllm_scan import (
     MAX_LINE,
     ScanError,
@@ -43,7 +43,7 @@ CAPTURES = (
     "v1-0.8.5-legacy.prom",
     "v0-0.6.6-multiprocess.prom",
 )
-NAMES = (*WANTED, *PRESENCE_ONLY)
+NAMES = (*WANTED, *META)
 
 
 def _canon(families: list[Metric]) -> list[tuple[object, ...]]:
@@ -71,12 +71,12 @@ def _outcome(fn, *args):  # type: ignore[no-untyped-def]
 
 def _check(text: str) -> str:
     """Assert the scanner agrees with its definitions on ``text``; returns which path read it."""
-    plain = _outcome(select_lines_plainly, text, WANTED, PRESENCE_ONLY)
-    fast = _outcome(select_lines, text, WANTED, PRESENCE_ONLY)
+    plain = _outcome(select_lines_plainly, text, WANTED, META)
+    fast = _outcome(select_lines, text, WANTED, META)
     assert fast == plain, text
     body = text.encode()
     if is_ascii(body):  # the agent scans an ASCII body's bytes as they came
-        assert _outcome(select_lines, body, WANTED, PRESENCE_ONLY) == plain, text
+        assert _outcome(select_lines, body, WANTED, META) == plain, text
         assert _outcome(parse_metrics_body, body) == _outcome(parse_metrics, text), text
     if plain[0] == "raised":
         return "refused"
@@ -89,13 +89,17 @@ def _check(text: str) -> str:
 
 @pytest.mark.parametrize("name", CAPTURES)
 def test_every_capture_reads_as_the_library_reads_the_whole_body(name: str) -> None:
-    """On real captures the selection loses nothing: the families the agent reads come out exactly as a parse of
-    the whole body gives them."""
+    """On real captures the selection loses nothing: the samples the agent reads come out in the same families
+    (name, documentation, type) as a parse of the whole body gives them (a histogram's _sum and _count aside)."""
     text = fixture_text(name)
     assert _check(text) == "parsed"
-    whole = [f for f in text_string_to_metric_families(text) if any(s.name in WANTED for s in f.samples)]
-    selected = [f for f in parse_selected(select_lines(text, WANTED, PRESENCE_ONLY)) if f.samples]
-    assert _canon(selected) == _canon(whole)
+
+    def read(families: list[Metric]) -> list[tuple[object, ...]]:
+        for f in families:
+            f.samples = [s for s in f.samples if s.name in WANTED]
+        return _canon([f for f in families if f.samples])
+
+    assert read(parse_selected(select_lines(text, WANTED, META))) == read(list(text_string_to_metric_families(text)))
 
 
 # --- generated payloads ------------------------------------------------------------------------------------------
@@ -266,10 +270,10 @@ def test_a_line_over_the_limit_is_refused_not_parsed() -> None:
     line of the families the agent reads longer than MAX_LINE is an error, found in time linear in the body."""
     text = fixture_text("v1-0.32.0-cpu-idle.prom") + "# HELP vllm:num_requests_running " + " x" * MAX_LINE + "\n"
     with pytest.raises(ScanError, match="limit"):
-        select_lines(text, WANTED, PRESENCE_ONLY)
+        select_lines(text, WANTED, META)
     # lines of other families may be as long as they like: they are never parsed
     other = fixture_text("v1-0.32.0-cpu-idle.prom") + "# HELP vllm:other_family " + " x" * MAX_LINE + "\n"
-    assert select_lines(other, WANTED, PRESENCE_ONLY)
+    assert select_lines(other, WANTED, META)
 
 
 def test_a_body_that_is_not_utf8_is_a_parse_error() -> None:

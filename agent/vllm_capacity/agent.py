@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from vllm_capacity import derive
 from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.geometry import Geometry
+from vllm_capacity.latency import DEFAULT_HALF_LIFE, LatencyCurve, Objective, slo_bound
 from vllm_capacity.snapshot import EngineKey, Snapshot
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.nvml import GpuReading, NvmlSource, vllm_pids_in_namespace
@@ -39,6 +40,7 @@ SOURCE_NVML = "nvml"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error
 NVML_MAX_BACKOFF = 300.0
 LOG_EVERY = 10.0  # seconds: at most one line a source about its state changes
+LATENCY_EVERY = 5.0  # seconds: how often a cycle reads vLLM's latency histograms (most of its lines) to learn from
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
 
 
@@ -97,6 +99,8 @@ class Agent:
         nvml: NvmlSource | None = None,
         nvml_required: bool = False,
         vllm_pids: Callable[[], set[int]] = vllm_pids_in_namespace,
+        objectives: Sequence[Objective] = (),
+        latency_half_life: float = DEFAULT_HALF_LIFE,
     ) -> None:
         self.client = client
         self.interval = interval
@@ -134,6 +138,12 @@ class Agent:
         self._preemptions_total: dict[EngineKey, float] = {}
         self._announced: tuple[object, ...] | None = None
         self._crashes_logged: set[str] = set()
+        # latency by concurrency (latency.py): a curve per engine, the running requests seen since it last learned
+        self.objectives, self.latency_half_life = tuple(objectives), latency_half_life
+        self._curves: dict[EngineKey, LatencyCurve] = {}
+        self._latency_views: dict[EngineKey, derive.LatencyView] = {}
+        self._running_seen: dict[EngineKey, tuple[float, int]] = {}
+        self._latency_read_at: float | None = None
         self._implausible_logged: set[tuple[str, ...]] = set()
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
@@ -280,10 +290,10 @@ class Agent:
             for g in self._gpus
         }
 
-    async def _fetch_metrics(self) -> tuple[VllmMetrics | SourceError, float]:
+    async def _fetch_metrics(self, latency: bool) -> tuple[VllmMetrics | SourceError, float]:
         t0 = self.monotonic()
         try:
-            return await self.client.fetch_metrics(), self.monotonic() - t0
+            return await self.client.fetch_metrics(latency=latency), self.monotonic() - t0
         except SourceError as err:
             return err, self.monotonic() - t0
         except Exception as err:  # a parse no rule covers: named and counted, never a crashed cycle
@@ -307,7 +317,10 @@ class Agent:
 
     async def cycle(self) -> Snapshot:
         # the sources are read side by side: a slow or hung one never delays the others
-        _, _, (metrics, took) = await asyncio.gather(self._read_log(), self._read_nvml(), self._fetch_metrics())
+        read_latency = self._latency_read_at is None or self.monotonic() - self._latency_read_at >= LATENCY_EVERY
+        _, _, (metrics, took) = await asyncio.gather(
+            self._read_log(), self._read_nvml(), self._fetch_metrics(read_latency)
+        )
         if isinstance(metrics, SourceError):
             self._fail(SOURCE_VLLM, metrics, took)
             # vLLM is gone (or is not vLLM): drop every derived series now; re-read /v1/models when it is back.
@@ -331,6 +344,7 @@ class Agent:
 
         max_model_len = dict(self._models.max_model_len) if self._models else {}
         carried = self._carry_counters(metrics, restarted)
+        self._learn_latency(metrics, read_latency)
         engines = tuple(
             derive.derive_all(
                 metrics,
@@ -342,6 +356,7 @@ class Agent:
                 pp=self.pp,
                 version=self._version,
                 preemptions=carried,
+                latency=self._latency_views,
             )
         )
         self._check_agreement(engines)
@@ -371,6 +386,39 @@ class Agent:
         self._version = await self.client.fetch_version()
         self._ok(SOURCE_MODELS, self.monotonic() - t0)
         self._models, self._models_fetched_at = models, self.monotonic()
+
+    def _learn_latency(self, metrics: VllmMetrics, read: bool) -> None:
+        """Note each engine's running requests every cycle; when this cycle read the latency histograms (every
+        LATENCY_EVERY seconds), teach each engine's curve the interval since the last time, and refresh what is
+        exported of it (computed here, not every cycle: quantiles of every bin are the costly part)."""
+        for m in metrics.engines:
+            if m.running is not None:
+                total, n = self._running_seen.get((m.model_name, m.engine), (0.0, 0))
+                self._running_seen[(m.model_name, m.engine)] = (total + m.running, n + 1)
+        if not read:
+            return
+        now = self.monotonic()
+        seconds = now - self._latency_read_at if self._latency_read_at is not None else 0.0
+        self._latency_read_at = now
+        present = set()
+        for m in metrics.engines:
+            key = (m.model_name, m.engine)
+            present.add(key)
+            total, n = self._running_seen.pop(key, (0.0, 0))
+            curve = self._curves.setdefault(key, LatencyCurve(half_life=self.latency_half_life))
+            cc = m.cache_config
+            kv_bound = derive.blocks_per_engine(cc.num_gpu_blocks if cc else None, metrics.dp_engines, metrics.schema)
+            curve.observe(m.latency, total / n if n else None, seconds, kv_bound)
+            bound = slo_bound(curve, self.objectives)
+            self._latency_views[key] = derive.LatencyView(
+                quantiles=curve.quantiles(),
+                observations=curve.observations(),
+                slo_max_concurrency=bound.max_concurrency,
+                slo_knee_observed=bound.knee_observed if self.objectives else None,
+            )
+        for gone in set(self._curves) - present:  # an engine that went away takes what it taught with it
+            del self._curves[gone]
+            self._latency_views.pop(gone, None)
 
     def _carry_counters(self, metrics: VllmMetrics, restarted: bool) -> dict[EngineKey, float]:
         """Carry vLLM's preemption counters across its restarts; returns the totals to export this cycle: those of

@@ -91,6 +91,8 @@ async def _serve(values: ServeConfig) -> int:
         interval=values.interval,
         max_model_len_override=values.max_model_len,
         models_refresh=values.models_refresh,
+        objectives=[o for o in (values.slo_itl, values.slo_ttft) if o is not None],
+        latency_half_life=values.latency_half_life,
         **kwargs,
     )
     host, port = values.listen

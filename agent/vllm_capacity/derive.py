@@ -139,6 +139,26 @@ def concurrency_utilization(running: float | None, max_concurrency: float | None
     return running / max_concurrency
 
 
+def headroom(running: float | None, bounds: Mapping[str, float | None]) -> tuple[float | None, str | None]:
+    """Requests this engine can still take: the smallest known max concurrency (by basis) minus running, and the
+    basis that binds. (None, None) when nothing bounds it or running is unknown."""
+    known = {basis: v for basis, v in bounds.items() if v is not None}
+    if running is None or not known:
+        return None, None
+    basis = min(known, key=lambda b: known[b])
+    return known[basis] - running, basis
+
+
+@dataclass(frozen=True)
+class LatencyView:
+    """What the agent learned of an engine's latency by concurrency (:mod:`vllm_capacity.latency`), for export."""
+
+    quantiles: Mapping[tuple[str, int, float], float] = field(default_factory=dict)  # (kind, bin, q) -> seconds
+    observations: Mapping[tuple[str, int], float] = field(default_factory=dict)  # (kind, bin) -> decayed count
+    slo_max_concurrency: int | None = None  # with objectives, once known
+    slo_knee_observed: bool | None = None  # None without objectives
+
+
 def kv_bytes_per_token(
     kv_cache_memory_bytes: int | None, capacity: int | None, blocks_overridden: bool
 ) -> float | None:
@@ -195,6 +215,10 @@ class EngineCapacity:
     activation_peak_bytes: float | None = None
     preemptions_total: float | None = None  # vLLM's counter carried across its restarts (set by the agent)
     cache_info: Mapping[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels
+    latency: LatencyView = field(default_factory=LatencyView)
+    concurrency_utilization_slo: float | None = None
+    headroom_requests: float | None = None
+    headroom_basis: str | None = None  # the max_concurrency basis that binds: observed_context or slo
 
     def concurrency_at(self, context_tokens: int) -> float | None:
         """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
@@ -227,6 +251,7 @@ def derive_engine(
     pp: int = 1,
     rules: tuple[str, tuple[int, int, int]] | None = None,
     preemptions_total: float | None = None,
+    latency: LatencyView | None = None,
 ) -> EngineCapacity:
     """One engine's figures. ``rules``: the engine and release whose sizing rules apply (:func:`sizing_rules`;
     None: the metric generation's); ``preemptions_total``: vLLM's counter as the agent carries it over restarts."""
@@ -241,7 +266,14 @@ def derive_engine(
         pool = cc.kv_cache_memory_bytes
     mean_ctx = mean_context_tokens(used, m.running)
     max_conc_obs = max_concurrency_at_context(cap, mean_ctx)
+    latency = latency or LatencyView()
+    slo = latency.slo_max_concurrency
+    room, binding = headroom(m.running, {"observed_context": max_conc_obs, "slo": slo})
     return EngineCapacity(
+        latency=latency,
+        concurrency_utilization_slo=concurrency_utilization(m.running, slo),
+        headroom_requests=room,
+        headroom_basis=binding,
         model_name=m.model_name,
         engine=m.engine,
         preemptions_total=preemptions_total,
@@ -323,6 +355,7 @@ def derive_all(
     pp: int = 1,
     version: str | None = None,
     preemptions: Mapping[tuple[str, str], float] | None = None,
+    latency: Mapping[tuple[str, str], LatencyView] | None = None,
 ) -> list[EngineCapacity]:
     """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``startup`` engine -> its
     startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation);
@@ -352,6 +385,7 @@ def derive_all(
                 pp=pp,
                 rules=rules,
                 preemptions_total=(preemptions or {}).get((m.model_name, m.engine)),
+                latency=(latency or {}).get((m.model_name, m.engine)),
             )
         )
     return out

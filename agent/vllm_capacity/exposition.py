@@ -23,7 +23,7 @@ from vllm_capacity.budget import COMPONENTS
 from vllm_capacity.metrics import BY_NAME, NAMESPACE, SPECS, MetricSpec
 from vllm_capacity.snapshot import Snapshot
 
-ENGINE_SPECS = tuple(s for s in SPECS if s.engine_values)
+ENGINE_SPECS = tuple(s for s in SPECS if s.engine_values or s.engine_rows)
 
 Family = CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily
 
@@ -91,6 +91,9 @@ class AgentCollector(Collector):
             for spec in ENGINE_SPECS:  # every per-engine value metric, as the catalogue says to read it
                 for label, read in spec.engine_values:
                     f.add(spec.name, key if label is None else [*key, label], read(e))
+                if spec.engine_rows is not None:
+                    for values, v in spec.engine_rows(e):
+                        f.add(spec.name, [*key, *values], v)
             cc = e.cache_info  # vllm_info: the one per-engine metric with facts of the whole server too
             f.add(
                 n + "vllm_info",

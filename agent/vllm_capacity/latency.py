@@ -1,9 +1,9 @@
 """Latency by concurrency, learned passively from vLLM's own histograms; the concurrency a latency objective allows.
 
-Pure functions and plain state, no I/O. Each cycle the agent hands :meth:`LatencyCurve.observe` an engine's
-cumulative latency histograms (inter-token latency, time to first token) and its running requests. The increase of
-each histogram since the previous cycle is attributed to the concurrency over that interval (the mean of the running
-requests at its two ends) and added to that concurrency's bin, a histogram of its own whose counts decay with a
+Pure functions and plain state, no I/O. Every few seconds the agent hands :meth:`LatencyCurve.observe` an engine's
+cumulative latency histograms (inter-token latency, time to first token) and the mean of its running requests over
+the interval since the last time (sampled every cycle). The increase of each histogram over the interval is
+attributed to that concurrency and added to its bin, a histogram of its own whose counts decay with a
 half-life of traffic (intervals without new observations do not age it), so that the curve follows today's traffic.
 
 * Bins: at most :data:`MAX_BINS`, upper bounds spaced geometrically from 1 to the KV-bound max concurrency
@@ -111,19 +111,19 @@ class LatencyCurve:
     bins: tuple[int, ...] = ()
     histograms: dict[tuple[str, int], DecayedHistogram] = field(default_factory=dict)
     _previous: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
-    _previous_running: float | None = None
 
     def observe(
-        self, histograms: Mapping[str, Buckets], running: float | None, seconds: float, max_concurrency: float | None
+        self,
+        histograms: Mapping[str, Buckets],
+        concurrency: float | None,
+        seconds: float,
+        max_concurrency: float | None,
     ) -> None:
-        """One cycle: ``histograms`` kind -> cumulative buckets now; ``running`` now; ``seconds`` since the last."""
+        """One interval: ``histograms`` kind -> cumulative buckets at its end; ``concurrency`` the mean running
+        requests over it (None: unknown, nothing learned); ``seconds`` its length; ``max_concurrency`` the KV bound."""
         bins = bin_bounds(max_concurrency)
         if bins != self.bins:  # another cache, another range of concurrency: what was learned no longer maps
             self.bins, self.histograms = bins, {}
-        concurrency = None
-        if running is not None and self._previous_running is not None:
-            concurrency = (running + self._previous_running) / 2
-        self._previous_running = running
         for kind, buckets in histograms.items():
             bounds = tuple(le for le, _ in buckets)
             counts = tuple(c for _, c in buckets)

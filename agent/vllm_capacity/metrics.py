@@ -9,7 +9,7 @@ the catalogue is, one row per metric.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
     from vllm_capacity.derive import EngineCapacity
 
 EngineValue = Callable[["EngineCapacity"], float | None]
+#: For a per-engine metric with several labels after model_name and engine: the engine's series, as (values of
+#: those labels, value) pairs.
+EngineRows = Callable[["EngineCapacity"], Iterable[tuple[tuple[str, ...], float]]]
 
 NAMESPACE = "vllm_capacity"
 ENGINE_LABELS = ("model_name", "engine")
@@ -34,6 +37,8 @@ class MetricSpec:
     #: For per-engine metrics: (value of the label after model_name and engine, or None when there is none, how the
     #: value is read from the engine's record). One series per engine and entry; a None value is left out.
     engine_values: tuple[tuple[str | None, EngineValue], ...] = ()
+    #: For per-engine metrics with several labels of their own: every series of an engine.
+    engine_rows: EngineRows | None = None
 
     @property
     def all_labels(self) -> tuple[str, ...]:
@@ -49,15 +54,34 @@ def _m(
     *,
     value: EngineValue | None = None,
     by: tuple[tuple[str, EngineValue], ...] = (),
+    rows: EngineRows | None = None,
 ) -> MetricSpec:
-    """A catalogue row; a per-engine metric gives ``value`` (one series per engine) or ``by`` (one per label value)."""
+    """A catalogue row; a per-engine metric gives ``value`` (one series per engine), ``by`` (one per label value)
+    or ``rows`` (its series, for several labels of its own)."""
     engine_values = ((None, value),) if value is not None else by
-    return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info, engine_values)
+    return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info, engine_values, rows)
 
 
 # values of the basis label of max_concurrency and concurrency_utilization_ratio
 BASIS_MAX_MODEL_LEN = "max_model_len"  # requests of max_model_len tokens: vLLM's "Maximum concurrency" figure
 BASIS_OBSERVED = "observed_context"  # requests of the mean context of the running ones
+BASIS_SLO = "slo"  # the largest concurrency at which the latency objectives held (--slo-itl, --slo-ttft)
+
+
+def _latency_quantiles(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
+    for (kind, running, q), seconds in e.latency.quantiles.items():
+        yield (kind, f"{q:g}", str(running)), seconds
+
+
+def _latency_observations(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
+    for (kind, running), count in e.latency.observations.items():
+        yield (kind, str(running)), count
+
+
+def _headroom(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
+    if e.headroom_requests is not None and e.headroom_basis is not None:
+        yield (e.headroom_basis,), e.headroom_requests
+
 
 E = ENGINE_LABELS
 G = GPU_LABELS
@@ -158,10 +182,12 @@ SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         (*E, "basis"),
         "Requests whose KV cache fits at once. basis=max_model_len: vLLM's 'Maximum concurrency' figure; "
-        "basis=observed_context: capacity / mean context of running requests.",
+        "basis=observed_context: capacity / mean context of running requests; basis=slo: the largest running "
+        "requests at which the latency objectives held (--slo-itl/--slo-ttft, from vLLM's latency histograms).",
         by=(
             (BASIS_MAX_MODEL_LEN, lambda e: e.max_concurrency),
             (BASIS_OBSERVED, lambda e: e.max_concurrency_observed),
+            (BASIS_SLO, lambda e: e.latency.slo_max_concurrency),
         ),
     ),
     _m(
@@ -172,7 +198,40 @@ SPECS: tuple[MetricSpec, ...] = (
         by=(
             (BASIS_MAX_MODEL_LEN, lambda e: e.concurrency_utilization),
             (BASIS_OBSERVED, lambda e: e.concurrency_utilization_observed),
+            (BASIS_SLO, lambda e: e.concurrency_utilization_slo),
         ),
+    ),
+    _m(
+        "slo_knee_observed",
+        "gauge",
+        E,
+        "1 once traffic was seen to break a latency objective at some concurrency (then max_concurrency{basis=slo} "
+        "is the knee), 0 if not yet (it is a lower bound). Absent without --slo-itl/--slo-ttft.",
+        value=lambda e: None if e.latency.slo_knee_observed is None else float(e.latency.slo_knee_observed),
+    ),
+    _m(
+        "headroom_requests",
+        "gauge",
+        (*E, "basis"),
+        "Requests this engine can still take: the smallest known max_concurrency (observed_context, slo) minus "
+        "running; basis says which binds.",
+        rows=_headroom,
+    ),
+    _m(
+        "latency_by_concurrency_seconds",
+        "gauge",
+        (*E, "latency", "quantile", "running"),
+        "Latency (itl: inter-token, ttft: time to first token) at a quantile, by running requests (the bin's upper "
+        "bound): vLLM's latency histograms, their increase attributed to the concurrency of each interval, decayed "
+        "with a half-life of traffic (--latency-half-life). Present once the bin has 10 / (1 - quantile) observations.",
+        rows=_latency_quantiles,
+    ),
+    _m(
+        "latency_by_concurrency_observations",
+        "gauge",
+        (*E, "latency", "running"),
+        "Observations (decayed) behind latency_by_concurrency_seconds in each running-requests bin.",
+        rows=_latency_observations,
     ),
     _m(
         "mean_context_tokens",

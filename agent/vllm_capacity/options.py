@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 
 from vllm_capacity import __version__
 from vllm_capacity.geometry import Geometry
+from vllm_capacity.latency import ITL, TTFT, Objective, parse_objective
 from vllm_capacity.redaction import redact_url
 from vllm_capacity.sizing import NEWEST_VERSION
 from vllm_capacity.units import GiB, format_duration, parse_duration, parse_listen, parse_size
@@ -91,6 +92,13 @@ def _positive_int(text: str) -> int:
     if not text.strip().isdigit() or int(text) <= 0:
         raise ValueError(f"{text!r} is not a positive whole number")
     return int(text)
+
+
+def _objective(kind: str) -> Callable[[str], Objective]:
+    def parse(text: str) -> Objective:
+        return parse_objective(kind, text)
+
+    return parse
 
 
 def _choice(*choices: str) -> Callable[[str], str]:
@@ -239,6 +247,19 @@ SERVE_OPTIONS = (
     ),
     *MODEL_OPTIONS,
     *NVML_OPTIONS,
+    Option(
+        "--slo-itl",
+        _objective(ITL),
+        None,
+        "inter-token latency objective, e.g. p99<=50ms: the concurrency it allows is max_concurrency{basis=slo}",
+    ),
+    Option("--slo-ttft", _objective(TTFT), None, "time-to-first-token objective, e.g. p90<=2s (with --slo-itl: both)"),
+    Option(
+        "--latency-half-life",
+        _duration(60.0, 7 * 86400.0),
+        "1h",
+        "how fast the latency-by-concurrency curve forgets old traffic: a half-life of traffic (1m to 7d)",
+    ),
     Option(
         "--web.config.file",
         _web_config,
@@ -407,6 +428,9 @@ class ServeConfig(SourceConfig):
     interval: float
     models_refresh: float
     web_telemetry_path: str
+    slo_itl: Objective | None
+    slo_ttft: Objective | None
+    latency_half_life: float
     web_config_file: Path | None
     log_format: str
     log_level: str

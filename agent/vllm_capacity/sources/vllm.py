@@ -13,6 +13,7 @@ connection; no TLS context is built for ``http://``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import ssl
 from concurrent.futures import ThreadPoolExecutor
@@ -136,10 +137,11 @@ class VllmClient:
                 Reason.NOT_METRICS, f"{self.display_url}/metrics returned {content_type}, not metrics text"
             )
 
-    async def fetch_metrics(self) -> VllmMetrics:
+    async def fetch_metrics(self, *, latency: bool = True) -> VllmMetrics:
         body, content_type = await self._get("/metrics", accept="text/plain;version=0.0.4;q=1,*/*;q=0.1")
         self._check_metrics_type(content_type)
-        return await asyncio.get_running_loop().run_in_executor(self._parser, parse_metrics_body, body)
+        parse = functools.partial(parse_metrics_body, body, latency=latency)
+        return await asyncio.get_running_loop().run_in_executor(self._parser, parse)
 
     async def fetch_models(self) -> ModelsInfo:
         body, _ = await self._get("/v1/models", headers=self._api_headers, accept="application/json")

@@ -18,6 +18,7 @@ Facts relied on (vLLM's ``vllm/engine/metrics.py`` (V0) and ``vllm/v1/metrics/lo
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import re
 from collections.abc import Mapping
@@ -42,6 +43,10 @@ PROCESS_START = "process_start_time_seconds"
 # Inter-token latency histograms: the newer name (V0 and V1 >= 0.10.2) and the older one (removed in V1 0.15).
 ITL = "vllm:inter_token_latency_seconds"
 TPOT = "vllm:time_per_output_token_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
+#: The latency histograms' buckets (the latency-by-concurrency curve): wire name -> kind ("itl" or "ttft").
+#: The newer inter-token name is preferred where a server serves both (0.10.2 - 0.14).
+LATENCY_BUCKETS = {ITL + "_bucket": "itl", TPOT + "_bucket": "itl", TTFT + "_bucket": "ttft"}
 
 #: Sample names (as they appear on the wire) the agent reads; lines of other families are never parsed.
 WANTED = (
@@ -55,10 +60,16 @@ WANTED = (
     GENERATION_TOKENS,
     CACHE_CONFIG,
     PROCESS_START,
+    *LATENCY_BUCKETS,
 )
 _WANTED_SET = frozenset(WANTED)
-#: Families recognised by their HELP/TYPE lines alone (their samples are dropped): which latency name is served.
+#: WANTED without the latency buckets: what a cycle reads when it does not read latency (they are most of the lines)
+WANTED_WITHOUT_LATENCY = tuple(n for n in WANTED if n not in LATENCY_BUCKETS)
+#: Families recognised by their HELP/TYPE lines alone: which inter-token latency name is served.
 PRESENCE_ONLY = (ITL, TPOT)
+#: Names whose HELP/TYPE lines are read beside those of WANTED: the latency histograms' own (their buckets are
+#: WANTED), so that the buckets are read inside their families as a parse of the whole body reads them.
+META = (ITL, TPOT, TTFT)
 _PER_ENGINE = {KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, PREEMPTIONS, GENERATION_TOKENS}
 # What a value can be and still be right: a usage fraction in [0, 1] (a float's excess aside), counts and sizes not
 # negative and exact in a float (2^53). A value outside is vLLM's error or a corrupted body: it is left out, and the
@@ -176,6 +187,8 @@ class EngineMetrics:
     preemptions_total: float | None = None
     generation_tokens_total: float | None = None
     cache_config: CacheConfig | None = None
+    #: kind ("itl", "ttft") -> the histogram's cumulative buckets, (upper bound, count) ascending, +Inf last
+    latency: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
 
     @property
     def waiting_for_capacity(self) -> float | None:
@@ -197,27 +210,29 @@ class VllmMetrics:
     implausible: tuple[str, ...] = ()
 
 
-def parse_metrics(text: str) -> VllmMetrics:
-    """Parse a vLLM /metrics body. Raises :class:`SourceError` when it is not a (whole) vLLM exposition."""
-    return _parse(text)
+def parse_metrics(text: str, *, latency: bool = True) -> VllmMetrics:
+    """Parse a vLLM /metrics body. Raises :class:`SourceError` when it is not a (whole) vLLM exposition.
+    ``latency``: read the latency histograms' buckets too (the agent does every few seconds, not every cycle)."""
+    return _parse(text, latency)
 
 
-def parse_metrics_body(body: bytes | bytearray) -> VllmMetrics:
+def parse_metrics_body(body: bytes | bytearray, *, latency: bool = True) -> VllmMetrics:
     """:func:`parse_metrics` of the body's bytes: an ASCII body (vLLM's) is scanned as it came, never copied into a
     string (a body near the --max-body-size cap then costs its own size in memory, not two or three times it)."""
     if is_ascii(body):
-        return _parse(body)
+        return _parse(body, latency)
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as err:
         raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics body is not UTF-8 text: {err}") from err
-    return _parse(text)
+    return _parse(text, latency)
 
 
-def _parse(text: str | bytes | bytearray) -> VllmMetrics:
+def _parse(text: str | bytes | bytearray, latency: bool) -> VllmMetrics:
     _check_body(text)
+    names, meta = (WANTED, META) if latency else (WANTED_WITHOUT_LATENCY, PRESENCE_ONLY)
     try:
-        families = parse_selected(select_lines(text, WANTED, PRESENCE_ONLY))
+        families = parse_selected(select_lines(text, names, meta))
     except ScanError as err:
         raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not what a vLLM server sends: {err}") from err
     except (ValueError, TypeError, IndexError, OverflowError) as err:  # OverflowError: an integer beyond a float
@@ -298,6 +313,7 @@ class _Scan:
 
     values: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)
     waiting_by_reason: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)
+    buckets: dict[EngineSlot, dict[str, dict[float, float]]] = field(default_factory=dict)
     cache_configs: dict[str, CacheConfig] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
     latency_families: set[str] = field(default_factory=set)
@@ -343,6 +359,10 @@ class _Scan:
                 self.process_start = value
             elif name == WAITING_BY_REASON:
                 self.waiting_by_reason.setdefault(key, {})[labels.get("reason", "")] = value
+            elif name in LATENCY_BUCKETS:
+                le = _label_float(labels, "le") if labels.get("le") not in ("+Inf", "Inf") else math.inf
+                if le is not None:
+                    self.buckets.setdefault(key, {}).setdefault(name, {})[le] = value
             elif name in _PER_ENGINE:
                 self.values[key][name] = value
 
@@ -361,9 +381,22 @@ class _Scan:
                 preemptions_total=slot.get(PREEMPTIONS),
                 generation_tokens_total=slot.get(GENERATION_TOKENS),
                 cache_config=self.cache_configs.get(engine, shared_config),
+                latency=self._latency((model_name, engine)),
             )
             for (model_name, engine), slot in sorted(self.values.items())
         )
+
+    def _latency(self, key: EngineSlot) -> dict[str, tuple[tuple[float, float], ...]]:
+        """Each kind's buckets, whole (ending with +Inf) and cumulative (never decreasing along le), else left out."""
+        out: dict[str, tuple[tuple[float, float], ...]] = {}
+        for name, by_le in self.buckets.get(key, {}).items():
+            kind = LATENCY_BUCKETS[name]
+            if kind in out and not name.startswith(ITL):
+                continue  # the newer inter-token name wins
+            buckets = tuple(sorted(by_le.items()))
+            if buckets and math.isinf(buckets[-1][0]) and all(a[1] <= b[1] for a, b in itertools.pairwise(buckets)):
+                out[kind] = buckets
+        return out
 
     def schema(self) -> str:
         is_v1 = self.has_engine_label or self.running_help.startswith(_V1_RUNNING_HELP) or KV_USAGE in self.seen

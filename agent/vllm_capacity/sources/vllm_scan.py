@@ -241,11 +241,15 @@ def _unescape(match: re.Match[str]) -> str:
 
 
 def _number(text: str) -> int | float:
-    """As the parser reads a value: an integer where it is one (beyond a float's range too), else a float."""
-    try:
-        return int(text)
-    except ValueError:
-        return float(text)
+    """As the parser reads a value: an integer where it is one (beyond a float's range too), else a float. (The
+    parser tries int() first; a value with a point or an exponent, most of them, is not tried: the exception is
+    the costly part. The text has passed the canonical value grammar.)"""
+    if text[-1:].isdigit() and text.lstrip("+-").isdigit():
+        try:
+            return int(text)
+        except ValueError:  # more digits than int() converts (sys.get_int_max_str_digits): the parser's float
+            pass
+    return float(text)
 
 
 def _families(items: Iterator[_Item]) -> Iterator[Metric]:
