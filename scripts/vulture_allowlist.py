@@ -9,3 +9,7 @@ _.error  # argparse calls ArgumentParser.error() (options._Parser: one-line erro
 _.all_labels  # MetricSpec.all_labels: tests/test_metric_names.py checks the docs' label columns with it
 _.identified_by  # GpuBudget.identified_by: how vLLM's processes were told apart (pid, elimination, none); tests
 _.starts  # StartupFigures.starts: how many vLLM starts the log showed; tests/test_vllm_log.py
+_.open_connections  # ConnectionGuard.open_connections: tests/test_listener.py checks the cap with it
+_.repeated  # LogRecord.repeated (log.OncePerCause): structlog's ExtraAdder puts it in the JSON line
+parse_metrics  # vllm_parse.parse_metrics (a string body): the tests' and the differential test's entry point
+select_lines_plainly  # vllm_scan.select_lines_plainly: the selection's definition, held to select_lines in tests

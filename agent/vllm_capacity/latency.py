@@ -29,7 +29,6 @@ MAX_BINS = 16
 QUANTILES = (0.5, 0.9, 0.99)
 ITL = "itl"
 TTFT = "ttft"
-KINDS = (ITL, TTFT)
 DEFAULT_HALF_LIFE = 3600.0  # seconds of traffic
 
 Buckets = Sequence[tuple[float, float]]  # (upper bound "le", cumulative count), ascending, +Inf last
