@@ -33,6 +33,7 @@ THRESHOLDS = {
     "gpu_memory_free_min_ratio": 0.02,  # free GPU memory below this share of the total
     "ttft_p99_seconds": 2.0,  # p99 time to first token
     "ttft_window": "5m",
+    "target_utilization": 0.8,  # replicas_needed: the share of each replica's capacity demand may use
 }
 T = THRESHOLDS
 TARGET = ["namespace", "pod", "instance", "job"]  # what identifies one sidecar once Prometheus scraped it
@@ -214,6 +215,22 @@ RECORDS = [
     record(
         "namespace_model_name:vllm_capacity_replicas:count",
         f"count by ({M}) (vllm_capacity_kv_cache_capacity_tokens)",
+    ),
+    # One replica's capacity in requests: per engine the binding bound (the smallest of observed_context and slo,
+    # else vLLM's figure at max_model_len while idle), summed over the pod's engines, averaged over the replicas.
+    record(
+        "namespace_model_name:vllm_capacity_replica_capacity_requests:avg",
+        f"avg by ({M}) (sum by ({M}, pod) ("
+        f'min by ({M}, pod, engine) (vllm_capacity_max_concurrency{{basis=~"observed_context|slo"}})'
+        f' or max by ({M}, pod, engine) (vllm_capacity_max_concurrency{{basis="max_model_len"}})))',
+    ),
+    # ONE series an autoscaler can use as it is (KEDA's Prometheus scaler, or HPA through prometheus-adapter): the
+    # replicas the model needs for its demand (running + waiting) at the target utilization of each replica.
+    record(
+        "namespace_model_name:vllm_capacity_replicas_needed:ceil",
+        f"ceil((sum by ({M}) (vllm_capacity_requests_running) + sum by ({M}) (vllm_capacity_requests_waiting))"
+        f" / on ({M}) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg"
+        f" * {T['target_utilization']}))",
     ),
     record(
         "namespace_component:vllm_capacity_gpu_memory_bytes:sum",

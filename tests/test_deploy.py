@@ -481,3 +481,15 @@ def test_compose_web_config_override(tmp_path: Path) -> None:
     local.write_text(text.replace("/run/secrets/", f"{secrets}/"))
     result = subprocess.run([shutil.which("promtool"), "check", "config", str(local)], capture_output=True, text=True)  # type: ignore[list-item]
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_keda_scales_on_the_one_replicas_needed_series() -> None:
+    """The KEDA example asks for exactly the replicas the recording rule says (AverageValue 1), and that rule ships."""
+    scaled = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "keda" / "scaledobject.yaml").read_text())
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["threshold"] == "1"
+    rules = yaml.safe_load((ROOT / "alerts" / "vllm-capacity-rules.yaml").read_text())["groups"][0]["rules"]
+    recorded = {r["record"] for r in rules}
+    assert "namespace_model_name:vllm_capacity_replicas_needed:ceil" in recorded
+    assert "namespace_model_name:vllm_capacity_replicas_needed:ceil{" in trigger["metadata"]["query"]
