@@ -362,3 +362,83 @@ def _no_proxy() -> Iterator[None]:
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.lower() in ("http_proxy", "https_proxy", "all_proxy")}
     yield
     os.environ.update(saved)
+
+
+LATENCY_STEPS = (1, 2, 4, 8, 16)  # concurrent streams, each held for LATENCY_HOLD seconds
+LATENCY_HOLD = 12.0  # over two of the agent's 5 s latency intervals
+OBJECTIVES_MS = (10, 12, 15, 20, 30)  # p90 inter-token latency objectives, one agent each
+
+
+def _hold_load(url: str, parallel: int, seconds: float) -> list[str]:
+    """``parallel`` streams, each sending its next request as soon as the last returns, for ``seconds``; the errors."""
+    deadline, errors = time.monotonic() + seconds, []
+    limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
+    with httpx.Client(timeout=120, limits=limits) as client:
+
+        def stream(i: int) -> None:
+            body = {"model": lab.MODEL_NAME, "prompt": f"stream {i} " * 10, "max_tokens": 96, "ignore_eos": True}
+            while time.monotonic() < deadline:
+                try:
+                    client.post(url + "/v1/completions", json=body).raise_for_status()
+                except httpx.HTTPError as err:
+                    errors.append(f"{type(err).__name__}: {err}")
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(parallel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return errors
+
+
+def _p90_by_running(text: str) -> dict[int, float]:
+    return {
+        int(dict(labels)["running"]): v
+        for (name, labels), v in samples(text).items()
+        if name == "vllm_capacity_latency_by_concurrency_seconds"
+        and dict(labels)["latency"] == "itl"
+        and dict(labels)["quantile"] == "0.9"
+    }
+
+
+def test_latency_rises_with_concurrency_and_an_objective_bounds_it(vllm: lab.VllmServer, tmp_path: Path) -> None:
+    """A stepped load (1, 2, 4, 8, 16 streams, 12 s each) on the real server: the learned inter-token latency rises
+    with concurrency, and for every objective placed between the latency at the lowest and the highest step, the
+    exported SLO-bound concurrency falls between those steps, the knee was seen, and at the top step the objective
+    is what binds the headroom. One agent per objective, all watching the same load."""
+    agents = [AgentProcess(vllm.url, tmp_path / f"agent-{ms}.log", "--slo-itl", f"p90<={ms}ms") for ms in OBJECTIVES_MS]
+    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
+    try:
+        for a in agents:
+            a.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
+        top: list[str] = []
+        for streams in LATENCY_STEPS:
+            errors = _hold_load(vllm.url, streams, LATENCY_HOLD)
+            assert not errors, errors[:3]
+            if streams == LATENCY_STEPS[-1]:
+                top = [a.metrics() for a in agents]  # while the last requests of the top step still run
+        # the last interval has to be learned: one more latency read
+        time.sleep(6)
+        final = [a.metrics() for a in agents]
+    finally:
+        for a in agents:
+            a.stop()
+    curve = _p90_by_running(final[0])
+    print(f"\np90 inter-token latency by running requests: {curve}")
+    low, high = min(curve), max(curve)
+    assert low <= 2 and high >= 8, curve  # the load went through the steps
+    assert curve[high] > curve[low], curve  # latency rises with concurrency
+    between = [
+        (ms, text, t)
+        for ms, text, t in zip(OBJECTIVES_MS, final, top, strict=True)
+        if curve[low] < ms / 1000 < curve[high]
+    ]
+    assert between, f"no objective of {OBJECTIVES_MS} ms lies between {curve[low]:.4f} s and {curve[high]:.4f} s"
+    for ms, text, at_top in between:
+        bound = value(text, "vllm_capacity_max_concurrency", basis="slo", **key)
+        assert bound is not None and low <= bound < high, (ms, bound, curve)
+        assert value(text, "vllm_capacity_slo_knee_observed", **key) == 1, ms
+        room = value(at_top, "vllm_capacity_headroom_requests", basis="slo", **key)
+        print(f"p90<={ms}ms: SLO-bound concurrency {bound:g}; headroom at the top step {room}")
+        if value(at_top, "vllm_capacity_max_concurrency", basis="slo", **key) is not None:
+            assert room is not None, ms  # the objective, not the cache, binds at the top step
