@@ -116,6 +116,24 @@ ALERTS = [
         "Requests keep waiting for KV-cache capacity.",
         f"{WHO} has {{{{ $value | printf `%.0f` }}}} requests waiting because the KV cache is full.",
     ),
+    # vLLM can stop admitting requests while its cache is mostly free and its /health stays 200 (vllm-project/vllm
+    # issue 53130: running + deferred requests reach max_num_seqs; or "waiting for capacity" on an empty cache).
+    # Requests wait, and nothing runs (or vLLM, when it is scraped too, generates no tokens), on a cache that is
+    # not full: nothing else pages on it, since no capacity alert fires.
+    alert(
+        "VLLMAdmissionStalled",
+        "(vllm_capacity_requests_waiting > 0)"
+        f" and on (namespace, pod, instance, job, model_name, engine) (vllm_capacity_kv_cache_usage_ratio"
+        f" < {T['kv_cache_high_ratio']})"
+        " and on (namespace, pod, model_name, engine) ((vllm_capacity_requests_running == 0)"
+        " or on (namespace, pod, model_name, engine)"
+        " (sum by (namespace, pod, model_name, engine) (rate(vllm:generation_tokens_total[5m])) == 0))",
+        "5m",
+        "critical",
+        "vLLM stopped admitting requests while its KV cache has room.",
+        f"{WHO}: {{{{ $value | printf `%.0f` }}}} requests wait, nothing runs (or no tokens come out), and the KV "
+        "cache is not full: vLLM stopped admitting work. Its /health may still answer 200.",
+    ),
     alert(
         "VLLMKVCacheExhaustionPredicted",
         f"(predict_linear(vllm_capacity_kv_cache_used_tokens[{T['exhaustion_lookback']}], "

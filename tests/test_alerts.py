@@ -60,7 +60,7 @@ REQUIRED = {
     "VLLMCapacityExporterDown", "VLLMTargetDown", "VLLMKVCacheHigh", "VLLMKVCacheSaturated",
     "VLLMPreemptionsSustained", "VLLMRequestsQueuedForCapacity", "VLLMKVCacheExhaustionPredicted",
     "VLLMConcurrencyNearCapacity", "VLLMGPUMemoryNearFull", "VLLMGPUMemoryContention", "VLLMTTFTSLOBreach",
-    "VLLMCapacityMetricsMissing",
+    "VLLMCapacityMetricsMissing", "VLLMAdmissionStalled",
 }  # fmt: skip
 
 
@@ -82,6 +82,7 @@ def test_every_alert_is_complete() -> None:
         "VLLMTargetDown",
         "VLLMKVCacheSaturated",
         "VLLMTTFTSLOBreach",
+        "VLLMAdmissionStalled",
     }
 
 
