@@ -110,11 +110,16 @@ ALERTS = [
     ),
     alert(
         "VLLMRequestsQueuedForCapacity",
-        "vllm_capacity_requests_waiting_for_capacity > 0",
+        # vLLM counts requests that wait for a batch slot at --max-num-seqs as waiting for "capacity" too: those
+        # are not the KV cache's (concurrency_limit names max_num_seqs then, when the agent knows the setting)
+        "vllm_capacity_requests_waiting_for_capacity > 0"
+        " unless on (namespace, pod, instance, job, model_name, engine)"
+        ' (vllm_capacity_concurrency_limit{limit="max_num_seqs"} == 1)',
         "10m",
         "warning",
         "Requests keep waiting for KV-cache capacity.",
-        f"{WHO} has {{{{ $value | printf `%.0f` }}}} requests waiting because the KV cache is full.",
+        f"{WHO} has {{{{ $value | printf `%.0f` }}}} requests waiting for capacity: KV cache, unless vLLM runs at "
+        "its --max-num-seqs (vllm_capacity_concurrency_limit says which, given the setting).",
     ),
     # vLLM can stop admitting requests while its cache is mostly free and its /health stays 200 (vllm-project/vllm
     # issue 53130: running + deferred requests reach max_num_seqs; or "waiting for capacity" on an empty cache).

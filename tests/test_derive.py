@@ -159,3 +159,33 @@ def test_max_model_len_from_cache_config() -> None:
 )
 def test_counter_carried_across_restarts(total, previous, raw, restarted, expected) -> None:
     assert derive.accumulate_counter(total, previous, raw, restarted) == expected
+
+
+@pytest.mark.parametrize(
+    ("state", "limit"),
+    [
+        ({"waiting": 0}, "none"),
+        ({"waiting": 3, "waiting_for_capacity": 3}, "kv_cache"),
+        ({"waiting": 0, "preempted": True}, "kv_cache"),  # preempted since the last read
+        ({"waiting": 2, "waiting_for_capacity": None, "usage": 0.95}, "kv_cache"),  # before vLLM said why
+        # at --max-num-seqs vLLM counts the queue as waiting for "capacity" too, with the cache half free
+        ({"waiting": 13, "running": 16, "max_num_seqs": 16, "usage": 0.58, "waiting_for_capacity": 13}, "max_num_seqs"),
+        ({"waiting": 13, "running": 16, "max_num_seqs": 16, "preempted": True}, "kv_cache"),
+        ({"waiting": 0, "running": 12, "slo_max_concurrency": 8}, "slo"),  # over the objective, queue or not
+        ({"waiting": 0, "running": 8, "slo_max_concurrency": 8}, "none"),
+        ({"waiting": 4, "waiting_for_capacity": 0, "running": 5}, None),  # deferred, say: no name for it
+        ({"waiting": None}, None),
+    ],
+)
+def test_what_limits_concurrency_now(state: dict, limit: str | None) -> None:
+    args = {
+        "running": 4,
+        "waiting": 0,
+        "waiting_for_capacity": 0,
+        "preempted": False,
+        "usage": 0.5,
+        "max_num_seqs": None,
+        "slo_max_concurrency": None,
+        **state,
+    }
+    assert derive.concurrency_limit(**args) == limit

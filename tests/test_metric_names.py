@@ -21,6 +21,8 @@ UNITLESS = {  # counts and states without a base unit
     "vllm_capacity_gpu_throttled",  # a 0/1 state per reason
     "vllm_capacity_kv_cache_bytes_per_token",  # a per-token unit, like the 21.7 KiB per token of the worked example
     "vllm_capacity_headroom_requests",
+    "vllm_capacity_requests_waiting_deferred",
+    "vllm_capacity_concurrency_limit",  # a 0/1 state per limit
     "vllm_capacity_slo_knee_observed",  # a 0/1 state
     "vllm_capacity_latency_by_concurrency_observations",
 }

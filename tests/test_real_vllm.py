@@ -356,6 +356,32 @@ def test_plan_agrees_with_the_real_server(fixed_budget_vllm: lab.VllmServer) -> 
     assert plan["kv_bytes_per_token"] == int(cc["kv_cache_memory_bytes"]) / int(cc["kv_cache_size_tokens"])
 
 
+def test_max_num_seqs_binds_below_the_kv_bound(fixed_budget_vllm: lab.VllmServer, tmp_path: Path) -> None:
+    """32 short streams on a server started with --max-num-seqs 16 and room for 4,096 tokens (31 blocks of 128):
+    each request fits one block, so 16 run and the rest wait while the cache has room (vLLM counts them as waiting
+    for "capacity" all the same), and the agent (reading --max-num-seqs from vLLM's log) names max_num_seqs."""
+    vllm = fixed_budget_vllm
+    agent = AgentProcess(vllm.url, tmp_path / "agent.log", "--vllm-log", str(vllm.log_path))
+    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
+    seen: dict[str, int] = {}
+    try:
+        agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
+        loader = threading.Thread(target=_hold_load, args=(vllm.url, 32, 10.0, 60))
+        loader.start()
+        while loader.is_alive():
+            text = agent.metrics()
+            for limit in ("kv_cache", "max_num_seqs", "slo", "none"):
+                if value(text, "vllm_capacity_concurrency_limit", limit=limit, **key) == 1:
+                    seen[limit] = seen.get(limit, 0) + 1
+            time.sleep(0.2)
+        loader.join()
+    finally:
+        agent.stop()
+    print(f"\nbinding limit, samples: {seen}")
+    assert seen.get("max_num_seqs", 0) >= 3, seen
+    assert seen.get("max_num_seqs", 0) > seen.get("kv_cache", 0), seen  # a preemption may show as kv_cache a moment
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _no_proxy() -> Iterator[None]:
     """Loopback only: make sure no proxy setting reroutes the test traffic."""
@@ -369,14 +395,19 @@ LATENCY_HOLD = 12.0  # over two of the agent's 5 s latency intervals
 OBJECTIVES_MS = (10, 12, 15, 20, 30)  # p90 inter-token latency objectives, one agent each
 
 
-def _hold_load(url: str, parallel: int, seconds: float) -> list[str]:
+def _hold_load(url: str, parallel: int, seconds: float, max_tokens: int = 96) -> list[str]:
     """``parallel`` streams, each sending its next request as soon as the last returns, for ``seconds``; the errors."""
     deadline, errors = time.monotonic() + seconds, []
     limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
     with httpx.Client(timeout=120, limits=limits) as client:
 
         def stream(i: int) -> None:
-            body = {"model": lab.MODEL_NAME, "prompt": f"stream {i} " * 10, "max_tokens": 96, "ignore_eos": True}
+            body = {
+                "model": lab.MODEL_NAME,
+                "prompt": f"stream {i} " * 10,
+                "max_tokens": max_tokens,
+                "ignore_eos": True,
+            }
             while time.monotonic() < deadline:
                 try:
                     client.post(url + "/v1/completions", json=body).raise_for_status()

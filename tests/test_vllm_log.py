@@ -151,3 +151,14 @@ def test_follower_survives_rotation_and_truncation(tmp_path: Path) -> None:
 def test_a_figure_rounded_to_zero_is_unknown() -> None:
     s = figures("(Worker pid=1) INFO 11-29 10:41:25 [cpu_worker.py:260] Explicitly set (0.0/9.21) GiB for KV cache\n")
     assert s.engines["0"].kv_cache_memory_bytes is None
+
+
+def test_max_num_seqs_from_the_non_default_args_line() -> None:
+    figures = StartupFigures()
+    figures.feed(
+        "INFO 11-30 10:00:00 [utils.py:253] non-default args: {'model': 'Qwen/Qwen3-8B', 'max_model_len': 16384, "
+        "'gpu_memory_utilization': 0.9, 'max_num_seqs': 8}"
+    )
+    assert figures.max_num_seqs == 8
+    figures.feed("INFO 11-30 11:00:00 [utils.py:253] non-default args: {'model': 'Qwen/Qwen3-8B'}")
+    assert figures.max_num_seqs is None  # the next start left it at vLLM's default: unknown

@@ -101,6 +101,7 @@ class Agent:
         vllm_pids: Callable[[], set[int]] = vllm_pids_in_namespace,
         objectives: Sequence[Objective] = (),
         latency_half_life: float = DEFAULT_HALF_LIFE,
+        max_num_seqs: int | None = None,
     ) -> None:
         self.client = client
         self.interval = interval
@@ -144,6 +145,8 @@ class Agent:
         self._latency_views: dict[EngineKey, derive.LatencyView] = {}
         self._running_seen: dict[EngineKey, tuple[float, int]] = {}
         self._latency_read_at: float | None = None
+        self.max_num_seqs = max_num_seqs  # --max-num-seqs; else what vLLM's log says (self.figures)
+        self._preempted: frozenset[EngineKey] = frozenset()
         self._implausible_logged: set[tuple[str, ...]] = set()
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
@@ -357,6 +360,8 @@ class Agent:
                 version=self._version,
                 preemptions=carried,
                 latency=self._latency_views,
+                preempted=self._preempted,
+                max_num_seqs=self.max_num_seqs or self.figures.max_num_seqs,
             )
         )
         self._check_agreement(engines)
@@ -425,18 +430,23 @@ class Agent:
         the engines that reported a (plausible) value. An engine that reported none this time keeps its total for
         the next; an engine that went away takes its series with it."""
         present, exported = {(e.model_name, e.engine) for e in metrics.engines}, {}
+        preempted: set[EngineKey] = set()
         for e in metrics.engines:
             key = (e.model_name, e.engine)
             if e.preemptions_total is None:
                 continue
+            before = self._preemptions_total.get(key)
             self._preemptions_total[key] = derive.accumulate_counter(
-                self._preemptions_total.get(key), self._raw_preemptions.get(key), e.preemptions_total, restarted
+                before, self._raw_preemptions.get(key), e.preemptions_total, restarted
             )
+            if before is not None and self._preemptions_total[key] > before:
+                preempted.add(key)
             self._raw_preemptions[key] = e.preemptions_total
             exported[key] = self._preemptions_total[key]
         for key in set(self._preemptions_total) - present:
             del self._preemptions_total[key]
             self._raw_preemptions.pop(key, None)
+        self._preempted = frozenset(preempted)  # engines that preempted requests since the last read
         return exported
 
     def _announce(self, metrics: VllmMetrics, engines: tuple[EngineCapacity, ...]) -> None:

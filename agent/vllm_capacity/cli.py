@@ -93,6 +93,7 @@ async def _serve(values: ServeConfig) -> int:
         models_refresh=values.models_refresh,
         objectives=[o for o in (values.slo_itl, values.slo_ttft) if o is not None],
         latency_half_life=values.latency_half_life,
+        max_num_seqs=values.max_num_seqs,
         **kwargs,
     )
     host, port = values.listen

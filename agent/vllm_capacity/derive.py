@@ -149,6 +149,42 @@ def headroom(running: float | None, bounds: Mapping[str, float | None]) -> tuple
     return known[basis] - running, basis
 
 
+LIMITS = ("kv_cache", "max_num_seqs", "slo", "none")  # concurrency_limit's values, in the order they are tried
+
+
+def concurrency_limit(
+    *,
+    running: float | None,
+    waiting: float | None,
+    waiting_for_capacity: float | None,
+    preempted: bool,
+    usage: float | None,
+    max_num_seqs: int | None,
+    slo_max_concurrency: int | None,
+) -> str | None:
+    """What limits concurrency now: ``kv_cache`` (requests were preempted since the last read, or wait for
+    capacity below --max-num-seqs; where vLLM does not say why requests wait, a nearly full cache with a queue),
+    ``max_num_seqs`` (running at vLLM's --max-num-seqs: vLLM then counts the queue as waiting for "capacity" too,
+    though the cache has room), ``slo`` (running above the SLO-bound concurrency), ``none`` (nothing waits). None when
+    requests wait for a reason none of these names (deferred, say)."""
+    if preempted:
+        return "kv_cache"
+    if max_num_seqs is not None and running is not None and running >= max_num_seqs:
+        return "max_num_seqs"
+    if (waiting_for_capacity or 0) > 0:
+        return "kv_cache"
+    if waiting_for_capacity is None and (waiting or 0) > 0 and usage is not None and usage >= NEARLY_FULL:
+        return "kv_cache"
+    if slo_max_concurrency is not None and running is not None and running > slo_max_concurrency:
+        return "slo"
+    if waiting is not None and waiting == 0:
+        return "none"
+    return None
+
+
+NEARLY_FULL = 0.9  # usage at which a queue is taken for one waiting on the cache when vLLM does not say
+
+
 @dataclass(frozen=True)
 class LatencyView:
     """What the agent learned of an engine's latency by concurrency (:mod:`vllm_capacity.latency`), for export."""
@@ -219,6 +255,8 @@ class EngineCapacity:
     concurrency_utilization_slo: float | None = None
     headroom_requests: float | None = None
     headroom_basis: str | None = None  # the max_concurrency basis that binds: observed_context or slo
+    concurrency_limit: str | None = None  # one of LIMITS: what limits concurrency now
+    waiting_deferred: float | None = None
 
     def concurrency_at(self, context_tokens: int) -> float | None:
         """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
@@ -252,6 +290,8 @@ def derive_engine(
     rules: tuple[str, tuple[int, int, int]] | None = None,
     preemptions_total: float | None = None,
     latency: LatencyView | None = None,
+    preempted: bool = False,
+    max_num_seqs: int | None = None,
 ) -> EngineCapacity:
     """One engine's figures. ``rules``: the engine and release whose sizing rules apply (:func:`sizing_rules`;
     None: the metric generation's); ``preemptions_total``: vLLM's counter as the agent carries it over restarts."""
@@ -269,7 +309,18 @@ def derive_engine(
     latency = latency or LatencyView()
     slo = latency.slo_max_concurrency
     room, binding = headroom(m.running, {"observed_context": max_conc_obs, "slo": slo})
+    limit = concurrency_limit(
+        running=m.running,
+        waiting=m.waiting,
+        waiting_for_capacity=m.waiting_for_capacity,
+        preempted=preempted,
+        usage=m.kv_cache_usage,
+        max_num_seqs=max_num_seqs,
+        slo_max_concurrency=slo,
+    )
     return EngineCapacity(
+        concurrency_limit=limit,
+        waiting_deferred=m.waiting_by_reason.get("deferred"),
         latency=latency,
         concurrency_utilization_slo=concurrency_utilization(m.running, slo),
         headroom_requests=room,
@@ -356,6 +407,8 @@ def derive_all(
     version: str | None = None,
     preemptions: Mapping[tuple[str, str], float] | None = None,
     latency: Mapping[tuple[str, str], LatencyView] | None = None,
+    preempted: frozenset[tuple[str, str]] = frozenset(),
+    max_num_seqs: int | None = None,
 ) -> list[EngineCapacity]:
     """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``startup`` engine -> its
     startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation);
@@ -386,6 +439,8 @@ def derive_all(
                 rules=rules,
                 preemptions_total=(preemptions or {}).get((m.model_name, m.engine)),
                 latency=(latency or {}).get((m.model_name, m.engine)),
+                preempted=(m.model_name, m.engine) in preempted,
+                max_num_seqs=max_num_seqs,
             )
         )
     return out

@@ -13,8 +13,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from vllm_capacity.derive import LIMITS
+
 if TYPE_CHECKING:
     from vllm_capacity.derive import EngineCapacity
+
 
 EngineValue = Callable[["EngineCapacity"], float | None]
 #: For a per-engine metric with several labels after model_name and engine: the engine's series, as (values of
@@ -76,6 +79,12 @@ def _latency_quantiles(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], flo
 def _latency_observations(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
     for (kind, running), count in e.latency.observations.items():
         yield (kind, str(running)), count
+
+
+def _limit(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
+    if e.concurrency_limit is not None:
+        for limit in LIMITS:
+            yield (limit,), 1.0 if limit == e.concurrency_limit else 0.0
 
 
 def _headroom(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
@@ -218,6 +227,15 @@ SPECS: tuple[MetricSpec, ...] = (
         rows=_headroom,
     ),
     _m(
+        "concurrency_limit",
+        "gauge",
+        (*E, "limit"),
+        "1 for what limits concurrency now, 0 for the others: kv_cache (requests wait for capacity or were "
+        "preempted), max_num_seqs (running at vLLM's --max-num-seqs while the cache has room), slo (running above "
+        "max_concurrency{basis=slo}), none (nothing waits). Absent when requests wait for a reason none names.",
+        rows=_limit,
+    ),
+    _m(
         "latency_by_concurrency_seconds",
         "gauge",
         (*E, "latency", "quantile", "running"),
@@ -258,8 +276,17 @@ SPECS: tuple[MetricSpec, ...] = (
         "requests_waiting_for_capacity",
         "gauge",
         E,
-        "Requests queued because the KV cache is full: vllm:num_requests_waiting_by_reason{reason=capacity} (>=0.20).",
+        "Requests queued for scheduling capacity, KV blocks or batch slots at --max-num-seqs (vLLM counts both): "
+        "vllm:num_requests_waiting_by_reason{reason=capacity} (>=0.20).",
         value=lambda e: e.waiting_for_capacity,
+    ),
+    _m(
+        "requests_waiting_deferred",
+        "gauge",
+        E,
+        "Requests queued but deferred (not for lack of KV cache: structured output, LoRA or encoder limits...): "
+        "vllm:num_requests_waiting_by_reason{reason=deferred}.",
+        value=lambda e: e.waiting_deferred,
     ),
     _m(
         "requests_swapped",

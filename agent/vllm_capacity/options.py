@@ -248,6 +248,12 @@ SERVE_OPTIONS = (
     *MODEL_OPTIONS,
     *NVML_OPTIONS,
     Option(
+        "--max-num-seqs",
+        _positive_int,
+        None,
+        "vLLM's --max-num-seqs, for concurrency_limit{limit=max_num_seqs} (else read from --vllm-log when it says)",
+    ),
+    Option(
         "--slo-itl",
         _objective(ITL),
         None,
@@ -428,6 +434,7 @@ class ServeConfig(SourceConfig):
     interval: float
     models_refresh: float
     web_telemetry_path: str
+    max_num_seqs: int | None
     slo_itl: Objective | None
     slo_ttft: Objective | None
     latency_half_life: float

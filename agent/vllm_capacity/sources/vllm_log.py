@@ -44,6 +44,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
 }
 # Printed once per start by the API server, before any engine figure (engine cores print theirs later).
 _NEW_START = re.compile(r"non-default args:|vLLM API server version")
+# in the "non-default args: {...}" line: the --max-num-seqs the server was started with
+_MAX_NUM_SEQS = re.compile(r"'max_num_seqs': (\d+)")
 
 
 def _number(text: str) -> float:
@@ -112,11 +114,15 @@ class EngineFigures:
 class StartupFigures:
     engines: dict[str, EngineFigures] = field(default_factory=dict)
     starts: int = 0
+    #: --max-num-seqs, when the start's "non-default args" line gives it (None: vLLM's default, or no such line)
+    max_num_seqs: int | None = None
 
     def feed(self, line: str) -> None:
         if _NEW_START.search(line):
             self.engines.clear()  # a new start of vLLM: the old figures no longer describe it
             self.starts += 1
+            seqs = _MAX_NUM_SEQS.search(line)
+            self.max_num_seqs = int(seqs[1]) if seqs else None
             return
         engine, found = parse_line(line)
         if not found:
