@@ -255,6 +255,16 @@ RECORDS = [
         f" / on ({M}) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg"
         f" * {T['target_utilization']}))",
     ),
+    # The prefix cache's hit ratio beside KV usage (a cached prefix nobody uses counts as free KV cache): vLLM's
+    # hit and query counters (tokens; V1 >= 0.9.2, before that gpu_prefix_cache_*), else V0's hit-rate gauge.
+    record(
+        "namespace_model_name:vllm_capacity_prefix_cache_hit:ratio",
+        f"sum by ({M}) (rate(vllm:prefix_cache_hits_total[5m]))"
+        f" / sum by ({M}) (rate(vllm:prefix_cache_queries_total[5m]))"
+        f" or sum by ({M}) (rate(vllm:gpu_prefix_cache_hits_total[5m]))"
+        f" / sum by ({M}) (rate(vllm:gpu_prefix_cache_queries_total[5m]))"
+        f" or avg by ({M}) (vllm:gpu_prefix_cache_hit_rate)",
+    ),
     record(
         "namespace_component:vllm_capacity_gpu_memory_bytes:sum",
         "sum by (namespace, component) (vllm_capacity_gpu_memory_bytes)",

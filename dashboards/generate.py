@@ -283,6 +283,21 @@ def capacity_dashboard() -> Dashboard:
         )
         .with_panel(
             series(
+                "Prefix cache hit ratio",
+                "percentunit",
+                query(
+                    'namespace_model_name:vllm_capacity_prefix_cache_hit:ratio{namespace=~"$namespace",'
+                    'model_name=~"$model_name"}',
+                    "{{namespace}}/{{model_name}}",
+                ),
+                mn=0,
+                mx=1,
+                description="Prompt tokens found in the prefix cache, over 5 m. Cached prefix blocks no running "
+                "request holds count as free KV cache: vLLM evicts them when it needs the room.",
+            )
+        )
+        .with_panel(
+            series(
                 "Bytes per token (per GPU rank)",
                 "bytes",
                 query(f"vllm_capacity_kv_cache_bytes_per_token{{{SEL}}}", "{{method}} {{pod}}"),
@@ -326,6 +341,27 @@ def capacity_dashboard() -> Dashboard:
         )
         .with_panel(
             series(
+                "Headroom: requests it can still take",
+                "short",
+                query(f"vllm_capacity_headroom_requests{{{SEL}}}", "{{pod}}/{{engine}} (bound by {{basis}})"),
+                query(f'vllm_capacity_max_concurrency{{{SEL},basis="slo"}}', "SLO-bound concurrency {{pod}}"),
+                description="The smallest known max concurrency (at the observed context, or what the latency "
+                "objective allows) minus running requests; below 0 the replica is over it.",
+            )
+        )
+        .with_panel(
+            series(
+                "What limits concurrency now",
+                "short",
+                query(f"vllm_capacity_concurrency_limit{{{SEL}}} == 1", "{{limit}} {{pod}}/{{engine}}"),
+                query(f"sum(vllm_capacity_requests_waiting_deferred{{{SEL}}})", "deferred waiting"),
+                mn=0,
+                description="kv_cache, max_num_seqs (vLLM's --max-num-seqs), slo (over the latency objective) or "
+                "none (nothing waits); and the requests vLLM defers for other reasons.",
+            )
+        )
+        .with_panel(
+            series(
                 "Context per running request",
                 "short",
                 query(f"vllm_capacity_mean_context_tokens{{{SEL}}}", "mean context {{pod}}/{{engine}}"),
@@ -356,6 +392,22 @@ def capacity_dashboard() -> Dashboard:
         .with_panel(
             series(
                 "Time per output token (inter-token latency)", "s", query(itl("0.5"), "p50"), query(itl("0.99"), "p99")
+            )
+        )
+        .with_panel(
+            bars(
+                "Latency vs running requests (learned)",
+                "s",
+                query(
+                    f'max by (running) (vllm_capacity_latency_by_concurrency_seconds{{{SEL},latency="itl",'
+                    'quantile="0.9"})',
+                    "ITL p90 at {{running}} running",
+                ),
+                query(f'min(vllm_capacity_max_concurrency{{{SEL},basis="slo"}})', "the knee: SLO-bound concurrency"),
+                span=24,
+                description="The sidecar's curve from vLLM's own histograms: p90 inter-token latency in each "
+                "running-requests bin (decayed with --latency-half-life). Where it climbs past the objective "
+                "(--slo-itl) is the knee.",
             )
         )
         .with_panel(
@@ -483,7 +535,14 @@ def fleet_dashboard() -> Dashboard:
             )
         )
         .with_panel(
-            series("Replicas", "short", query(f"namespace_model_name:vllm_capacity_replicas:count{{{FLEET}}}", m))
+            series(
+                "Replicas: running and needed",
+                "short",
+                query(f"namespace_model_name:vllm_capacity_replicas:count{{{FLEET}}}", f"running {m}"),
+                query(f"namespace_model_name:vllm_capacity_replicas_needed:ceil{{{FLEET}}}", f"needed {m}"),
+                description="Needed: the demand (running + waiting) over each replica's capacity at 80 % "
+                "(the binding bound of observed context and latency objective); what the KEDA example scales on.",
+            )
         )
         .with_panel(
             series(

@@ -87,8 +87,14 @@ def test_capacity_dashboard_has_what_operators_plan_with() -> None:
         "GPU utilization",
         "GPU power",
         "GPU throttling",
+        "Prefix cache hit ratio",
+        "Headroom: requests it can still take",
+        "What limits concurrency now",
+        "Latency vs running requests (learned)",
     ):
         assert needed in titles, needed
+    fleet = {p["title"] for p in _panels(_dashboard(NAMES[1]))}
+    assert "Replicas: running and needed" in fleet
 
 
 def test_every_query_parses_in_prometheus(tmp_path: Path) -> None:
