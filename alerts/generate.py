@@ -58,6 +58,8 @@ def alert(name: str, expr: str, for_: str, severity: str, summary: str, descript
 
 
 WHO = "{{ $labels.model_name }} (engine {{ $labels.engine }}) on {{ $labels.namespace }}/{{ $labels.pod }}"
+# vLLM's sleep mode frees the KV cache on purpose: the saturation alerts stay quiet while the engine sleeps
+AWAKE = " unless on (namespace, pod, instance, job, model_name, engine) (vllm_capacity_engine_asleep == 1)"
 
 ALERTS = [
     alert(
@@ -80,7 +82,7 @@ ALERTS = [
     ),
     alert(
         "VLLMKVCacheHigh",
-        f"vllm_capacity_kv_cache_usage_ratio > {T['kv_cache_high_ratio']}",
+        f"vllm_capacity_kv_cache_usage_ratio > {T['kv_cache_high_ratio']}{AWAKE}",
         "10m",
         "warning",
         "vLLM's KV cache is nearly full.",
@@ -91,7 +93,7 @@ ALERTS = [
         f"(vllm_capacity_kv_cache_usage_ratio > {T['kv_cache_saturated_ratio']})"
         " and on (namespace, pod, instance, job, model_name, engine) ("
         "(vllm_capacity_requests_waiting_for_capacity > 0)"
-        " or (rate(vllm_capacity_preemptions_total[5m]) > 0))",
+        f" or (rate(vllm_capacity_preemptions_total[5m]) > 0)){AWAKE}",
         "5m",
         "critical",
         "vLLM's KV cache is full and requests wait or are preempted.",
@@ -143,7 +145,7 @@ ALERTS = [
         "VLLMKVCacheExhaustionPredicted",
         f"(predict_linear(vllm_capacity_kv_cache_used_tokens[{T['exhaustion_lookback']}], "
         f"{T['exhaustion_horizon_seconds']}) > vllm_capacity_kv_cache_capacity_tokens)"
-        f" and (vllm_capacity_kv_cache_usage_ratio > {T['exhaustion_min_ratio']})",
+        f" and (vllm_capacity_kv_cache_usage_ratio > {T['exhaustion_min_ratio']}){AWAKE}",
         "15m",
         "warning",
         "vLLM's KV cache will fill at the current growth.",
@@ -152,7 +154,8 @@ ALERTS = [
     ),
     alert(
         "VLLMConcurrencyNearCapacity",
-        f'vllm_capacity_concurrency_utilization_ratio{{basis="observed_context"}} > {T["concurrency_near_ratio"]}',
+        f'vllm_capacity_concurrency_utilization_ratio{{basis="observed_context"}} > {T["concurrency_near_ratio"]}'
+        f"{AWAKE}",
         "15m",
         "warning",
         "vLLM runs near the concurrency its KV cache allows at the current request size.",

@@ -475,3 +475,23 @@ async def test_the_latency_curve_and_the_concurrency_an_objective_allows(fake_vl
     observed = value(text, "vllm_capacity_latency_by_concurrency_observations", latency="itl", running="16")
     assert observed == pytest.approx(600 * 0.5 ** (10 / 3600), rel=1e-3)
     assert 'latency="ttft"' not in text  # its histogram did not move: nothing learned
+
+
+async def test_an_engine_asleep_serves_no_capacity(h: Harness, fake_vllm: FakeVllm) -> None:
+    """vLLM's sleep mode frees the KV cache: engine_asleep says so, free tokens read 0, no headroom or limit."""
+    fake_vllm.metrics = SATURATED
+    await h.agent.cycle()
+    awake = await h.scrape()
+    assert value(awake, "vllm_capacity_engine_asleep") == 0
+    assert value(awake, "vllm_capacity_headroom_requests", basis="observed_context") is not None
+    asleep = re.sub(r'(sleep_state="awake"\}) 1\.0', r"\1 0.0", SATURATED)
+    asleep = re.sub(r'(sleep_state="discard_all"\}) 0\.0', r"\1 1.0", asleep)
+    assert 'sleep_state="discard_all"} 1.0' in asleep
+    fake_vllm.metrics = asleep
+    await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_engine_asleep") == 1
+    assert value(text, "vllm_capacity_kv_cache_free_tokens") == 0
+    assert "vllm_capacity_headroom_requests{" not in text
+    assert "vllm_capacity_concurrency_limit{" not in text
+    assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096  # what it has when awake

@@ -141,6 +141,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
                 str(vllm.log_path),
                 "--model-dir",
                 str(vllm.cache / "tiny-llama"),
+                "--slo-itl",  # a generous objective: the SLO-bound concurrency (a lower bound) gets a value
+                "p90<=1s",
             ),
         )
         labels = {"namespace": "e2e", "pod": "vllm-0"}

@@ -23,6 +23,7 @@ UNITLESS = {  # counts and states without a base unit
     "vllm_capacity_headroom_requests",
     "vllm_capacity_requests_waiting_deferred",
     "vllm_capacity_concurrency_limit",  # a 0/1 state per limit
+    "vllm_capacity_engine_asleep",  # a 0/1 state
     "vllm_capacity_slo_knee_observed",  # a 0/1 state
     "vllm_capacity_latency_by_concurrency_observations",
 }

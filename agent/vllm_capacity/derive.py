@@ -257,6 +257,7 @@ class EngineCapacity:
     headroom_basis: str | None = None  # the max_concurrency basis that binds: observed_context or slo
     concurrency_limit: str | None = None  # one of LIMITS: what limits concurrency now
     waiting_deferred: float | None = None
+    asleep: bool | None = None  # vLLM's sleep mode: its KV cache is freed (None: vLLM does not say)
 
     def concurrency_at(self, context_tokens: int) -> float | None:
         """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
@@ -318,7 +319,11 @@ def derive_engine(
         max_num_seqs=max_num_seqs,
         slo_max_concurrency=slo,
     )
+    asleep = None if m.sleep_state is None else m.sleep_state != "awake"
+    if asleep:  # sleep mode freed the KV cache: none of it is there to serve, and no limit or headroom applies
+        limit, room, binding = None, None, None
     return EngineCapacity(
+        asleep=asleep,
         concurrency_limit=limit,
         waiting_deferred=m.waiting_by_reason.get("deferred"),
         latency=latency,
@@ -334,7 +339,7 @@ def derive_engine(
         block_size=block_size,
         capacity_tokens=cap,
         used_tokens=used,
-        free_tokens=free_tokens(cap, used),
+        free_tokens=0.0 if asleep and cap is not None else free_tokens(cap, used),
         max_concurrency=max_conc,
         mean_context_tokens=mean_ctx,
         max_concurrency_observed=max_conc_obs,

@@ -227,6 +227,14 @@ SPECS: tuple[MetricSpec, ...] = (
         rows=_headroom,
     ),
     _m(
+        "engine_asleep",
+        "gauge",
+        E,
+        "1 while vLLM's sleep mode has freed the KV cache (weights_offloaded or discard_all), 0 when awake: "
+        "vllm:engine_sleep_state (>=0.11.2). While asleep free tokens read 0 and headroom and the limit are absent.",
+        value=lambda e: None if e.asleep is None else float(e.asleep),
+    ),
+    _m(
         "concurrency_limit",
         "gauge",
         (*E, "limit"),

@@ -40,6 +40,8 @@ PREEMPTIONS = "vllm:num_preemptions_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 CACHE_CONFIG = "vllm:cache_config_info"
 PROCESS_START = "process_start_time_seconds"
+# V1 >= 0.11.2: 1 on the series of the engine's state: awake, weights_offloaded (sleep level 1), discard_all (2)
+SLEEP = "vllm:engine_sleep_state"
 # Inter-token latency histograms: the newer name (V0 and V1 >= 0.10.2) and the older one (removed in V1 0.15).
 ITL = "vllm:inter_token_latency_seconds"
 TPOT = "vllm:time_per_output_token_seconds"
@@ -60,6 +62,7 @@ WANTED = (
     GENERATION_TOKENS,
     CACHE_CONFIG,
     PROCESS_START,
+    SLEEP,
     *LATENCY_BUCKETS,
 )
 _WANTED_SET = frozenset(WANTED)
@@ -189,6 +192,8 @@ class EngineMetrics:
     cache_config: CacheConfig | None = None
     #: kind ("itl", "ttft") -> the histogram's cumulative buckets, (upper bound, count) ascending, +Inf last
     latency: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    #: vllm:engine_sleep_state's state at 1: awake, weights_offloaded, discard_all (None: not reported)
+    sleep_state: str | None = None
 
     @property
     def waiting_for_capacity(self) -> float | None:
@@ -314,6 +319,7 @@ class _Scan:
     values: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)
     waiting_by_reason: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)
     buckets: dict[EngineSlot, dict[str, dict[float, float]]] = field(default_factory=dict)
+    sleep: dict[EngineSlot, str] = field(default_factory=dict)
     cache_configs: dict[str, CacheConfig] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
     latency_families: set[str] = field(default_factory=set)
@@ -359,6 +365,9 @@ class _Scan:
                 self.process_start = value
             elif name == WAITING_BY_REASON:
                 self.waiting_by_reason.setdefault(key, {})[labels.get("reason", "")] = value
+            elif name == SLEEP:
+                if value == 1.0:
+                    self.sleep[key] = labels.get("sleep_state", "")
             elif name in LATENCY_BUCKETS:
                 le = _label_float(labels, "le") if labels.get("le") not in ("+Inf", "Inf") else math.inf
                 if le is not None:
@@ -382,6 +391,7 @@ class _Scan:
                 generation_tokens_total=slot.get(GENERATION_TOKENS),
                 cache_config=self.cache_configs.get(engine, shared_config),
                 latency=self._latency((model_name, engine)),
+                sleep_state=self.sleep.get((model_name, engine)),
             )
             for (model_name, engine), slot in sorted(self.values.items())
         )
