@@ -337,8 +337,12 @@ def test_report_text_and_json(fake_vllm_thread: str) -> None:
     out = text.stdout
     assert "capacity" in out and "4,096 tokens" in out and "(32 blocks x 128 tokens)" in out
     assert "max_model_len 1,024" in out and "4.00x" in out
-    assert "longer than max_model_len" in out  # 2K/4K/8K exceed the tiny model's 1,024
+    # 2K/4K/8K exceed the tiny model's 1,024: one note, no rows
+    assert out.count("longer than max_model_len") == 1 and "(2,048, 4,096, 8,192:" in out
     assert "bytes per token       unknown" in out  # a block override and no log or model config
+    assert "(over 100 %: requests are shorter)" in out  # 16 running, 4 fit at max_model_len
+    assert "limit now            kv_cache" in out and "headroom" in out
+    assert max(len(line) for line in out.splitlines()) <= 80, "a terminal's 80 columns"
     js = _main("report", "--vllm-url", fake_vllm_thread, "--format", "json")
     doc = json.loads(js.stdout)
     (e,) = doc["engines"]
@@ -346,6 +350,46 @@ def test_report_text_and_json(fake_vllm_thread: str) -> None:
     assert e["capacity_tokens"] == 4096 and e["max_concurrency"] == 4.0 and e["max_model_len"] == 1024
     assert e["used_tokens"] == pytest.approx(4096 * 16 / 31)
     assert e["running"] == 16 and e["waiting_for_capacity"] == 8
+    cache = e["cache_config"]  # typed as JSON types, not the label's text
+    assert cache["block_size"] == 128 and cache["enable_prefix_caching"] is True and cache["cache_dtype"] == "auto"
+    assert e["concurrency_limit"] == "kv_cache" and e["latency_by_concurrency"] == []
+
+
+def test_report_watch_redraws_until_interrupted(fake_vllm_thread: str) -> None:
+    """`report --watch 0.2s` reads again and redraws in place (cursor home, clear) until Ctrl-C, then exits 0."""
+    proc = subprocess.Popen(
+        [*VLLM_CAPACITY, "report", "--vllm-url", fake_vllm_thread, "--watch", "0.2s"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    threading.Event().wait(2.0)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 0, err
+    assert out.count("\x1b[H\x1b[2J") >= 3, out[:500]
+    assert "(every 0.2s; Ctrl-C to stop)" in out and "4,096 tokens" in out
+
+
+def test_the_report_shows_the_learned_curve_and_its_knee() -> None:
+    from vllm_capacity.derive import LatencyView, derive_engine
+    from vllm_capacity.report import render_text
+    from vllm_capacity.snapshot import Snapshot
+    from vllm_capacity.sources.vllm_parse import parse_metrics
+
+    (m,) = parse_metrics(fixture_text("v1-0.32.0-cpu-saturated.prom")).engines
+    view = LatencyView(
+        quantiles={("itl", b, q): 0.01 * b * (1 + q) for b in (1, 2, 4, 8) for q in (0.5, 0.9)},
+        slo_max_concurrency=4,
+        slo_knee_observed=True,
+    )
+    e = derive_engine(m, schema="v1-capacity", dp_engines=1, max_model_len=1024, latency=view)
+    out = render_text(Snapshot(up=True, timestamp=0, schema="v1-capacity", engines=(e,)), "http://vllm")
+    table = out[out.index("Inter-token latency by running requests") :].splitlines()
+    assert table[1].split() == ["running", "p50", "p90", "p99"]
+    assert table[2].split() == ["<=", "1", "15.0ms", "19.0ms", "-"]
+    assert "<- the objective holds up to here" in table[4] and table[4].split()[1] == "4"
+    assert "latency objective" in out and max(len(line) for line in out.splitlines()) <= 80
 
 
 def test_report_unreachable_vllm() -> None:
@@ -469,7 +513,7 @@ def test_plan_refuses_what_it_does_not_model(tmp_path: Path) -> None:
     result = _main("plan", "--model-config", str(config), "--kv-cache-memory", "1GiB", "--max-model-len", "4096")
     assert result.returncode == 1
     assert (
-        "NotModelled" in result.stderr
+        "not modelled" in result.stderr
         and "no state fields" in result.stderr
         and "linear_num_value_heads" in result.stderr
     )

@@ -166,26 +166,45 @@ def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
 
 
 async def _report(values: ReportConfig) -> int:
+    import asyncio
+
     from vllm_capacity.agent import Agent
     from vllm_capacity.report import render_json, render_text
 
     kwargs = _agent_kwargs(values)
     client = _client(values)
-    agent = Agent(client, interval=1.0, max_model_len_override=values.max_model_len, **kwargs)
+    agent = Agent(
+        client,
+        interval=values.watch or 1.0,
+        max_model_len_override=values.max_model_len,
+        objectives=[o for o in (values.slo_itl, values.slo_ttft) if o is not None],
+        latency_half_life=values.latency_half_life,
+        **kwargs,
+    )
+    url = redact_url(values.vllm_url)
+    render = render_json if values.format == "json" else render_text
     try:
-        snap = await agent.cycle()
+        while True:
+            snap = await agent.cycle()
+            if not snap.up and not values.watch:
+                status = agent.sources["vllm"]
+                print(
+                    f"vllm-capacity report: error: cannot read {url}/metrics ({status.failing_reason})",
+                    file=sys.stderr,
+                )
+                return 1
+            if not values.watch:
+                sys.stdout.write(render(snap, url))
+                return 0
+            # --watch: redraw in place (home, clear), the curve filling in as the agent learns
+            shown = render_text(snap, url) if snap.up else f"vllm-capacity report: cannot read {url}/metrics\n"
+            sys.stdout.write("\x1b[H\x1b[2J" + shown + f"\n(every {values.watch:g}s; Ctrl-C to stop)\n")
+            sys.stdout.flush()
+            await asyncio.sleep(values.watch)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        return 0
     finally:
         await client.aclose()
-    if not snap.up:
-        status = agent.sources["vllm"]
-        print(
-            f"vllm-capacity report: error: cannot read {redact_url(values.vllm_url)}/metrics ({status.failing_reason})",
-            file=sys.stderr,
-        )
-        return 1
-    render = render_json if values.format == "json" else render_text
-    sys.stdout.write(render(snap, redact_url(values.vllm_url)))
-    return 0
 
 
 def _plan(values: PlanConfig) -> int:
@@ -208,7 +227,12 @@ def _plan(values: PlanConfig) -> int:
         inputs = _plan_inputs(values, geometry, budget)
         result = sizing.plan(geometry, inputs)
     except (GeometryError, sizing.NotModelled, sizing.ImpossiblePlan, ValueError) as err:
-        print(f"vllm-capacity plan: {type(err).__name__}: {err}", file=sys.stderr)
+        kind = {
+            sizing.NotModelled: "not modelled",
+            sizing.ImpossiblePlan: "does not fit",
+            GeometryError: "model config",
+        }.get(type(err), "error")
+        print(f"vllm-capacity plan: {kind}: {err}", file=sys.stderr)
         return 1
     render = planning.render_json if values.format == "json" else planning.render_text
     sys.stdout.write(render(result, geometry, inputs, budget))

@@ -214,6 +214,21 @@ NVML_OPTIONS = (
     ),
 )
 
+LATENCY_OPTIONS = (
+    Option(
+        "--slo-itl",
+        _objective(ITL),
+        None,
+        "inter-token latency objective, e.g. p99<=50ms: the concurrency it allows is max_concurrency{basis=slo}",
+    ),
+    Option("--slo-ttft", _objective(TTFT), None, "time-to-first-token objective, e.g. p90<=2s (with --slo-itl: both)"),
+    Option(
+        "--latency-half-life",
+        _duration(60.0, 7 * 86400.0),
+        "1h",
+        "how fast the latency-by-concurrency curve forgets old traffic: a half-life of traffic (1m to 7d)",
+    ),
+)
 SERVE_OPTIONS = (
     VLLM_URL,
     Option(
@@ -253,19 +268,7 @@ SERVE_OPTIONS = (
         None,
         "vLLM's --max-num-seqs, for concurrency_limit{limit=max_num_seqs} (else read from --vllm-log when it says)",
     ),
-    Option(
-        "--slo-itl",
-        _objective(ITL),
-        None,
-        "inter-token latency objective, e.g. p99<=50ms: the concurrency it allows is max_concurrency{basis=slo}",
-    ),
-    Option("--slo-ttft", _objective(TTFT), None, "time-to-first-token objective, e.g. p90<=2s (with --slo-itl: both)"),
-    Option(
-        "--latency-half-life",
-        _duration(60.0, 7 * 86400.0),
-        "1h",
-        "how fast the latency-by-concurrency curve forgets old traffic: a half-life of traffic (1m to 7d)",
-    ),
+    *LATENCY_OPTIONS,
     Option(
         "--web.config.file",
         _web_config,
@@ -283,7 +286,14 @@ REPORT_OPTIONS = (
     MAX_BODY,
     *MODEL_OPTIONS,
     *NVML_OPTIONS,
+    *LATENCY_OPTIONS,
     Option("--format", _choice("text", "json"), "text", "text for people, json for scripts"),
+    Option(
+        "--watch",
+        _duration(MIN_INTERVAL, 3600.0),
+        None,
+        "read again every this long and redraw in place (e.g. 2s; text only), until interrupted",
+    ),
 )
 
 
@@ -445,7 +455,11 @@ class ServeConfig(SourceConfig):
 
 @dataclass(frozen=True)
 class ReportConfig(SourceConfig):
+    slo_itl: Objective | None
+    slo_ttft: Objective | None
+    latency_half_life: float
     format: str
+    watch: float | None
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ def _bytes_per_token_lines(e: EngineCapacity) -> list[str]:
     ]
     known = [(m, v, how) for m, v, how in methods if v is not None]
     if not known:
-        return [f"  bytes per token  {'unknown':>12}   (give --vllm-log or --model-config, or a fixed KV budget)"]
+        return [f"  bytes per token  {'unknown':>12}   (needs --vllm-log or --model-config)"]
     return [f"  bytes per token  {format_bytes(v):>12}   ({how})" for _, v, how in known]
 
 
@@ -44,7 +44,7 @@ def _memory_lines(e: EngineCapacity) -> list[str]:
     known = [(name, v) for name, v in rows if v is not None]
     if not known:
         return []
-    return ["", "Memory per GPU rank"] + [f"  {name:<16} {format_bytes(v):>12}" for name, v in known]
+    return ["", "Memory per rank (from vLLM's log)"] + [f"  {name:<16} {format_bytes(v):>12}" for name, v in known]
 
 
 def _best_bytes_per_token(e: EngineCapacity) -> float | None:
@@ -66,8 +66,9 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
     cc = e.cache_info
     bpt = _best_bytes_per_token(e)
     lines = [
-        f"model {e.model_name} · engine {e.engine} · vLLM {snap.version or 'version unknown'} · "
-        f"metric schema {snap.schema} · cache dtype {cc.get('cache_dtype', 'unknown')}",
+        f"model {e.model_name} · engine {e.engine}",
+        f"vLLM {snap.version or 'version unknown'} · metric schema {snap.schema} · "
+        f"cache dtype {cc.get('cache_dtype', 'unknown')}",
         "",
         "KV cache",
         f"  capacity         {_n(e.capacity_tokens):>12} tokens"
@@ -83,31 +84,63 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
     rows: list[tuple[str, float | None, float | None]] = []
     if e.max_model_len:
         rows.append((f"max_model_len {e.max_model_len:,}", e.max_concurrency, e.max_model_len))
-    for context in CONTEXTS:
-        if e.max_model_len and context > e.max_model_len:
-            rows.append((f"{context:,}", None, None))
-        else:
-            rows.append((f"{context:,}", e.concurrency_at(context), context))
+    longer = [c for c in CONTEXTS if e.max_model_len and c > e.max_model_len]
+    rows += [(f"{c:,}", e.concurrency_at(c), c) for c in CONTEXTS if c not in longer]
     if e.mean_context_tokens:
         rows.append(
             (f"observed {e.mean_context_tokens:,.0f} (mean)", e.max_concurrency_observed, e.mean_context_tokens)
         )
+    if e.latency.slo_max_concurrency is not None:
+        rows.append(("latency objective", e.latency.slo_max_concurrency, None))
     for label, conc, ctx in rows:
-        if conc is None and ctx is None:
-            lines.append(f"  {label:<28}{'-':>16}{'':>16}   longer than max_model_len")
-            continue
         kv = format_bytes(ctx * bpt) if (bpt and ctx) else "-"
         lines.append(f"  {label:<28}{_n(conc, 2) + 'x':>16}{kv:>16}")
+    if longer:
+        lines.append(f"  ({', '.join(f'{c:,}' for c in longer)}: longer than max_model_len, refused by vLLM)")
+    over = " (over 100 %: requests are shorter)" if (e.concurrency_utilization or 0) > 1 else ""
+    waiting_detail = [
+        f"{_n(v)} {what}"
+        for v, what in ((e.waiting_for_capacity, "for capacity"), (e.waiting_deferred, "deferred"))
+        if v is not None
+    ]
     lines += [
         "",
         "Load",
-        f"  running          {_n(e.running):>12}   {_pct(e.concurrency_utilization)} of max at max_model_len, "
-        f"{_pct(e.concurrency_utilization_observed)} at observed context",
-        f"  waiting          {_n(e.waiting):>12}"
-        + (f"   ({_n(e.waiting_for_capacity)} for KV capacity)" if e.waiting_for_capacity is not None else ""),
+        f"  running          {_n(e.running):>12}",
+        f"    of max at max_model_len    {_pct(e.concurrency_utilization):>10}{over}",
+        f"    of max at observed context {_pct(e.concurrency_utilization_observed):>10}",
+        f"  waiting          {_n(e.waiting):>12}" + (f"   ({', '.join(waiting_detail)})" if waiting_detail else ""),
         f"  preemptions      {_n(e.preemptions_total):>12}   (total)",
     ]
+    if e.asleep:
+        lines.append("  asleep: vLLM's sleep mode freed the KV cache")
+    if e.concurrency_limit is not None:
+        lines.append(f"  limit now        {e.concurrency_limit:>12}")
+    if e.headroom_requests is not None:
+        lines.append(f"  headroom         {_n(e.headroom_requests):>12} requests   (bound by {e.headroom_basis})")
+    lines += _curve_lines(e)
     return lines
+
+
+def _curve_lines(e: EngineCapacity) -> list[str]:
+    """The learned latency-by-concurrency curve (p50 / p90 / p99 inter-token latency by running requests), with
+    the knee: the bin the SLO-bound concurrency stops at."""
+    q = e.latency.quantiles
+    bins = sorted({b for kind, b, _ in q if kind == "itl"})
+    if not bins:
+        return []
+    out = [
+        "",
+        "Inter-token latency by running requests (learned)",
+        f"  {'running':>9}{'p50':>10}{'p90':>10}{'p99':>10}",
+    ]
+    for b in bins:
+        cells = "".join(
+            f"{(q[('itl', b, x)] * 1000):>8.1f}ms" if ("itl", b, x) in q else f"{'-':>10}" for x in (0.5, 0.9, 0.99)
+        )
+        knee = "   <- the objective holds up to here" if b == e.latency.slo_max_concurrency else ""
+        out.append(f"  {'<= ' + str(b):>9}{cells}{knee}")
+    return out
 
 
 _COMPONENT_NAMES = {
@@ -170,15 +203,33 @@ JSON_NAMES = {
 }
 
 
+def _typed(text: str) -> object:
+    """A cache_config_info label value as JSON would have it: a boolean, a number, or the text."""
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
 def render_json(snap: Snapshot, url: str) -> str:
     engines = []
     for e in snap.engines:
         d = dataclasses.asdict(e)
         cache_info, preemptions = d.pop("cache_info"), d.pop("preemptions_total")
+        d.pop("latency")
+        d["latency_by_concurrency"] = [
+            {"latency": kind, "running": b, "quantile": q, "seconds": v}
+            for (kind, b, q), v in sorted(e.latency.quantiles.items())
+        ]
+        d["slo_max_concurrency"] = e.latency.slo_max_concurrency
         d = {JSON_NAMES.get(k, k): v for k, v in d.items()}
         d["concurrency_at_context"] = {str(c): e.concurrency_at(c) for c in CONTEXTS}
         d["preemptions_total"] = preemptions
-        d["cache_config"] = dict(cache_info)
+        d["cache_config"] = {k: _typed(v) for k, v in cache_info.items()}
         engines.append(d)
     doc = {
         "vllm_url": url,
