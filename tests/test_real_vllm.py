@@ -84,13 +84,13 @@ def fixed_budget_vllm(server: lab.VllmServer) -> lab.VllmServer:
 
 
 class AgentProcess:
-    def __init__(self, vllm_url: str, log: Path, *extra: str) -> None:
+    def __init__(self, vllm_url: str, log: Path, *extra: str, interval: float = INTERVAL) -> None:
         self.port = lab.free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self._log_file = log.open("w")
         self.proc = subprocess.Popen(
-            lab.agent_command(vllm_url, self.port, f"{INTERVAL}s", "--timeout", f"{TIMEOUT:g}s", *extra),
+            lab.agent_command(vllm_url, self.port, f"{interval}s", "--timeout", f"{TIMEOUT:g}s", *extra),
             stdout=subprocess.DEVNULL,
             stderr=self._log_file,
         )
@@ -392,7 +392,9 @@ def _no_proxy() -> Iterator[None]:
 
 LATENCY_STEPS = (1, 2, 4, 8, 16)  # concurrent streams, each held for LATENCY_HOLD seconds
 LATENCY_HOLD = 12.0  # over two of the agent's 5 s latency intervals
-OBJECTIVES_MS = (10, 12, 15, 20, 30)  # p90 inter-token latency objectives, one agent each
+# p90 inter-token latency objectives, one agent each. vLLM's inter-token buckets are 10 ms, 25 ms, ...: on this
+# machine most tokens take 9-13 ms, so p90 (interpolated as histogram_quantile does) moves between 9 and ~20 ms
+OBJECTIVES_MS = (9.1, 9.2, 9.3, 9.5, 9.8, 11, 14, 20)
 
 
 def _hold_load(url: str, parallel: int, seconds: float, max_tokens: int = 96) -> list[str]:
@@ -434,10 +436,13 @@ def _p90_by_running(text: str) -> dict[int, float]:
 
 def test_latency_rises_with_concurrency_and_an_objective_bounds_it(vllm: lab.VllmServer, tmp_path: Path) -> None:
     """A stepped load (1, 2, 4, 8, 16 streams, 12 s each) on the real server: the learned inter-token latency rises
-    with concurrency, and for every objective placed between the latency at the lowest and the highest step, the
-    exported SLO-bound concurrency falls between those steps, the knee was seen, and at the top step the objective
-    is what binds the headroom. One agent per objective, all watching the same load."""
-    agents = [AgentProcess(vllm.url, tmp_path / f"agent-{ms}.log", "--slo-itl", f"p90<={ms}ms") for ms in OBJECTIVES_MS]
+    with concurrency, and for every objective that lies between an agent's own latency at its lowest and highest
+    step, the SLO-bound concurrency it exports falls between those steps and the knee was seen; at the top step the
+    objective is what binds the headroom. One agent per objective, all watching the same load."""
+    agents = [
+        AgentProcess(vllm.url, tmp_path / f"agent-{ms}.log", "--slo-itl", f"p90<={ms}ms", interval=0.5)
+        for ms in OBJECTIVES_MS
+    ]
     key = {"model_name": lab.MODEL_NAME, "engine": "0"}
     try:
         for a in agents:
@@ -448,28 +453,27 @@ def test_latency_rises_with_concurrency_and_an_objective_bounds_it(vllm: lab.Vll
             assert not errors, errors[:3]
             if streams == LATENCY_STEPS[-1]:
                 top = [a.metrics() for a in agents]  # while the last requests of the top step still run
-        # the last interval has to be learned: one more latency read
-        time.sleep(6)
+        time.sleep(6)  # the last interval has to be learned: one more latency read
         final = [a.metrics() for a in agents]
     finally:
         for a in agents:
             a.stop()
-    curve = _p90_by_running(final[0])
-    print(f"\np90 inter-token latency by running requests: {curve}")
-    low, high = min(curve), max(curve)
-    assert low <= 2 and high >= 8, curve  # the load went through the steps
-    assert curve[high] > curve[low], curve  # latency rises with concurrency
-    between = [
-        (ms, text, t)
-        for ms, text, t in zip(OBJECTIVES_MS, final, top, strict=True)
-        if curve[low] < ms / 1000 < curve[high]
-    ]
-    assert between, f"no objective of {OBJECTIVES_MS} ms lies between {curve[low]:.4f} s and {curve[high]:.4f} s"
-    for ms, text, at_top in between:
+    curves = [_p90_by_running(text) for text in final]
+    print(f"\np90 inter-token latency by running requests (first agent): {curves[0]}")
+    low, high = min(curves[0]), max(curves[0])
+    assert low <= 2 and high >= 8, curves[0]  # the load went through the steps
+    assert curves[0][high] > curves[0][low], curves[0]  # latency rises with concurrency
+    checked = 0
+    for ms, curve, text, at_top in zip(OBJECTIVES_MS, curves, final, top, strict=True):
+        lo, hi = min(curve), max(curve)
+        if not curve[lo] < ms / 1000 < curve[hi]:
+            continue  # this agent's traffic never crossed its objective, or never met it
+        checked += 1
         bound = value(text, "vllm_capacity_max_concurrency", basis="slo", **key)
-        assert bound is not None and low <= bound < high, (ms, bound, curve)
+        assert bound is not None and lo <= bound < hi, (ms, bound, curve)
         assert value(text, "vllm_capacity_slo_knee_observed", **key) == 1, ms
         room = value(at_top, "vllm_capacity_headroom_requests", basis="slo", **key)
         print(f"p90<={ms}ms: SLO-bound concurrency {bound:g}; headroom at the top step {room}")
         if value(at_top, "vllm_capacity_max_concurrency", basis="slo", **key) is not None:
             assert room is not None, ms  # the objective, not the cache, binds at the top step
+    assert checked, f"no objective of {OBJECTIVES_MS} ms lies between an agent's lowest and highest latency"
