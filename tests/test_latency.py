@@ -195,3 +195,23 @@ def test_quantiles_match_prometheus_histogram_quantile(tmp_path: Path) -> None:
     assert promtool, "promtool missing: scripts/setup installs Debian's prometheus"
     result = subprocess.run([promtool, "test", "rules", str(tmp_path / "t.yaml")], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_p90_context_of_finished_requests() -> None:
+    """Prompt and generation histograms of finished requests: p90 context = p90 prompt + p90 generation."""
+    from vllm_capacity.latency import GENERATION, PROMPT, ContextTokens
+
+    le = (64.0, 128.0, 256.0, 512.0, math.inf)
+    context = ContextTokens()
+    prompt, generation = [0.0] * 5, [0.0] * 5
+    assert context.quantile() is None
+    for _ in range(3):  # 100 requests a read: prompts of 100-128 tokens, answers of 200-256
+        prompt = [p + d for p, d in zip(prompt, (0, 100, 100, 100, 100), strict=True)]
+        generation = [g + d for g, d in zip(generation, (0, 0, 100, 100, 100), strict=True)]
+        context.observe(
+            {PROMPT: list(zip(le, prompt, strict=True)), GENERATION: list(zip(le, generation, strict=True))}, 5
+        )
+    expected = histogram_quantile(0.9, [(b, c) for b, c in zip(le, (0, 200, 200, 200, 200), strict=True)])
+    expected += histogram_quantile(0.9, [(b, c) for b, c in zip(le, (0, 0, 200, 200, 200), strict=True)])  # type: ignore[operator]
+    assert context.quantile() == pytest.approx(expected, rel=1e-3)
+    assert 300 < context.quantile() < 400  # type: ignore[operator]

@@ -89,10 +89,15 @@ def _selected(text: str) -> str:
     return "\n".join(select_lines(text, WANTED, META))
 
 
-def test_only_the_latency_histograms_buckets_are_parsed() -> None:
+def test_only_the_latency_and_request_size_histograms_buckets_are_parsed() -> None:
     kept = _selected(fixture_text("v1-0.32.0-cpu-idle.prom"))
     buckets = {line.split("{")[0] for line in kept.splitlines() if "_bucket{" in line}
-    assert buckets == {"vllm:inter_token_latency_seconds_bucket", "vllm:time_to_first_token_seconds_bucket"}
+    assert buckets == {
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:request_prompt_tokens_bucket",
+        "vllm:request_generation_tokens_bucket",
+    }
     assert "_sum{" not in kept and "_count{" not in kept
     assert "vllm:kv_cache_usage_perc{" in kept
     assert "# TYPE vllm:num_preemptions_total counter" in kept

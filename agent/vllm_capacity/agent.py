@@ -25,7 +25,17 @@ from vllm_capacity import derive
 from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.geometry import Geometry
-from vllm_capacity.latency import DEFAULT_HALF_LIFE, LatencyCurve, Objective, slo_bound
+from vllm_capacity.latency import (
+    DEFAULT_HALF_LIFE,
+    GENERATION,
+    ITL,
+    PROMPT,
+    TTFT,
+    ContextTokens,
+    LatencyCurve,
+    Objective,
+    slo_bound,
+)
 from vllm_capacity.snapshot import EngineKey, Snapshot
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.nvml import GpuReading, NvmlSource, vllm_pids_in_namespace
@@ -142,6 +152,7 @@ class Agent:
         # latency by concurrency (latency.py): a curve per engine, the running requests seen since it last learned
         self.objectives, self.latency_half_life = tuple(objectives), latency_half_life
         self._curves: dict[EngineKey, LatencyCurve] = {}
+        self._contexts: dict[EngineKey, ContextTokens] = {}
         self._latency_views: dict[EngineKey, derive.LatencyView] = {}
         self._running_seen: dict[EngineKey, tuple[float, int]] = {}
         self._latency_read_at: float | None = None
@@ -413,16 +424,21 @@ class Agent:
             curve = self._curves.setdefault(key, LatencyCurve(half_life=self.latency_half_life))
             cc = m.cache_config
             kv_bound = derive.blocks_per_engine(cc.num_gpu_blocks if cc else None, metrics.dp_engines, metrics.schema)
-            curve.observe(m.latency, total / n if n else None, seconds, kv_bound)
+            latency = {k: v for k, v in m.latency.items() if k in (ITL, TTFT)}
+            curve.observe(latency, total / n if n else None, seconds, kv_bound)
+            context = self._contexts.setdefault(key, ContextTokens(half_life=self.latency_half_life))
+            context.observe({k: v for k, v in m.latency.items() if k in (PROMPT, GENERATION)}, seconds)
             bound = slo_bound(curve, self.objectives)
             self._latency_views[key] = derive.LatencyView(
                 quantiles=curve.quantiles(),
                 observations=curve.observations(),
                 slo_max_concurrency=bound.max_concurrency,
                 slo_knee_observed=bound.knee_observed if self.objectives else None,
+                context_p90_tokens=context.quantile(),
             )
         for gone in set(self._curves) - present:  # an engine that went away takes what it taught with it
             del self._curves[gone]
+            self._contexts.pop(gone, None)
             self._latency_views.pop(gone, None)
 
     def _carry_counters(self, metrics: VllmMetrics, restarted: bool) -> dict[EngineKey, float]:

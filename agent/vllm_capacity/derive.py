@@ -193,6 +193,7 @@ class LatencyView:
     observations: Mapping[tuple[str, int], float] = field(default_factory=dict)  # (kind, bin) -> decayed count
     slo_max_concurrency: int | None = None  # with objectives, once known
     slo_knee_observed: bool | None = None  # None without objectives
+    context_p90_tokens: float | None = None  # p90 prompt + p90 generation tokens of finished requests
 
 
 def kv_bytes_per_token(
@@ -253,6 +254,7 @@ class EngineCapacity:
     cache_info: Mapping[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels
     latency: LatencyView = field(default_factory=LatencyView)
     concurrency_utilization_slo: float | None = None
+    max_concurrency_p90_context: float | None = None
     headroom_requests: float | None = None
     headroom_basis: str | None = None  # the max_concurrency basis that binds: observed_context or slo
     concurrency_limit: str | None = None  # one of LIMITS: what limits concurrency now
@@ -323,6 +325,7 @@ def derive_engine(
     if asleep:  # sleep mode freed the KV cache: none of it is there to serve, and no limit or headroom applies
         limit, room, binding = None, None, None
     return EngineCapacity(
+        max_concurrency_p90_context=max_concurrency_at_context(cap, latency.context_p90_tokens),
         asleep=asleep,
         concurrency_limit=limit,
         waiting_deferred=m.waiting_by_reason.get("deferred"),

@@ -220,3 +220,54 @@ def slo_bound(curve: LatencyCurve, objectives: Sequence[Objective]) -> SloBound:
         if all(v is True for v in verdicts):
             best = b
     return SloBound(best, False)
+
+
+# --- context as a distribution --------------------------------------------------------------------------------------
+
+PROMPT = "prompt"
+GENERATION = "generation"
+CONTEXT_QUANTILE = 0.9
+
+
+@dataclass
+class ContextTokens:
+    """Finished requests' prompt and generation tokens (vLLM's ``request_prompt_tokens`` and
+    ``request_generation_tokens`` histograms), their increases decayed as the latency curve's are. A request's
+    context at its end is its prompt plus what it generated; the histograms are separate, so the p90 context is
+    estimated as p90(prompt) + p90(generation): exact when long prompts get long answers, an overestimate (a
+    conservative capacity) otherwise."""
+
+    half_life: float = DEFAULT_HALF_LIFE
+    histograms: dict[str, DecayedHistogram] = field(default_factory=dict)
+    _previous: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
+
+    def observe(self, histograms: Mapping[str, Buckets], seconds: float) -> None:
+        for kind, buckets in histograms.items():
+            bounds = tuple(le for le, _ in buckets)
+            counts = tuple(c for _, c in buckets)
+            before = self._previous.get(kind)
+            self._previous[kind] = (bounds, counts)
+            if before is None:
+                continue
+            if before[0] != bounds:
+                self.histograms.pop(kind, None)
+                continue
+            cumulative = [now - then for now, then in zip(counts, before[1], strict=True)]
+            if any(d < 0 for d in cumulative) or cumulative[-1] <= 0:
+                continue
+            increments = [cumulative[0]] + [b - a for a, b in itertools.pairwise(cumulative)]
+            if any(d < 0 for d in increments):
+                continue
+            hist = self.histograms.get(kind)
+            if hist is None:
+                hist = self.histograms[kind] = DecayedHistogram(bounds)
+            else:
+                hist.decay(0.5 ** (seconds / self.half_life) if self.half_life > 0 else 1.0)
+            hist.add(increments)
+
+    def quantile(self, q: float = CONTEXT_QUANTILE) -> float | None:
+        """p(q) of prompt + p(q) of generation tokens, once both are known."""
+        parts = [self.histograms[k].quantile(q) if k in self.histograms else None for k in (PROMPT, GENERATION)]
+        if any(p is None for p in parts):
+            return None
+        return sum(p for p in parts if p is not None)

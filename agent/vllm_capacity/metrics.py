@@ -68,6 +68,7 @@ def _m(
 # values of the basis label of max_concurrency and concurrency_utilization_ratio
 BASIS_MAX_MODEL_LEN = "max_model_len"  # requests of max_model_len tokens: vLLM's "Maximum concurrency" figure
 BASIS_OBSERVED = "observed_context"  # requests of the mean context of the running ones
+BASIS_P90_CONTEXT = "p90_context"  # requests of the 90th-percentile size of finished ones (prompt + generation)
 BASIS_SLO = "slo"  # the largest concurrency at which the latency objectives held (--slo-itl, --slo-ttft)
 
 
@@ -192,11 +193,13 @@ SPECS: tuple[MetricSpec, ...] = (
         (*E, "basis"),
         "Requests whose KV cache fits at once. basis=max_model_len: vLLM's 'Maximum concurrency' figure; "
         "basis=observed_context: capacity / mean context of running requests; basis=slo: the largest running "
-        "requests at which the latency objectives held (--slo-itl/--slo-ttft, from vLLM's latency histograms).",
+        "requests at which the latency objectives held (--slo-itl/--slo-ttft, from vLLM's latency histograms); "
+        "basis=p90_context: capacity / (p90 prompt + p90 generation tokens of finished requests).",
         by=(
             (BASIS_MAX_MODEL_LEN, lambda e: e.max_concurrency),
             (BASIS_OBSERVED, lambda e: e.max_concurrency_observed),
             (BASIS_SLO, lambda e: e.latency.slo_max_concurrency),
+            (BASIS_P90_CONTEXT, lambda e: e.max_concurrency_p90_context),
         ),
     ),
     _m(

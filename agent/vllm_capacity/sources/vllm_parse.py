@@ -48,7 +48,14 @@ TPOT = "vllm:time_per_output_token_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
 #: The latency histograms' buckets (the latency-by-concurrency curve): wire name -> kind ("itl" or "ttft").
 #: The newer inter-token name is preferred where a server serves both (0.10.2 - 0.14).
-LATENCY_BUCKETS = {ITL + "_bucket": "itl", TPOT + "_bucket": "itl", TTFT + "_bucket": "ttft"}
+LATENCY_BUCKETS = {
+    ITL + "_bucket": "itl",
+    TPOT + "_bucket": "itl",
+    TTFT + "_bucket": "ttft",
+    # finished requests' sizes, for the context distribution (max_concurrency{basis="p90_context"})
+    "vllm:request_prompt_tokens_bucket": "prompt",
+    "vllm:request_generation_tokens_bucket": "generation",
+}
 
 #: Sample names (as they appear on the wire) the agent reads; lines of other families are never parsed.
 WANTED = (
@@ -72,7 +79,7 @@ WANTED_WITHOUT_LATENCY = tuple(n for n in WANTED if n not in LATENCY_BUCKETS)
 PRESENCE_ONLY = (ITL, TPOT)
 #: Names whose HELP/TYPE lines are read beside those of WANTED: the latency histograms' own (their buckets are
 #: WANTED), so that the buckets are read inside their families as a parse of the whole body reads them.
-META = (ITL, TPOT, TTFT)
+META = (ITL, TPOT, TTFT, "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
 _PER_ENGINE = {KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, PREEMPTIONS, GENERATION_TOKENS}
 # What a value can be and still be right: a usage fraction in [0, 1] (a float's excess aside), counts and sizes not
 # negative and exact in a float (2^53). A value outside is vLLM's error or a corrupted body: it is left out, and the
@@ -190,7 +197,8 @@ class EngineMetrics:
     preemptions_total: float | None = None
     generation_tokens_total: float | None = None
     cache_config: CacheConfig | None = None
-    #: kind ("itl", "ttft") -> the histogram's cumulative buckets, (upper bound, count) ascending, +Inf last
+    #: kind ("itl", "ttft", "prompt", "generation") -> the histogram's cumulative buckets, (upper bound, count)
+    #: ascending, +Inf last
     latency: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     #: vllm:engine_sleep_state's state at 1: awake, weights_offloaded, discard_all (None: not reported)
     sleep_state: str | None = None
