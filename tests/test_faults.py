@@ -52,6 +52,19 @@ class Fault:
     client: dict[str, Any] = field(default_factory=dict)  # VllmClient arguments (a short timeout, a small cap)
 
 
+KV, RUN = "vllm:kv_cache_usage_perc", "vllm:num_requests_running"
+
+
+def implausible(row: str, name: str, where: str, raw: str, absent: tuple[str, ...]) -> Fault:
+    """vLLM answers, but one value cannot be right: ``where`` (a family, or a cache_config_info label) set to
+    ``raw``. It is named in one log line and left out with what derives from it (``absent``); the rest is served."""
+    if where.startswith("vllm:"):
+        text, logged = with_value(SATURATED, where, raw), where
+    else:
+        text, logged = with_cache_label(SATURATED, where, raw), f"vllm:cache_config_info{{{where}}}"
+    return Fault(row, name, body(text), "implausible_value", read=True, absent=absent, logged=logged)
+
+
 FAULTS = (
     # what stands at --vllm-url is not vLLM, or not whole
     Fault("held", "HTTP 500", lambda f: setattr(f, "status", 500), "http_5xx"),
@@ -100,87 +113,18 @@ FAULTS = (
         "held", "not UTF-8", lambda f: setattr(f, "metrics_bytes", SATURATED.encode() + b"\xff\xfe\n"), "parse_error"
     ),
     # vLLM answered, but some values cannot be right: those are left out, the rest served (row 7, row 2, row 6)
-    Fault(
-        "7",
-        "usage 1.5",
-        body(with_value(SATURATED, "vllm:kv_cache_usage_perc", "1.5")),
-        "implausible_value",
-        read=True,
-        absent=("kv_cache_usage_ratio", "kv_cache_used_tokens"),
-        logged="vllm:kv_cache_usage_perc",
+    implausible("7", "usage 1.5", KV, "1.5", ("kv_cache_usage_ratio", "kv_cache_used_tokens")),
+    implausible("7", "usage -0.5", KV, "-0.5", ("kv_cache_usage_ratio", "kv_cache_free_tokens")),
+    implausible("7", "usage 1e300", KV, "1e300", ("kv_cache_usage_ratio",)),
+    implausible("7", "running -3", RUN, "-3", ("requests_running", "mean_context_tokens")),
+    implausible("7", "running +Inf", RUN, "+Inf", ("requests_running",)),
+    implausible("2", "an integer beyond a float", "vllm:num_requests_waiting", "1" + "0" * 400, ("requests_waiting",)),
+    implausible(
+        "6", "the preemption counter at 1.7e308", "vllm:num_preemptions_total", "1.7e308", ("preemptions_total",)
     ),
-    Fault(
-        "7",
-        "usage -0.5",
-        body(with_value(SATURATED, "vllm:kv_cache_usage_perc", "-0.5")),
-        "implausible_value",
-        read=True,
-        absent=("kv_cache_usage_ratio", "kv_cache_free_tokens"),
-        logged="vllm:kv_cache_usage_perc",
-    ),
-    Fault(
-        "7",
-        "usage 1e300",
-        body(with_value(SATURATED, "vllm:kv_cache_usage_perc", "1e300")),
-        "implausible_value",
-        read=True,
-        absent=("kv_cache_usage_ratio",),
-        logged="vllm:kv_cache_usage_perc",
-    ),
-    Fault(
-        "7",
-        "running -3",
-        body(with_value(SATURATED, "vllm:num_requests_running", "-3")),
-        "implausible_value",
-        read=True,
-        absent=("requests_running", "mean_context_tokens"),
-        logged="vllm:num_requests_running",
-    ),
-    Fault(
-        "7",
-        "a negative block size",
-        body(with_cache_label(SATURATED, "block_size", "-128")),
-        "implausible_value",
-        read=True,
-        absent=("kv_cache_block_size_tokens",),
-        logged="vllm:cache_config_info{block_size}",
-    ),
-    Fault(
-        "7",
-        "negative kv_cache_size_tokens (capacity falls back to blocks x block size, which are right)",
-        body(with_cache_label(SATURATED, "kv_cache_size_tokens", "-4096")),
-        "implausible_value",
-        read=True,
-        absent=(),
-        logged="vllm:cache_config_info{kv_cache_size_tokens}",
-    ),
-    Fault(
-        "2",
-        "an integer beyond a float",
-        body(with_value(SATURATED, "vllm:num_requests_waiting", "1" + "0" * 400)),
-        "implausible_value",
-        read=True,
-        absent=("requests_waiting",),
-        logged="vllm:num_requests_waiting",
-    ),
-    Fault(
-        "7",
-        "running +Inf",
-        body(with_value(SATURATED, "vllm:num_requests_running", "+Inf")),
-        "implausible_value",
-        read=True,
-        absent=("requests_running",),
-        logged="vllm:num_requests_running",
-    ),
-    Fault(
-        "6",
-        "the preemption counter at 1.7e308",
-        body(with_value(SATURATED, "vllm:num_preemptions_total", "1.7e308")),
-        "implausible_value",
-        read=True,
-        absent=("preemptions_total",),
-        logged="vllm:num_preemptions_total",
-    ),
+    implausible("7", "a negative block size", "block_size", "-128", ("kv_cache_block_size_tokens",)),
+    # capacity falls back to blocks x block size, which are right
+    implausible("7", "a negative kv_cache_size_tokens", "kv_cache_size_tokens", "-4096", ()),
 )
 
 
