@@ -493,3 +493,48 @@ def test_keda_scales_on_the_one_replicas_needed_series() -> None:
     recorded = {r["record"] for r in rules}
     assert "namespace_model_name:vllm_capacity_replicas_needed:ceil" in recorded
     assert "namespace_model_name:vllm_capacity_replicas_needed:ceil{" in trigger["metadata"]["query"]
+
+
+@pytest.mark.parametrize(
+    ("values", "refusal"),
+    [
+        ({"podMonitor": {"scheme": "ftp"}}, "/podMonitor/scheme"),
+        ({"podMontor": {"enabled": False}}, "additional properties 'podMontor'"),
+        ({"podMonitor": {"interval": "15 seconds"}}, "/podMonitor/interval"),
+        ({"alertmanagerConfig": {"pagerUrl": "pager.example.com"}}, "/alertmanagerConfig/pagerUrl"),
+        ({"prometheusRule": {"enabled": "yes"}}, "/prometheusRule/enabled"),
+    ],
+)
+def test_the_values_schema_refuses_what_helm_would_ignore(values: dict, refusal: str) -> None:
+    with pytest.raises(Exception, match="schema") as err:
+        _render_chart(values)
+    assert refusal in str(err.value)
+
+
+def test_the_chart_readme_documents_every_value() -> None:
+    """deploy/generate.py writes the chart's README from values.yaml's comments: every value has its row."""
+    readme = (CHART / "README.md").read_text()
+    documented = set(re.findall(r"^\| `([a-zA-Z.]+)` \|", readme, re.MULTILINE))
+
+    def leaves(doc: dict, prefix: str = "") -> set[str]:
+        out = set()
+        for k, v in doc.items():
+            path = f"{prefix}{k}"
+            out |= {path} if not isinstance(v, dict) or not v or path in documented else leaves(v, path + ".")
+        return out
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert leaves(values) <= documented, leaves(values) - documented
+
+
+def test_the_chart_label_is_helms_own_form(tmp_path: Path) -> None:
+    """helm.sh/chart is name-version with '+' as '_' (a label value cannot hold '+'), as Helm's own charts do."""
+    import helm_python as helm
+
+    copy = tmp_path / "chart"
+    shutil.copytree(CHART, copy)
+    chart_yaml = copy / "Chart.yaml"
+    chart_yaml.write_text(chart_yaml.read_text().replace("version: 0.1.0", "version: 0.1.0+build.7", 1))
+    out = helm.Chart.load(str(copy)).render({}, name="cap", namespace="monitoring")
+    docs = [d for path, text in out.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
+    assert {d["metadata"]["labels"]["helm.sh/chart"] for d in docs} == {"vllm-capacity-0.1.0_build.7"}
