@@ -538,3 +538,25 @@ def test_the_chart_label_is_helms_own_form(tmp_path: Path) -> None:
     out = helm.Chart.load(str(copy)).render({}, name="cap", namespace="monitoring")
     docs = [d for path, text in out.items() if path.endswith(".yaml") for d in yaml.safe_load_all(text) if d]
     assert {d["metadata"]["labels"]["helm.sh/chart"] for d in docs} == {"vllm-capacity-0.1.0_build.7"}
+
+
+def test_the_opentelemetry_collector_configuration(tmp_path: Path) -> None:
+    """deploy/otel/collector.yaml: its pipeline names only what it defines, and the prometheus receiver's scrape
+    configuration is one promtool accepts, keeping the namespace and pod labels the alerts group by. (No collector
+    binary is packaged for this machine: the configuration's structure and its Prometheus part are what is checked.)"""
+    doc = yaml.safe_load((ROOT / "deploy" / "otel" / "collector.yaml").read_text())
+    (pipeline,) = doc["service"]["pipelines"].values()
+    for kind in ("receivers", "processors", "exporters"):
+        assert set(pipeline[kind]) <= set(doc[kind]), kind
+    scrape = doc["receivers"]["prometheus"]["config"]
+    (job,) = scrape["scrape_configs"]
+    assert {r.get("target_label") for r in job["relabel_configs"]} >= {"namespace", "pod"}
+    assert not any("$" in str(r) for r in job["relabel_configs"])  # the collector would read $ as its own variable
+    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+    # Debian's promtool is built without Kubernetes discovery: the rest of the job is checked with a static target
+    job["static_configs"] = [{"targets": ["127.0.0.1:9790"]}]
+    del job["kubernetes_sd_configs"]
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump(scrape))
+    result = subprocess.run([shutil.which("promtool"), "check", "config", str(config)], capture_output=True, text=True)  # type: ignore[list-item]
+    assert result.returncode == 0, result.stdout + result.stderr
