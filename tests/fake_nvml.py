@@ -37,10 +37,17 @@ class FakeGpu:
     supports_v2: bool = True
     lost: bool = False
     hang: threading.Event | None = None  # a call blocks until this is set
+    # an older driver: no nvmlDeviceGetComputeRunningProcesses_v3 (before 510.39, and 535.98), no
+    # nvmlDeviceGetCurrentClocksEventReasons (before 535.43.02)
+    no_v3_processes: bool = False
+    no_event_reasons: bool = False
+    denied: frozenset[str] = frozenset()  # NVML functions this container may not call (NoPermission)
 
 
 class FakeNvml:
     NVMLError = pynvml.NVMLError
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
+    NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
     NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
     NVML_CLOCK_SM = pynvml.NVML_CLOCK_SM
@@ -98,6 +105,8 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
         g = self._check(handle)
+        if "nvmlDeviceGetPowerUsage" in g.denied:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
         if g.power_mw is None:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return g.power_mw
@@ -117,9 +126,20 @@ class FakeNvml:
         return self._check(handle).sm_max_mhz
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeGpu) -> int:
+        g = self._check(handle)
+        if g.no_event_reasons:  # pynvml: _nvmlGetFunctionPointer fails
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return g.reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeGpu) -> int:
         return self._check(handle).reasons
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list:
+        if handle.no_v3_processes:  # as pynvml's throwOnVersionMismatch turns FunctionNotFound into
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
+        return self.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: FakeGpu) -> list:
         g = self._check(handle)
         out = []
         for pid, used in g.processes:

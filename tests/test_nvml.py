@@ -345,3 +345,21 @@ def test_report_draws_each_gpus_budget() -> None:
         assert size in line
     assert len({len(ln) for ln in text.splitlines() if ln.startswith("  |") or ln.startswith("  +")}) == 1
     assert "vLLM's budget (gpu_memory_utilization): 19.83 GiB" in text
+
+
+async def test_older_drivers_and_a_denied_field(fake_vllm: FakeVllm, tmp_path) -> None:
+    """Driver generations the real binding meets: no _v3 process list (pynvml raises NVMLLibraryMismatchError, a
+    plain Exception: the _v2 call answers), no ClocksEventReasons before 535.43.02 (ThrottleReasons, same bits),
+    and a field the container may not read (absent, the rest of the GPU read)."""
+    gpu = seed_gpu()
+    gpu.no_v3_processes, gpu.no_event_reasons, gpu.reasons = True, True, 0x4
+    gpu.denied = frozenset({"nvmlDeviceGetPowerUsage"})
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu])), {4242})
+    await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_source_up", source="nvml") == 1
+    assert value(text, "vllm_capacity_gpu_process_memory_bytes", pid="4242", owner="vllm") > 20 * GiB
+    assert value(text, "vllm_capacity_gpu_throttled", reason="sw_power_cap", gpu="0") == 1
+    assert "vllm_capacity_gpu_power_watts{" not in text  # denied: absent, never 0
+    assert value(text, "vllm_capacity_gpu_power_limit_watts", gpu="0") == 300.0
+    await agent.client.aclose()

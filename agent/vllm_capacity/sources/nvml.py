@@ -35,12 +35,15 @@ _REASONS = {
     pynvml.NVML_ERROR_LIB_RM_VERSION_MISMATCH: Reason.DRIVER_VERSION_MISMATCH,
     pynvml.NVML_ERROR_GPU_NOT_FOUND: Reason.GPU_NOT_FOUND,
 }
-# a field a device cannot answer is absent, not an error: MIG instances answer few
+# a field a device cannot answer is absent, not an error: MIG instances answer few, an older driver lacks a function
+# (FunctionNotFound), a container may not be allowed one field (NoPermission): the GPU's other fields still stand
 _FIELD_ABSENT = (
     pynvml.NVML_ERROR_NOT_SUPPORTED,
     pynvml.NVML_ERROR_INVALID_ARGUMENT,
     pynvml.NVML_ERROR_NOT_FOUND,
     pynvml.NVML_ERROR_NO_DATA,
+    pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+    pynvml.NVML_ERROR_NO_PERMISSION,
 )
 # memory info v2 not answered: fall back to v1
 _NO_MEMORY_INFO_V2 = (
@@ -166,6 +169,26 @@ class NvmlSource:
                 return None
             raise
 
+    def _clock_reasons(self, nvml: Any, handle: Any) -> Any:
+        """nvmlDeviceGetCurrentClocksEventReasons exists from driver 535.43.02; before, the same bits come from
+        nvmlDeviceGetCurrentClocksThrottleReasons."""
+        try:
+            return nvml.nvmlDeviceGetCurrentClocksEventReasons(handle)
+        except nvml.NVMLError as err:
+            if err.value in _FIELD_ABSENT and err.value != nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                return None
+            if err.value != nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                raise
+        return self._optional(lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+    def _processes(self, nvml: Any, handle: Any) -> Any:
+        """pynvml's nvmlDeviceGetComputeRunningProcesses calls the _v3 symbol, and where the driver lacks it (before
+        510.39, and 535.98) raises NVMLLibraryMismatchError, a plain Exception: then the _v2 call answers."""
+        try:
+            return self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        except nvml.NVMLLibraryMismatchError:
+            return self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
+
     def _device(self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None) -> GpuReading:
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         name = _text(nvml.nvmlDeviceGetName(handle))
@@ -182,8 +205,8 @@ class NvmlSource:
         temp = self._optional(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
         sm = self._optional(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
         sm_max = self._optional(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
-        reasons = self._optional(lambda: nvml.nvmlDeviceGetCurrentClocksEventReasons(handle))
-        procs = self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+        reasons = self._clock_reasons(nvml, handle)
+        procs = self._processes(nvml, handle)
         return GpuReading(
             index=index,
             uuid=uuid,
