@@ -363,3 +363,21 @@ async def test_older_drivers_and_a_denied_field(fake_vllm: FakeVllm, tmp_path) -
     assert "vllm_capacity_gpu_power_watts{" not in text  # denied: absent, never 0
     assert value(text, "vllm_capacity_gpu_power_limit_watts", gpu="0") == 300.0
     await agent.client.aclose()
+
+
+async def test_one_failing_gpu_does_not_hide_the_others(fake_vllm: FakeVllm, tmp_path) -> None:
+    """Of two GPUs one is lost: the other is still read and served, source_up{nvml} stays 1, the lost one is
+    counted (gpu_lost) and logged once, its series absent."""
+    healthy, lost = seed_gpu(), seed_gpu()
+    lost.uuid, lost.lost = "GPU-10570000-0000-0000-0000-000000000000", True
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([healthy, lost])), {4242})
+    with structlog.testing.capture_logs() as logs:
+        await agent.cycle()
+        await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_source_up", source="nvml") == 1
+    assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0") == int(22.03 * GiB)
+    assert 'vllm_capacity_gpu_memory_total_bytes{gpu="1"' not in text
+    assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="gpu_lost") == 2
+    assert len([e for e in logs if e["event"] == "gpu_skipped"]) == 1
+    await agent.client.aclose()

@@ -149,6 +149,7 @@ class Agent:
         self._preemptions_total: dict[EngineKey, float] = {}
         self._announced: tuple[object, ...] | None = None
         self._crashes_logged: set[str] = set()
+        self._gpu_failures_logged: set[str] = set()
         # latency by concurrency (latency.py): a curve per engine, the running requests seen since it last learned
         self.objectives, self.latency_half_life = tuple(objectives), latency_half_life
         self._curves: dict[EngineKey, LatencyCurve] = {}
@@ -279,6 +280,10 @@ class Agent:
             self._nvml_next_attempt = self.monotonic() + self._nvml_backoff
             self._nvml_backoff = min(NVML_MAX_BACKOFF, self._nvml_backoff * 2)
             return
+        for skipped in self.nvml.skipped:  # a GPU that failed alone: counted and logged, the others served
+            self.errors[(SOURCE_NVML, skipped.reason)] += 1
+            if _first_time(self._gpu_failures_logged, str(skipped)):
+                self.logger.warning("gpu_skipped", source=SOURCE_NVML, reason=skipped.reason, error=str(skipped))
         # which processes are vLLM's: a walk of /proc, so off the event loop, and only when there are GPUs to use it
         self._vllm_pids = await asyncio.to_thread(self.vllm_pids) if self._gpus else set()
         self._nvml_backoff = self.interval

@@ -51,6 +51,14 @@ _NO_MEMORY_INFO_V2 = (
     pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH,
     pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
 )
+# errors that concern the whole library, not one GPU: the read fails
+_LIBRARY_WIDE = (
+    Reason.UNINITIALIZED,
+    Reason.DRIVER_NOT_LOADED,
+    Reason.LIBRARY_NOT_FOUND,
+    Reason.DRIVER_VERSION_MISMATCH,
+    Reason.TIMEOUT,
+)
 # errors after which NVML is started afresh on the next attempt
 _RESTART = (Reason.GPU_LOST, Reason.RESET_REQUIRED, Reason.UNINITIALIZED, Reason.DRIVER_NOT_LOADED)
 
@@ -147,6 +155,8 @@ class NvmlSource:
     _nvml: Any = None
     _initialized: bool = False
     _busy: threading.Event = field(default_factory=threading.Event)
+    #: the GPUs the last read left out, each with why (one failing GPU does not hide the others)
+    skipped: list[SourceError] = field(default_factory=list)
 
     def _ensure_init(self) -> Any:
         if self._nvml is None:
@@ -232,27 +242,44 @@ class NvmlSource:
         )
 
     def _read_sync(self) -> list[GpuReading]:
+        """Every selected GPU's reading. A GPU that fails alone (lost, no permission, needs a reset) is left out and
+        named in ``skipped``, and the others are read; what concerns the whole library fails the read."""
         nvml = self._ensure_init()
-        readings = []
+        readings: list[GpuReading] = []
+        self.skipped = []
         try:
             count = nvml.nvmlDeviceGetCount()
             for i in range(count):
-                handle = nvml.nvmlDeviceGetHandleByIndex(i)
-                uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-                if self.selection is not None and str(i) not in self.selection and uuid not in self.selection:
-                    continue
-                mig = self._optional(nvml.nvmlDeviceGetMigMode, handle)
-                if mig is not None and mig[0] == nvml.NVML_DEVICE_MIG_ENABLE:
-                    for m in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
-                        mig_handle = self._optional(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, m)
-                        if mig_handle is not None:
-                            readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid))
-                else:
-                    readings.append(self._device(nvml, handle, str(i)))
+                try:
+                    readings += self._gpu(nvml, i)
+                except nvml.NVMLError as err:
+                    if reason_of(err) in _LIBRARY_WIDE:
+                        raise
+                    if reason_of(err) in _RESTART:
+                        self._initialized = False  # start NVML afresh on the next attempt
+                    self.skipped.append(SourceError(reason_of(err), f"NVML: GPU {i}: {err}"))
         except nvml.NVMLError as err:
             if reason_of(err) in _RESTART:
-                self._initialized = False  # start NVML afresh on the next attempt
+                self._initialized = False
             raise SourceError(reason_of(err), f"NVML: {err}") from err
+        if self.skipped and not readings:  # every GPU failed: the read did
+            raise self.skipped[0]
+        return readings
+
+    def _gpu(self, nvml: Any, i: int) -> list[GpuReading]:
+        """GPU ``i``'s reading (its MIG instances' when MIG is on); none when it is not selected."""
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
+        if self.selection is not None and str(i) not in self.selection and uuid not in self.selection:
+            return []
+        mig = self._optional(nvml.nvmlDeviceGetMigMode, handle)
+        if mig is None or mig[0] != nvml.NVML_DEVICE_MIG_ENABLE:
+            return [self._device(nvml, handle, str(i))]
+        readings = []
+        for m in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            mig_handle = self._optional(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, m)
+            if mig_handle is not None:
+                readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid))
         return readings
 
     def _run(self, done: asyncio.Future[list[GpuReading]], loop: asyncio.AbstractEventLoop) -> None:
