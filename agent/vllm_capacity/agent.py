@@ -441,6 +441,7 @@ class Agent:
                 slo_knee_observed=bound.knee_observed if self.objectives else None,
                 context_p90_tokens=context.quantile(),
             )
+        self._running_seen.clear()  # what is left belongs to engines that went away
         for gone in set(self._curves) - present:  # an engine that went away takes what it taught with it
             del self._curves[gone]
             self._contexts.pop(gone, None)

@@ -221,3 +221,33 @@ def drive_load(url: str, *, parallel: int, max_tokens: int, rounds: int = 1, pro
         "completion_tokens": sum(results),
         "seconds": time.monotonic() - t0,
     }
+
+
+def hold_streams(url: str, *, parallel: int, seconds: float, max_tokens: int) -> list[str]:
+    """``parallel`` streams of short /v1/completions, each sending its next request as soon as the last returns,
+    for ``seconds``; returns the errors. Run it in a process of its own (``python -c``) so that the test's sampling
+    and the load do not share one interpreter lock on a 2-core machine."""
+    deadline, errors = time.monotonic() + seconds, []
+    lock = threading.Lock()
+    limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
+    with httpx.Client(timeout=120, limits=limits) as client:
+
+        def stream(i: int) -> None:
+            body = {"model": MODEL_NAME, "prompt": f"stream {i} " * 10, "max_tokens": max_tokens, "ignore_eos": True}
+            while time.monotonic() < deadline:
+                try:
+                    try:
+                        client.post(url + "/v1/completions", json=body).raise_for_status()
+                    except httpx.RemoteProtocolError:
+                        # uvicorn closes keep-alive connections idle for 5 s: once more on a fresh connection
+                        client.post(url + "/v1/completions", json=body).raise_for_status()
+                except httpx.HTTPError as err:
+                    with lock:
+                        errors.append(f"{type(err).__name__}: {err}")
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(parallel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return errors
