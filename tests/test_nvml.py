@@ -19,7 +19,7 @@ from fake_nvml import FakeGpu, FakeNvml, GiB, seed_gpu
 from vllm_capacity.agent import Agent
 from vllm_capacity.budget import COMPONENTS, gpu_budget
 from vllm_capacity.exposition import build_registry
-from vllm_capacity.sources import SourceError
+from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.nvml import NvmlSource, visible_selection
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower
@@ -264,6 +264,35 @@ def test_selection_by_index_or_uuid_and_from_the_environment() -> None:
     assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0"}) is None
     assert visible_selection({"CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]
     assert visible_selection({}) is None
+    # "none" and "void": the container has no GPU (it was read as "every GPU")
+    assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "void"}) == []
+    assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "none"}) == []
+
+
+def test_selection_by_mig_uuid_abbreviated_uuid_and_the_volume_mount_form(tmp_path) -> None:
+    parent = FakeGpu(uuid="GPU-aaaa1111-0000", mig=[FakeGpu(uuid="MIG-m0"), FakeGpu(uuid="MIG-m1")])
+    other = FakeGpu(uuid="GPU-bbbb2222-0000")
+
+    def read(*selection: str) -> list[str]:
+        return [
+            g.uuid for g in NvmlSource(loader=lambda: FakeNvml([parent, other]), selection=list(selection))._read_sync()
+        ]
+
+    assert read("MIG-m1") == ["MIG-m1"]  # one MIG instance, by its own UUID (it matched nothing)
+    assert read("GPU-aaaa1111-0000") == ["MIG-m0", "MIG-m1"]  # the parent: all its instances
+    assert read("GPU-bbbb") == ["GPU-bbbb2222-0000"]  # a unique prefix, as nvidia-smi accepts
+    # the device plugin's volume-mount form: the devices are the entries of a directory
+    mounts = tmp_path / "nvidia-container-devices"
+    mounts.mkdir()
+    (mounts / "GPU-bbbb2222-0000").touch()
+    assert visible_selection({"NVIDIA_VISIBLE_DEVICES": str(mounts)}) == ["GPU-bbbb2222-0000"]
+
+
+def test_a_selection_that_matches_nothing_is_a_failure_not_silence() -> None:
+    source = NvmlSource(loader=lambda: FakeNvml([FakeGpu(uuid="GPU-1")]), selection=["GPU-9", "7"])
+    with pytest.raises(SourceError, match="names none of the 1 GPUs") as err:
+        source._read_sync()
+    assert err.value.reason == Reason.GPU_NOT_FOUND
 
 
 def test_budget_without_process_figures_leaves_components_absent() -> None:

@@ -48,7 +48,12 @@ def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
             selection: list[str] | None = gpus
         else:  # "all", or by default the GPUs the container runtime made visible
             selection = None if gpus == "all" else visible_selection(dict(os.environ))
-        nvml = NvmlSource(selection=selection, deadline=values.timeout)
+        # NVIDIA_VISIBLE_DEVICES=none or void: this container has no GPU; with --nvml auto there is nothing to read
+        nvml = (
+            None
+            if selection == [] and values.nvml == "auto"
+            else NvmlSource(selection=selection, deadline=values.timeout)
+        )
     return {
         "vllm_log": LogFollower(Path(values.vllm_log)) if values.vllm_log else None,
         "geometry": values.model_config or values.model_dir,

@@ -10,6 +10,7 @@ library or a device (no library, no driver, no permission, GPU lost) fail the re
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -116,14 +117,32 @@ def load_pynvml() -> ModuleType:
 
 
 def visible_selection(environ: dict[str, str]) -> list[str] | None:
-    """GPUs named by NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES (indices or UUIDs); None = every visible GPU."""
+    """GPUs named by NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES: indices, UUIDs (GPU-..., MIG-..., or a unique
+    prefix of one), or the device plugin's volume-mount form (a directory whose entries name the devices). None =
+    every visible GPU ("all"); [] = none ("none", "void": the container has no GPU)."""
     for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         value = environ.get(var, "").strip()
-        if value and value.lower() not in ("all", "none", "void"):
-            return [v.strip() for v in value.split(",") if v.strip()]
-        if value:
+        if not value:
+            continue
+        if value.lower() == "all":
             return None
+        if value.lower() in ("none", "void", "nodevfiles"):
+            return []
+        if value.startswith("/"):  # NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices (volume-mounts)
+            try:
+                return sorted(os.listdir(value))
+            except OSError:
+                return None  # the mount is not here: the runtime gave what it gave
+        return [v.strip() for v in value.split(",") if v.strip()]
     return None
+
+
+def _selects(selection: list[str] | None, index: str, uuid: str) -> bool:
+    """Whether ``selection`` names this device: by index, by UUID, or by a unique prefix of its UUID (as nvidia-smi
+    and the container runtime accept: GPU-5eed...)."""
+    if selection is None:
+        return True
+    return any(s in (index, uuid) or (s.startswith(("GPU-", "MIG-")) and uuid.startswith(s)) for s in selection)
 
 
 def vllm_pids_in_namespace(proc: Path = Path("/proc")) -> set[int]:
@@ -264,21 +283,29 @@ class NvmlSource:
             raise SourceError(reason_of(err), f"NVML: {err}") from err
         if self.skipped and not readings:  # every GPU failed: the read did
             raise self.skipped[0]
+        if self.selection and not readings and not self.skipped:
+            raise SourceError(
+                Reason.GPU_NOT_FOUND,
+                f"NVML: the selection {','.join(self.selection)} (--gpus, or NVIDIA_VISIBLE_DEVICES / "
+                f"CUDA_VISIBLE_DEVICES) names none of the {count} GPUs NVML sees",
+            )
         return readings
 
     def _gpu(self, nvml: Any, i: int) -> list[GpuReading]:
-        """GPU ``i``'s reading (its MIG instances' when MIG is on); none when it is not selected."""
+        """GPU ``i``'s reading (its MIG instances' when MIG is on: those selected, or all when the GPU is); none when
+        it is not selected."""
         handle = nvml.nvmlDeviceGetHandleByIndex(i)
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        if self.selection is not None and str(i) not in self.selection and uuid not in self.selection:
-            return []
+        whole = _selects(self.selection, str(i), uuid)
         mig = self._optional(nvml.nvmlDeviceGetMigMode, handle)
         if mig is None or mig[0] != nvml.NVML_DEVICE_MIG_ENABLE:
-            return [self._device(nvml, handle, str(i))]
+            return [self._device(nvml, handle, str(i))] if whole else []
         readings = []
         for m in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
             mig_handle = self._optional(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, m)
-            if mig_handle is not None:
+            if mig_handle is None:
+                continue
+            if whole or _selects(self.selection, f"{i}/{m}", _text(nvml.nvmlDeviceGetUUID(mig_handle))):
                 readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid))
         return readings
 
