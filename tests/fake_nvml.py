@@ -66,6 +66,13 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         return gpu
 
+    def _board(self, gpu: FakeGpu) -> FakeGpu:
+        """A whole-GPU property (power, temperature, clocks): a MIG instance's handle does not answer it."""
+        g = self._check(gpu)
+        if g.uuid.startswith("MIG-"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return g
+
     def nvmlInit(self) -> None:
         self.init_calls += 1
         if self.init_error is not None:
@@ -104,7 +111,7 @@ class FakeNvml:
         return pynvml.c_nvmlUtilization_t(g.util_gpu, g.util_mem)
 
     def nvmlDeviceGetPowerUsage(self, handle: FakeGpu) -> int:
-        g = self._check(handle)
+        g = self._board(handle)
         if "nvmlDeviceGetPowerUsage" in g.denied:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
         if g.power_mw is None:
@@ -112,27 +119,27 @@ class FakeNvml:
         return g.power_mw
 
     def nvmlDeviceGetEnforcedPowerLimit(self, handle: FakeGpu) -> int:
-        return self._check(handle).limit_mw
+        return self._board(handle).limit_mw
 
     def nvmlDeviceGetTemperature(self, handle: FakeGpu, sensor: int) -> int:
         assert sensor == pynvml.NVML_TEMPERATURE_GPU
-        return self._check(handle).temp
+        return self._board(handle).temp
 
     def nvmlDeviceGetClockInfo(self, handle: FakeGpu, clock: int) -> int:
         assert clock == pynvml.NVML_CLOCK_SM
-        return self._check(handle).sm_mhz
+        return self._board(handle).sm_mhz
 
     def nvmlDeviceGetMaxClockInfo(self, handle: FakeGpu, clock: int) -> int:
-        return self._check(handle).sm_max_mhz
+        return self._board(handle).sm_max_mhz
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, handle: FakeGpu) -> int:
-        g = self._check(handle)
+        g = self._board(handle)
         if g.no_event_reasons:  # pynvml: _nvmlGetFunctionPointer fails
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         return g.reasons
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: FakeGpu) -> int:
-        return self._check(handle).reasons
+        return self._board(handle).reasons
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list:
         if handle.no_v3_processes:  # as pynvml's throwOnVersionMismatch turns FunctionNotFound into

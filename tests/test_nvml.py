@@ -141,10 +141,11 @@ async def test_mig_instances_are_their_own_devices(fake_vllm: FakeVllm, tmp_path
                 total=40 * GiB,
                 used=30 * GiB,
                 processes=[(4242, 30 * GiB)],
-                power_mw=None,
             ),
-            FakeGpu(uuid="MIG-2222", name="NVIDIA H100 80GB HBM3 MIG 3g.40gb", total=40 * GiB, power_mw=None),
+            FakeGpu(uuid="MIG-2222", name="NVIDIA H100 80GB HBM3 MIG 3g.40gb", total=40 * GiB),
         ],
+        power_mw=410_000,
+        temp=51,
     )
     agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([parent])), {4242})
     await agent.cycle()
@@ -152,7 +153,10 @@ async def test_mig_instances_are_their_own_devices(fake_vllm: FakeVllm, tmp_path
     assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0/0", uuid="MIG-1111") == 40 * GiB
     assert value(text, "vllm_capacity_gpu_info", gpu="0/1", mig_parent="GPU-aaaa") == 1
     assert value(text, "vllm_capacity_gpu_utilization_ratio", gpu="0/0") is None  # not supported on MIG: absent
-    assert value(text, "vllm_capacity_gpu_power_watts", gpu="0/0") is None
+    # power, temperature and clocks are the whole GPU's: a MIG handle does not answer them, its parent does
+    assert value(text, "vllm_capacity_gpu_power_watts", gpu="0/0") == 410.0
+    assert value(text, "vllm_capacity_gpu_temperature_celsius", gpu="0/1") == 51
+    assert value(text, "vllm_capacity_gpu_sm_clock_hertz", gpu="0/1") == 1.71e9
     assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0") is None  # the parent itself is not listed
     await agent.client.aclose()
 

@@ -218,7 +218,12 @@ class NvmlSource:
         except nvml.NVMLLibraryMismatchError:
             return self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
 
-    def _device(self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None) -> GpuReading:
+    def _device(
+        self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None, parent_handle: Any = None
+    ) -> GpuReading:
+        """One device's reading. A MIG instance does not answer power, temperature or clocks (they are the whole
+        GPU's): those come from its parent's handle."""
+        board = parent_handle if parent_handle is not None else handle
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         name = _text(nvml.nvmlDeviceGetName(handle))
         try:
@@ -229,12 +234,12 @@ class NvmlSource:
                 raise
             mem, reserved = nvml.nvmlDeviceGetMemoryInfo(handle), None
         util = self._optional(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
-        power = self._optional(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
-        limit = self._optional(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
-        temp = self._optional(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
-        sm = self._optional(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
-        sm_max = self._optional(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
-        reasons = self._clock_reasons(nvml, handle)
+        power = self._optional(lambda: nvml.nvmlDeviceGetPowerUsage(board))
+        limit = self._optional(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(board))
+        temp = self._optional(lambda: nvml.nvmlDeviceGetTemperature(board, nvml.NVML_TEMPERATURE_GPU))
+        sm = self._optional(lambda: nvml.nvmlDeviceGetClockInfo(board, nvml.NVML_CLOCK_SM))
+        sm_max = self._optional(lambda: nvml.nvmlDeviceGetMaxClockInfo(board, nvml.NVML_CLOCK_SM))
+        reasons = self._clock_reasons(nvml, board)
         procs = self._processes(nvml, handle)
         return GpuReading(
             index=index,
@@ -306,7 +311,7 @@ class NvmlSource:
             if mig_handle is None:
                 continue
             if whole or _selects(self.selection, f"{i}/{m}", _text(nvml.nvmlDeviceGetUUID(mig_handle))):
-                readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid))
+                readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid, parent_handle=handle))
         return readings
 
     def _run(self, done: asyncio.Future[list[GpuReading]], loop: asyncio.AbstractEventLoop) -> None:
