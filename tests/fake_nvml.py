@@ -42,6 +42,7 @@ class FakeGpu:
     no_v3_processes: bool = False
     no_event_reasons: bool = False
     denied: frozenset[str] = frozenset()  # NVML functions this container may not call (NoPermission)
+    unified: bool = False  # a unified-memory GPU: memory info is NotSupported
 
 
 class FakeNvml:
@@ -97,6 +98,8 @@ class FakeNvml:
 
     def nvmlDeviceGetMemoryInfo(self, handle: FakeGpu, version: int | None = None):
         g = self._check(handle)
+        if g.unified:  # GB10 / DGX Spark, Jetson Thor: no device memory of its own
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         free = g.free if g.free is not None else g.total - g.used - g.reserved
         if version == pynvml.nvmlMemory_v2:
             if not g.supports_v2:

@@ -165,7 +165,9 @@ def test_counter_carried_across_restarts(total, previous, raw, restarted, expect
     ("state", "limit"),
     [
         ({"waiting": 0}, "none"),
-        ({"waiting": 3, "waiting_for_capacity": 3}, "kv_cache"),
+        ({"waiting": 3, "waiting_for_capacity": 3, "usage": 0.97}, "kv_cache"),
+        # "capacity" alone, on a cache with room: a scheduling limit the agent cannot name (the token budget, say)
+        ({"waiting": 3, "waiting_for_capacity": 3, "usage": 0.4}, None),
         ({"waiting": 0, "preempted": True}, "kv_cache"),  # preempted since the last read
         ({"waiting": 2, "waiting_for_capacity": None, "usage": 0.95}, "kv_cache"),  # before vLLM said why
         # at --max-num-seqs vLLM counts the queue as waiting for "capacity" too, with the cache half free

@@ -414,3 +414,18 @@ async def test_one_failing_gpu_does_not_hide_the_others(fake_vllm: FakeVllm, tmp
     assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="gpu_lost") == 2
     assert len([e for e in logs if e["event"] == "gpu_skipped"]) == 1
     await agent.client.aclose()
+
+
+async def test_a_unified_memory_gpu_reports_what_it_can(fake_vllm: FakeVllm, tmp_path) -> None:
+    """GB10 / DGX Spark and Jetson Thor answer memory info with NotSupported (the whole read failed): the GPU is
+    read, its memory and budget absent, its power and clocks there."""
+    gpu = seed_gpu()
+    gpu.unified = True
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu])), {4242})
+    await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_source_up", source="nvml") == 1
+    assert value(text, "vllm_capacity_gpu_power_watts", gpu="0") == 182.0
+    assert "vllm_capacity_gpu_memory_total_bytes{" not in text
+    assert "vllm_capacity_gpu_memory_bytes{" not in text  # no budget without the GPU's memory
+    await agent.client.aclose()

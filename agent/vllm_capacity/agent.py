@@ -290,11 +290,13 @@ class Agent:
         self._ok(SOURCE_NVML, self.monotonic() - t0)
 
     def _budgets(self, engines: tuple[EngineCapacity, ...], metrics: VllmMetrics | None) -> dict[str, GpuBudget]:
-        """Per-GPU budgets. vLLM's per-rank figures apply when every engine reports the same ones."""
-        if not self._gpus:
+        """Per-GPU budgets (of GPUs that report their memory). vLLM's per-rank figures apply when every engine
+        reports the same ones."""
+        gpus = [g for g in self._gpus if g.memory_total_bytes is not None and g.memory_free_bytes is not None]
+        if not gpus:
             return {}
         if metrics is None:  # vLLM is down: no memory on the GPUs is vLLM's now
-            return {g.index: gpu_budget(g, vllm_up=False) for g in self._gpus}
+            return {g.index: gpu_budget(g, vllm_up=False) for g in gpus}
         weights = _only(e.weights_bytes for e in engines)
         pool = _only(e.kv_pool_bytes for e in engines)
         utilization = _only(e.cache_config.gpu_memory_utilization for e in metrics.engines if e.cache_config)
@@ -306,7 +308,7 @@ class Agent:
                 kv_cache_bytes=pool,
                 gpu_memory_utilization=utilization,
             )
-            for g in self._gpus
+            for g in gpus
         }
 
     async def _fetch_metrics(self, latency: bool) -> tuple[VllmMetrics | SourceError, float]:

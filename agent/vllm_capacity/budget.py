@@ -62,9 +62,13 @@ def gpu_budget(
     kv_cache_bytes: float | None = None,
     gpu_memory_utilization: float | None = None,
 ) -> GpuBudget:
-    """The budget of one GPU. With ``vllm_up`` False every process on it counts as another process."""
-    comps: dict[str, float] = {"free": float(gpu.memory_free_bytes)}
-    budget = gpu.memory_total_bytes * gpu_memory_utilization if gpu_memory_utilization else None
+    """The budget of one GPU (one that reports its memory). With ``vllm_up`` False every process on it counts as
+    another process."""
+    total, free = gpu.memory_total_bytes, gpu.memory_free_bytes
+    if total is None or free is None:
+        raise ValueError(f"GPU {gpu.index} reports no memory: it has no budget")
+    comps: dict[str, float] = {"free": float(free)}
+    budget = total * gpu_memory_utilization if gpu_memory_utilization else None
     if gpu.processes is None:
         return GpuBudget(comps, budget, (), "none")
     if vllm_up:
@@ -75,7 +79,7 @@ def gpu_budget(
     if other_mem is not None:
         comps["other_processes"] = other_mem
     if vllm_mem is not None and other_mem is not None:
-        system = gpu.memory_total_bytes - gpu.memory_free_bytes - vllm_mem - other_mem
+        system = total - free - vllm_mem - other_mem
         if system >= 0:
             comps["system"] = float(system)
     if ours and vllm_mem is not None:

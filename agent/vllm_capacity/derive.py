@@ -162,18 +162,16 @@ def concurrency_limit(
     max_num_seqs: int | None,
     slo_max_concurrency: int | None,
 ) -> str | None:
-    """What limits concurrency now: ``kv_cache`` (requests were preempted since the last read, or wait for
-    capacity below --max-num-seqs; where vLLM does not say why requests wait, a nearly full cache with a queue),
-    ``max_num_seqs`` (running at vLLM's --max-num-seqs: vLLM then counts the queue as waiting for "capacity" too,
-    though the cache has room), ``slo`` (running above the SLO-bound concurrency), ``none`` (nothing waits). None when
-    requests wait for a reason none of these names (deferred, say)."""
+    """What limits concurrency now: ``kv_cache`` (requests were preempted since the last read, or requests wait on
+    a nearly full cache), ``max_num_seqs`` (running at vLLM's --max-num-seqs), ``slo`` (running above the SLO-bound
+    concurrency), ``none`` (nothing waits). None when requests wait for a reason none of these names: vLLM counts a
+    request as waiting for "capacity" for any scheduling limit (a batch slot, the step's token budget), so that
+    reason alone, on a cache with room, does not name the KV cache (measured on vLLM 0.32)."""
     if preempted:
         return "kv_cache"
     if max_num_seqs is not None and running is not None and running >= max_num_seqs:
         return "max_num_seqs"
-    if (waiting_for_capacity or 0) > 0:
-        return "kv_cache"
-    if waiting_for_capacity is None and (waiting or 0) > 0 and usage is not None and usage >= NEARLY_FULL:
+    if (waiting or 0) > 0 and usage is not None and usage >= NEARLY_FULL:
         return "kv_cache"
     if slo_max_concurrency is not None and running is not None and running > slo_max_concurrency:
         return "slo"

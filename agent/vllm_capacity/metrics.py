@@ -241,8 +241,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "concurrency_limit",
         "gauge",
         (*E, "limit"),
-        "1 for what limits concurrency now, 0 for the others: kv_cache (requests wait for capacity or were "
-        "preempted), max_num_seqs (running at vLLM's --max-num-seqs while the cache has room), slo (running above "
+        "1 for what limits concurrency now, 0 for the others: kv_cache (requests were preempted, or wait on a "
+        "nearly full cache), max_num_seqs (running at vLLM's --max-num-seqs), slo (running above "
         "max_concurrency{basis=slo}), none (nothing waits). Absent when requests wait for a reason none names.",
         rows=_limit,
     ),

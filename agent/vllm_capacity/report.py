@@ -159,6 +159,9 @@ def gpu_picture(snap: Snapshot) -> list[str]:
     for g in snap.gpus:
         budget = snap.gpu_budgets.get(g.index)
         total = g.memory_total_bytes
+        if total is None:  # a unified-memory GPU: no device memory to draw
+            lines += ["", f"GPU {g.index} {g.name} ({g.uuid}): memory not reported (unified memory)"]
+            continue
         lines += ["", f"GPU {g.index} {g.name} ({g.uuid}): {format_bytes(total)}"]
         if budget is None:
             continue

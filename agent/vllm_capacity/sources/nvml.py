@@ -90,9 +90,9 @@ class GpuReading:
     index: str
     uuid: str
     name: str
-    memory_total_bytes: int
-    memory_used_bytes: int
-    memory_free_bytes: int
+    memory_total_bytes: int | None  # None: a unified-memory GPU (GB10, Jetson Thor) does not report device memory
+    memory_used_bytes: int | None
+    memory_free_bytes: int | None
     memory_reserved_bytes: int | None = None
     utilization_ratio: float | None = None
     memory_bandwidth_utilization_ratio: float | None = None
@@ -232,7 +232,8 @@ class NvmlSource:
         except nvml.NVMLError as err:
             if err.value not in _NO_MEMORY_INFO_V2:
                 raise
-            mem, reserved = nvml.nvmlDeviceGetMemoryInfo(handle), None
+            # v1; a unified-memory GPU (GB10 / DGX Spark, Jetson Thor) answers neither: its memory is absent
+            mem, reserved = self._optional(lambda: nvml.nvmlDeviceGetMemoryInfo(handle)), None
         util = self._optional(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
         power = self._optional(lambda: nvml.nvmlDeviceGetPowerUsage(board))
         limit = self._optional(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(board))
@@ -245,9 +246,9 @@ class NvmlSource:
             index=index,
             uuid=uuid,
             name=name,
-            memory_total_bytes=int(mem.total),
-            memory_used_bytes=int(mem.used),
-            memory_free_bytes=int(mem.free),
+            memory_total_bytes=int(mem.total) if mem is not None else None,
+            memory_used_bytes=int(mem.used) if mem is not None else None,
+            memory_free_bytes=int(mem.free) if mem is not None else None,
             memory_reserved_bytes=reserved,
             utilization_ratio=util.gpu / 100 if util is not None else None,
             memory_bandwidth_utilization_ratio=util.memory / 100 if util is not None else None,
