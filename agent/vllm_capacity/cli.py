@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
-    """The model and log options, shared by serve and report."""
+    """The model, log, GPU and latency options: what serve and report build their agent with."""
     from vllm_capacity.sources.vllm_log import LogFollower
 
     if values.model_config is not None and values.model_dir is not None:
@@ -61,6 +61,8 @@ def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
         "pp": values.pp,
         "nvml": nvml,
         "nvml_required": values.nvml == "on",
+        "objectives": [o for o in (values.slo_itl, values.slo_ttft) if o is not None],
+        "latency_half_life": values.latency_half_life,
     }
 
 
@@ -96,8 +98,6 @@ async def _serve(values: ServeConfig) -> int:
         interval=values.interval,
         max_model_len_override=values.max_model_len,
         models_refresh=values.models_refresh,
-        objectives=[o for o in (values.slo_itl, values.slo_ttft) if o is not None],
-        latency_half_life=values.latency_half_life,
         max_num_seqs=values.max_num_seqs,
         **kwargs,
     )
@@ -182,8 +182,6 @@ async def _report(values: ReportConfig) -> int:
         client,
         interval=values.watch or 1.0,
         max_model_len_override=values.max_model_len,
-        objectives=[o for o in (values.slo_itl, values.slo_ttft) if o is not None],
-        latency_half_life=values.latency_half_life,
         **kwargs,
     )
     url = redact_url(values.vllm_url)

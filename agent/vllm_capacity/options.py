@@ -436,6 +436,9 @@ class SourceConfig:
     pp: int
     nvml: str
     gpus: list[str] | str | None
+    slo_itl: Objective | None
+    slo_ttft: Objective | None
+    latency_half_life: float
 
 
 @dataclass(frozen=True)
@@ -445,9 +448,6 @@ class ServeConfig(SourceConfig):
     models_refresh: float
     web_telemetry_path: str
     max_num_seqs: int | None
-    slo_itl: Objective | None
-    slo_ttft: Objective | None
-    latency_half_life: float
     web_config_file: Path | None
     log_format: str
     log_level: str
@@ -455,9 +455,6 @@ class ServeConfig(SourceConfig):
 
 @dataclass(frozen=True)
 class ReportConfig(SourceConfig):
-    slo_itl: Objective | None
-    slo_ttft: Objective | None
-    latency_half_life: float
     format: str
     watch: float | None
 
