@@ -560,6 +560,7 @@ def test_report_with_the_startup_log_and_model_config(fake_vllm_thread: str) -> 
     assert "512 B   (the log's KV memory / KV tokens)" in out
     assert "512 B   (config.json geometry)" in out
     assert re.search(r"KV cache pool +2\.00 MiB", out)
+    assert "Host memory of the CPU server (from vLLM's log)" in out and "GPU" not in out
     assert "max_model_len 1,024" in out and "512.00 KiB" in out  # KV per request of max_model_len tokens
     doc = json.loads(
         _main("report", "--vllm-url", fake_vllm_thread, "--model-dir", str(TINY), "--format", "json").stdout

@@ -406,6 +406,7 @@ def _no_proxy() -> Iterator[None]:
 
 LATENCY_STEPS = (1, 2, 4, 8, 16, 32)  # concurrent streams, each held for LATENCY_HOLD seconds
 LATENCY_HOLD = 12.0  # over two of the agent's 5 s latency intervals
+TOP_HOLD = 20.0  # the top step, during which the agents are read
 # p90 inter-token latency objectives, one agent each. vLLM's inter-token buckets are 10 ms, 25 ms, ...: on this
 # machine most tokens take 9-13 ms, so p90 (interpolated as histogram_quantile does, from the share of tokens over
 # 10 ms) moves from 9.0 ms alone to 9.3-13 ms at 16 streams, depending on how busy the machine is
@@ -435,38 +436,72 @@ def _p90_by_running(text: str) -> dict[int, float]:
     }
 
 
+def _limit(text: str, key: dict[str, str]) -> str | None:
+    """The concurrency limit an agent names (the one of LIMITS at 1), None when it names none."""
+    return next(
+        (
+            lim
+            for lim in ("kv_cache", "max_num_seqs", "slo", "none")
+            if value(text, "vllm_capacity_concurrency_limit", limit=lim, **key) == 1
+        ),
+        None,
+    )
+
+
+def _top_reading(text: str, key: dict[str, str]) -> tuple[float | None, float | None, str | None, float | None]:
+    """What an agent said at one read: running, its SLO-bound concurrency, the limit it names, its headroom."""
+    room = [value(text, "vllm_capacity_headroom_requests", basis=b, **key) for b in ("slo", "observed_context")]
+    return (
+        value(text, "vllm_capacity_requests_running", **key),
+        value(text, "vllm_capacity_max_concurrency", basis="slo", **key),
+        _limit(text, key),
+        next((r for r in room if r is not None), None),
+    )
+
+
 def test_latency_rises_with_concurrency_and_an_objective_bounds_it(vllm: lab.VllmServer, tmp_path: Path) -> None:
-    """A stepped load (1, 2, 4, 8, 16, 32 streams, 12 s each) on the real server: the learned inter-token latency rises
-    with concurrency, and for every objective that lies between an agent's own latency at its lowest and highest
-    step, the SLO-bound concurrency it exports falls between those steps and the knee was seen; at the top step the
-    objective is what binds the headroom. One agent per objective, all watching the same load."""
+    """A stepped load (1, 2, 4, 8, 16 streams, 12 s each, then 32 for 20 s) on the real server: the learned
+    inter-token latency rises with concurrency, and for every objective that lies between an agent's own latency at
+    its lowest and highest step, the SLO-bound concurrency it exports falls between those steps and the knee was seen.
+    During the top step the agents are read while the load runs: whenever one runs more requests than its SLO-bound
+    concurrency, it names a limit (the objective, or the cache if that binds first), and the objective is named at
+    least once, with the headroom at or below zero. One agent per objective, all watching the same load."""
     agents = [
         AgentProcess(vllm.url, tmp_path / f"agent-{ms}.log", "--slo-itl", f"p90<={ms}ms", interval=0.5)
         for ms in OBJECTIVES_MS
     ]
     key = {"model_name": lab.MODEL_NAME, "engine": "0"}
+    top_texts: list[list[str]] = [[] for _ in agents]  # per agent, its expositions during the top step
     try:
         for a in agents:
             a.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
-        top: list[str] = []
-        for streams in LATENCY_STEPS:
+        for streams in LATENCY_STEPS[:-1]:
             errors = _hold_load(vllm.url, streams, LATENCY_HOLD)
             assert not errors, errors[:3]
-            if streams == LATENCY_STEPS[-1]:
-                top = [a.metrics() for a in agents]  # while the last requests of the top step still run
+        found: list[list[str]] = []
+        loader = threading.Thread(target=lambda: found.append(_hold_load(vllm.url, LATENCY_STEPS[-1], TOP_HOLD)))
+        loader.start()
+        while loader.is_alive():
+            for a, texts in zip(agents, top_texts, strict=True):
+                texts.append(a.metrics())  # parsed after the load: reading must keep up with it
+            time.sleep(0.2)
+        loader.join()
+        assert found and not found[0], found[:1]
         time.sleep(6)  # the last interval has to be learned: one more latency read
         final = [a.metrics() for a in agents]
     finally:
         for a in agents:
             a.stop()
     curves = [_p90_by_running(text) for text in final]
+    # per agent, at the top step: (running, SLO-bound concurrency, the limit named, headroom on the basis that binds)
+    at_top = [[_top_reading(text, key) for text in texts] for texts in top_texts]
     print(f"\np90 inter-token latency by running requests (first agent): {curves[0]}")
     low, high = min(curves[0]), max(curves[0])
     # the load went through the steps (on 2 busy cores vLLM's API server admits 16 streams only part of the time)
     assert low <= 2 and high >= 4, curves[0]
     assert curves[0][high] > curves[0][low], curves[0]  # latency rises with concurrency
-    checked = 0
-    for ms, curve, text, at_top in zip(OBJECTIVES_MS, curves, final, top, strict=True):
+    checked, slo_named = 0, 0
+    for ms, curve, text, seen in zip(OBJECTIVES_MS, curves, final, at_top, strict=True):
         lo, hi = min(curve), max(curve)
         if not curve[lo] < ms / 1000 < curve[hi]:
             continue  # this agent's traffic never crossed its objective, or never met it
@@ -474,8 +509,15 @@ def test_latency_rises_with_concurrency_and_an_objective_bounds_it(vllm: lab.Vll
         bound = value(text, "vllm_capacity_max_concurrency", basis="slo", **key)
         assert bound is not None and lo <= bound < hi, (ms, bound, curve)
         assert value(text, "vllm_capacity_slo_knee_observed", **key) == 1, ms
-        room = value(at_top, "vllm_capacity_headroom_requests", basis="slo", **key)
-        print(f"p90<={ms}ms: SLO-bound concurrency {bound:g}; headroom at the top step {room}")
-        if value(at_top, "vllm_capacity_max_concurrency", basis="slo", **key) is not None:
-            assert room is not None, ms  # the objective, not the cache, binds at the top step
+        over = [(r, b, lim, room) for r, b, lim, room in seen if r is not None and b is not None and r > b]
+        # above its objective's concurrency an agent always names what binds: the objective, or the cache first
+        assert all(lim in ("slo", "kv_cache") for _, _, lim, _ in over), (ms, over)
+        named = [room for _, _, lim, room in over if lim == "slo"]
+        assert all(room is not None and room <= 0 for room in named), (ms, named)
+        slo_named += len(named)
+        print(
+            f"p90<={ms}ms: SLO-bound concurrency {bound:g}; at the top step {len(over)} of {len(seen)} reads "
+            f"above it, {len(named)} naming the objective"
+        )
     assert checked, f"no objective of {OBJECTIVES_MS} ms lies between an agent's lowest and highest latency"
+    assert slo_named, f"at the top step no agent named the objective as the limit: {at_top}"

@@ -122,6 +122,14 @@ def test_real_cpu_server_log() -> None:
     assert (e.blocks_from_memory, e.num_gpu_blocks) == (16384, 32)
     assert e.kv_bytes_per_token == 512  # 2 x 2 layers x 2 KV heads x 32 x 2 B, not 1 GiB / 4,096
     assert e.kv_pool_bytes == 32 * 128 * 512
+    assert e.device == "CPU"  # "CPU KV cache size: 4,096 tokens": host memory, no GPU rank
+
+
+def test_the_log_names_where_the_kv_cache_lives() -> None:
+    gpu = figures(V1_0102).engines["0"]
+    assert gpu.device == "GPU"  # "GPU KV cache size: ..."
+    quiet = figures("INFO 10-03 [gpu_worker.py:1] Available KV cache memory: 4.31 GiB\n").engines["0"]
+    assert quiet.device is None  # not said: the report names no device
 
 
 def test_a_new_start_clears_the_old_figures() -> None:

@@ -248,6 +248,7 @@ class EngineCapacity:
     weights_bytes: float | None = None
     cuda_graph_bytes: float | None = None
     activation_peak_bytes: float | None = None
+    memory_device: str | None = None  # GPU or CPU: where vLLM's log says its KV cache lives
     preemptions_total: float | None = None  # vLLM's counter carried across its restarts (set by the agent)
     cache_info: Mapping[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels
     latency: LatencyView = field(default_factory=LatencyView)
@@ -357,6 +358,7 @@ def derive_engine(
         weights_bytes=startup.weights_bytes if startup is not None else None,
         cuda_graph_bytes=startup.cuda_graph_bytes if startup is not None else None,
         activation_peak_bytes=startup.activation_peak_bytes if startup is not None else None,
+        memory_device=startup.device if startup is not None else None,
         cache_info=dict(cc.labels) if cc else {},
     )
 

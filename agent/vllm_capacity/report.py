@@ -34,6 +34,14 @@ def _bytes_per_token_lines(e: EngineCapacity) -> list[str]:
     return [f"  bytes per token  {format_bytes(v):>12}   ({how})" for _, v, how in known]
 
 
+def _memory_heading(device: str | None) -> str:
+    if device == "CPU":  # the CPU backend: the figures are host memory, and there is no GPU rank
+        return "Host memory of the CPU server (from vLLM's log)"
+    if device is None:
+        return "Memory per rank (from vLLM's log)"
+    return f"Memory per {device} rank (from vLLM's log)"
+
+
 def _memory_lines(e: EngineCapacity) -> list[str]:
     rows = [
         ("KV cache pool", e.kv_pool_bytes),
@@ -44,7 +52,7 @@ def _memory_lines(e: EngineCapacity) -> list[str]:
     known = [(name, v) for name, v in rows if v is not None]
     if not known:
         return []
-    return ["", "Memory per rank (from vLLM's log)"] + [f"  {name:<16} {format_bytes(v):>12}" for name, v in known]
+    return ["", _memory_heading(e.memory_device)] + [f"  {name:<16} {format_bytes(v):>12}" for name, v in known]
 
 
 def _best_bytes_per_token(e: EngineCapacity) -> float | None:

@@ -42,6 +42,8 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     "max_model_len": re.compile(rf"Using max model len {_NUM}"),
     "blocks_override": re.compile(rf"Overriding num_gpu_blocks={_NUM} with num_gpu_blocks_override={_NUM}"),
 }
+# "GPU KV cache size: 208,625 tokens" (kv_cache_utils.py); the CPU backend logs "CPU KV cache size: ..."
+_DEVICE = re.compile(r"\b(GPU|CPU|XPU|TPU|HPU|NPU) KV cache size:")
 # Printed once per start by the API server, before any engine figure (engine cores print theirs later).
 _NEW_START = re.compile(r"non-default args:|vLLM API server version")
 # in the "non-default args: {...}" line: the --max-num-seqs the server was started with
@@ -87,6 +89,8 @@ class EngineFigures:
     cuda_graph_bytes: float | None = None
     activation_peak_bytes: float | None = None
     blocks_from_memory: int | None = None  # before --num-gpu-blocks-override replaced them
+    #: where the KV cache lives, from "GPU KV cache size: ..." / "CPU KV cache size: ..." (None: not logged)
+    device: str | None = None
 
     @property
     def _override_share(self) -> float:
@@ -128,6 +132,8 @@ class StartupFigures:
         if not found:
             return
         fig = self.engines.setdefault(engine, EngineFigures())
+        if device := _DEVICE.search(_ANSI.sub("", line)):
+            fig.device = device[1]
         for name, value in found.items():
             if name.endswith("_gib"):
                 if value == 0:
