@@ -2,15 +2,18 @@
 
     .venv/bin/python alerts/generate.py          # rewrite vllm-capacity-alerts.yaml and vllm-capacity-rules.yaml
 
-Every threshold lives in THRESHOLDS; change it here, regenerate, commit both. A test fails when the committed
-YAML differs from what this script produces. Alerts say what hurts users (critical pages) or soon will
+Every threshold and label lives in Config (the monitoring mixin's _config, deploy/mixin/); change it here,
+regenerate (this script, then dashboards/generate.py and deploy/generate.py), commit them all. A test fails when
+the committed YAML differs from what this script produces. Alerts say what hurts users (critical pages) or soon will
 (warning tickets); each has a runbook entry in runbook.md.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import tomllib
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
@@ -21,29 +24,79 @@ HERE = Path(__file__).resolve().parent
 REPOSITORY = tomllib.loads((HERE.parent / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
 RUNBOOK = f"{REPOSITORY}/blob/main/alerts/runbook.md"
 
-THRESHOLDS = {
-    "exporter_job": "vllm-capacity",  # the scrape job of the sidecar (a regex is matched: `.*<job>.*`)
-    "kv_cache_high_ratio": 0.90,  # KV blocks held by live requests
-    "kv_cache_saturated_ratio": 0.95,
-    "preemptions_per_second": 0.1,  # sustained rate of requests preempted for lack of KV cache
-    "exhaustion_horizon_seconds": 3600,  # predict the cache full within this horizon...
-    "exhaustion_lookback": "30m",  # ...from the growth over this window
-    "exhaustion_min_ratio": 0.5,  # and only once it is at least this full
-    "concurrency_near_ratio": 0.9,  # running / max concurrency at the observed context
-    "gpu_memory_free_min_ratio": 0.02,  # free GPU memory below this share of the total
-    "ttft_p99_seconds": 2.0,  # p99 time to first token
-    "ttft_window": "5m",
-    "target_utilization": 0.8,  # replicas_needed: the share of each replica's capacity demand may use
-}
-T = THRESHOLDS
-TARGET = ["namespace", "pod", "instance", "job"]  # what identifies one sidecar once Prometheus scraped it
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(w.upper() if w in ("url",) else w.title() for w in rest)
 
 
-def _on(labels: list[str]) -> str:
-    return ", ".join(labels)
+@dataclass(frozen=True)
+class Config:
+    """Everything a deployment may want to change: the mixin's ``_config`` (deploy/mixin/), under camelCase names
+    (``cluster_label`` is ``clusterLabel`` there). The shipped YAML and JSON are rendered with these defaults."""
+
+    exporter_selector: str = 'job=~".*vllm-capacity.*"'  # selects the sidecar's scrape job (VLLMCapacityExporterDown)
+    # Prometheus' label for the cluster a series comes from: every rule aggregates and joins by it as well. A series
+    # without it (one cluster, no external label) is one cluster, as an empty label is.
+    cluster_label: str = "cluster"
+    runbook_url: str = RUNBOOK  # each alert links to <runbook_url>#<alert name in lower case>
+    show_multi_cluster: bool = False  # the dashboards show their cluster selector (hidden by default)
+    kv_cache_high_ratio: float = 0.90  # KV blocks held by live requests
+    kv_cache_saturated_ratio: float = 0.95
+    preemptions_per_second: float = 0.1  # sustained rate of requests preempted for lack of KV cache
+    exhaustion_horizon_seconds: int = 3600  # predict the cache full within this horizon...
+    exhaustion_lookback: str = "30m"  # ...from the growth over this window
+    exhaustion_min_ratio: float = 0.5  # and only once it is at least this full
+    concurrency_near_ratio: float = 0.9  # running / max concurrency at the observed context
+    gpu_memory_free_min_ratio: float = 0.02  # free GPU memory below this share of the total
+    ttft_p99_seconds: float = 2.0  # p99 time to first token
+    ttft_window: str = "5m"
+    target_utilization: float = 0.8  # replicas_needed: the share of each replica's capacity demand may use
+
+    def jsonnet(self) -> dict[str, object]:
+        """These values under the mixin's names, for its config.libsonnet."""
+        return {_camel(f.name): getattr(self, f.name) for f in fields(self)}
 
 
-def alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict:
+class Ref:
+    """A value the mixin fills in (a jsonnet expression such as ``$._config.clusterLabel``), standing in for a Config
+    field while the generators write the mixin: formatted into a string (``f"{ref:g}"``) it leaves a marker that
+    deploy/generate.py turns into ``std.format``; placed as a value it becomes the expression itself."""
+
+    MARK = "\x01"
+
+    def __init__(self, expr: str) -> None:
+        self.expr = expr
+
+    def __format__(self, spec: str) -> str:
+        return f"{self.MARK}{self.expr}{self.MARK}{spec or 's'}{self.MARK}"
+
+    def __str__(self) -> str:
+        return format(self)
+
+    def __truediv__(self, other: float) -> Ref:
+        return Ref(f"({self.expr}) / {other!r}")
+
+    def __bool__(self) -> bool:
+        raise TypeError(f"{self.expr} is known only when the mixin is rendered: use Ref.choose")
+
+    @staticmethod
+    def choose(value: object, then: object, otherwise: object) -> object:
+        """``then if value else otherwise``, also when value is a Ref (then a jsonnet conditional)."""
+        if isinstance(value, Ref):
+            return Ref(f"if {value.expr} then {json.dumps(then)} else {json.dumps(otherwise)}")
+        return then if value else otherwise
+
+
+def placeholders() -> Config:
+    """A Config whose every field is the mixin's ``$._config.<name>``: what the generators write the mixin with."""
+    return Config(**{f.name: Ref(f"$._config.{_camel(f.name)}") for f in fields(Config)})  # type: ignore[arg-type]
+
+
+DEFAULT = Config()
+
+
+def alert(c: Config, name: str, expr: str, for_: str, severity: str, summary: str, description: str) -> dict:
     return {
         "alert": name,
         "expr": expr,
@@ -52,237 +105,269 @@ def alert(name: str, expr: str, for_: str, severity: str, summary: str, descript
         "annotations": {
             "summary": summary,
             "description": description,
-            "runbook_url": f"{RUNBOOK}#{name.lower()}",
+            "runbook_url": f"{c.runbook_url}#{name.lower()}",
         },
     }
 
 
-WHO = "{{ $labels.model_name }} (engine {{ $labels.engine }}) on {{ $labels.namespace }}/{{ $labels.pod }}"
-# vLLM's sleep mode frees the KV cache on purpose: the saturation alerts stay quiet while the engine sleeps
-AWAKE = " unless on (namespace, pod, instance, job, model_name, engine) (vllm_capacity_engine_asleep == 1)"
-
-ALERTS = [
-    alert(
-        "VLLMCapacityExporterDown",
-        f'up{{job=~".*{T["exporter_job"]}.*"}} == 0',
-        "5m",
-        "warning",
-        "The vllm-capacity sidecar cannot be scraped.",
-        "Prometheus cannot scrape {{ $labels.instance }} ({{ $labels.namespace }}/{{ $labels.pod }}): vLLM's "
-        "capacity is unobserved there.",
-    ),
-    alert(
-        "VLLMTargetDown",
-        "vllm_capacity_up == 0",
-        "2m",
-        "critical",
-        "vLLM does not answer its sidecar.",
-        "The sidecar on {{ $labels.namespace }}/{{ $labels.pod }} cannot read vLLM's /metrics: the server is down or "
-        "not serving.",
-    ),
-    alert(
-        "VLLMKVCacheHigh",
-        f"vllm_capacity_kv_cache_usage_ratio > {T['kv_cache_high_ratio']}{AWAKE}",
-        "10m",
-        "warning",
-        "vLLM's KV cache is nearly full.",
-        f"{WHO}: live requests hold {{{{ $value | humanizePercentage }}}} of the KV cache.",
-    ),
-    alert(
-        "VLLMKVCacheSaturated",
-        f"(vllm_capacity_kv_cache_usage_ratio > {T['kv_cache_saturated_ratio']})"
-        " and on (namespace, pod, instance, job, model_name, engine) ("
-        "(vllm_capacity_requests_waiting_for_capacity > 0)"
-        f" or (rate(vllm_capacity_preemptions_total[5m]) > 0)){AWAKE}",
-        "5m",
-        "critical",
-        "vLLM's KV cache is full and requests wait or are preempted.",
-        f"{WHO}: live requests hold {{{{ $value | humanizePercentage }}}} of the KV cache"
-        "{{ with printf `vllm_capacity_kv_cache_capacity_tokens{pod='%s',model_name='%s',engine='%s'}` "
-        "$labels.pod $labels.model_name $labels.engine | query }} ({{ . | first | value | printf `%.0f` }}"
-        " tokens){{ end }}, and requests wait for capacity or are preempted.",
-    ),
-    alert(
-        "VLLMPreemptionsSustained",
-        f"rate(vllm_capacity_preemptions_total[5m]) > {T['preemptions_per_second']}",
-        "15m",
-        "warning",
-        "vLLM keeps preempting requests for lack of KV cache.",
-        f"{WHO} preempts {{{{ $value | printf `%.2f` }}}} requests per second: their work is recomputed.",
-    ),
-    alert(
-        "VLLMRequestsQueuedForCapacity",
-        # vLLM counts requests that wait for a batch slot at --max-num-seqs as waiting for "capacity" too: those
-        # are not the KV cache's (concurrency_limit names max_num_seqs then, when the agent knows the setting)
-        "vllm_capacity_requests_waiting_for_capacity > 0"
-        " unless on (namespace, pod, instance, job, model_name, engine)"
-        ' (vllm_capacity_concurrency_limit{limit="max_num_seqs"} == 1)',
-        "10m",
-        "warning",
-        "Requests keep waiting for KV-cache capacity.",
-        f"{WHO} has {{{{ $value | printf `%.0f` }}}} requests waiting for capacity: KV cache, unless vLLM runs at "
-        "its --max-num-seqs (vllm_capacity_concurrency_limit says which, given the setting).",
-    ),
-    # vLLM can stop admitting requests while its cache is mostly free and its /health stays 200 (vllm-project/vllm
-    # issue 53130: running + deferred requests reach max_num_seqs; or "waiting for capacity" on an empty cache).
-    # Requests wait, and nothing runs (or vLLM, when it is scraped too, generates no tokens), on a cache that is
-    # not full: nothing else pages on it, since no capacity alert fires.
-    alert(
-        "VLLMAdmissionStalled",
-        "(vllm_capacity_requests_waiting > 0)"
-        f" and on (namespace, pod, instance, job, model_name, engine) (vllm_capacity_kv_cache_usage_ratio"
-        f" < {T['kv_cache_high_ratio']})"
-        " and on (namespace, pod, model_name, engine) ((vllm_capacity_requests_running == 0)"
-        " or on (namespace, pod, model_name, engine)"
-        " (sum by (namespace, pod, model_name, engine) (rate(vllm:generation_tokens_total[5m])) == 0))",
-        "5m",
-        "critical",
-        "vLLM stopped admitting requests while its KV cache has room.",
-        f"{WHO}: {{{{ $value | printf `%.0f` }}}} requests wait, nothing runs (or no tokens come out), and the KV "
-        "cache is not full: vLLM stopped admitting work. Its /health may still answer 200.",
-    ),
-    alert(
-        "VLLMKVCacheExhaustionPredicted",
-        f"(predict_linear(vllm_capacity_kv_cache_used_tokens[{T['exhaustion_lookback']}], "
-        f"{T['exhaustion_horizon_seconds']}) > vllm_capacity_kv_cache_capacity_tokens)"
-        f" and (vllm_capacity_kv_cache_usage_ratio > {T['exhaustion_min_ratio']}){AWAKE}",
-        "15m",
-        "warning",
-        "vLLM's KV cache will fill at the current growth.",
-        f"{WHO}: at the growth of the last {T['exhaustion_lookback']} the KV cache fills within "
-        f"{T['exhaustion_horizon_seconds'] // 60} minutes.",
-    ),
-    alert(
-        "VLLMConcurrencyNearCapacity",
-        f'vllm_capacity_concurrency_utilization_ratio{{basis="observed_context"}} > {T["concurrency_near_ratio"]}'
-        f"{AWAKE}",
-        "15m",
-        "warning",
-        "vLLM runs near the concurrency its KV cache allows at the current request size.",
-        f"{WHO} runs {{{{ $value | humanizePercentage }}}} of the requests that fit at the observed context length.",
-    ),
-    alert(
-        "VLLMGPUMemoryNearFull",
-        f"(vllm_capacity_gpu_memory_free_bytes / vllm_capacity_gpu_memory_total_bytes) < "
-        f"{T['gpu_memory_free_min_ratio']}",
-        "15m",
-        "warning",
-        "A GPU of vLLM's is nearly out of memory.",
-        "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.namespace }}/{{ $labels.pod }} has "
-        "{{ $value | humanizePercentage }} of its memory free.",
-    ),
-    alert(
-        "VLLMGPUMemoryContention",
-        'vllm_capacity_gpu_memory_bytes{component="other_processes"} > on (namespace, pod, instance, job, gpu, uuid) '
-        "(vllm_capacity_gpu_memory_total_bytes - vllm_capacity_gpu_memory_budget_bytes)",
-        "5m",
-        "warning",
-        "Another process uses GPU memory inside vLLM's budget.",
-        "On GPU {{ $labels.gpu }} of {{ $labels.namespace }}/{{ $labels.pod }} other processes hold "
-        "{{ $value | humanize1024 }}B, more than the memory vLLM leaves outside its budget: an OOM risk.",
-    ),
-    alert(
-        "VLLMTTFTSLOBreach",
-        f"histogram_quantile(0.99, sum by (namespace, pod, model_name, le) "
-        f"(rate(vllm:time_to_first_token_seconds_bucket[{T['ttft_window']}]))) > {T['ttft_p99_seconds']}",
-        "10m",
-        "critical",
-        "vLLM's p99 time to first token is above its objective.",
-        "{{ $labels.model_name }} on {{ $labels.namespace }}/{{ $labels.pod }}: p99 time to first token is "
-        f"{{{{ $value | humanizeDuration }}}} (objective {T['ttft_p99_seconds']}s).",
-    ),
-    alert(
-        "VLLMCapacityMetricsMissing",
-        "(vllm_capacity_up == 1) unless on (namespace, pod, instance, job) "
-        "(count by (namespace, pod, instance, job) (vllm_capacity_kv_cache_capacity_tokens))",
-        "15m",
-        "warning",
-        "vLLM answers, but its KV-cache capacity cannot be derived.",
-        "The sidecar on {{ $labels.namespace }}/{{ $labels.pod }} reads vLLM but finds no capacity (a vLLM "
-        "version it does not understand, or 0.8.x without --vllm-log): see vllm_capacity_vllm_info and its log.",
-    ),
-]
+def alerts(c: Config) -> list[dict]:
+    cl = c.cluster_label
+    target = f"{cl}, namespace, pod, instance, job"  # what identifies one sidecar once Prometheus scraped it
+    engine = f"{target}, model_name, engine"  # one engine of one sidecar
+    # vLLM's own series come from another scrape job (another instance and job): joined by pod and engine
+    vllm_engine = f"{cl}, namespace, pod, model_name, engine"
+    who = "{{ $labels.model_name }} (engine {{ $labels.engine }}) on {{ $labels.namespace }}/{{ $labels.pod }}"
+    # vLLM's sleep mode frees the KV cache on purpose: the saturation alerts stay quiet while the engine sleeps
+    awake = f" unless on ({engine}) (vllm_capacity_engine_asleep == 1)"
+    return [
+        alert(
+            c,
+            "VLLMCapacityExporterDown",
+            f"up{{{c.exporter_selector}}} == 0",
+            "5m",
+            "warning",
+            "The vllm-capacity sidecar cannot be scraped.",
+            "Prometheus cannot scrape {{ $labels.instance }} ({{ $labels.namespace }}/{{ $labels.pod }}): vLLM's "
+            "capacity is unobserved there.",
+        ),
+        alert(
+            c,
+            "VLLMTargetDown",
+            "vllm_capacity_up == 0",
+            "2m",
+            "critical",
+            "vLLM does not answer its sidecar.",
+            "The sidecar on {{ $labels.namespace }}/{{ $labels.pod }} cannot read vLLM's /metrics: the server is "
+            "down or not serving.",
+        ),
+        alert(
+            c,
+            "VLLMKVCacheHigh",
+            f"vllm_capacity_kv_cache_usage_ratio > {c.kv_cache_high_ratio:g}{awake}",
+            "10m",
+            "warning",
+            "vLLM's KV cache is nearly full.",
+            f"{who}: live requests hold {{{{ $value | humanizePercentage }}}} of the KV cache.",
+        ),
+        alert(
+            c,
+            "VLLMKVCacheSaturated",
+            f"(vllm_capacity_kv_cache_usage_ratio > {c.kv_cache_saturated_ratio:g})"
+            f" and on ({engine}) ("
+            "(vllm_capacity_requests_waiting_for_capacity > 0)"
+            f" or (rate(vllm_capacity_preemptions_total[5m]) > 0)){awake}",
+            "5m",
+            "critical",
+            "vLLM's KV cache is full and requests wait or are preempted.",
+            f"{who}: live requests hold {{{{ $value | humanizePercentage }}}} of the KV cache"
+            f"{{{{ with printf `vllm_capacity_kv_cache_capacity_tokens{{{cl}='%s',namespace='%s',pod='%s',"
+            f"model_name='%s',engine='%s'}}` $labels.{cl} $labels.namespace $labels.pod $labels.model_name "
+            "$labels.engine | query }} ({{ . | first | value | printf `%.0f` }} tokens){{ end }}, and requests "
+            "wait for capacity or are preempted.",
+        ),
+        alert(
+            c,
+            "VLLMPreemptionsSustained",
+            f"rate(vllm_capacity_preemptions_total[5m]) > {c.preemptions_per_second:g}",
+            "15m",
+            "warning",
+            "vLLM keeps preempting requests for lack of KV cache.",
+            f"{who} preempts {{{{ $value | printf `%.2f` }}}} requests per second: their work is recomputed.",
+        ),
+        alert(
+            c,
+            "VLLMRequestsQueuedForCapacity",
+            # vLLM counts requests that wait for a batch slot at --max-num-seqs as waiting for "capacity" too: those
+            # are not the KV cache's (concurrency_limit names max_num_seqs then, when the agent knows the setting)
+            "vllm_capacity_requests_waiting_for_capacity > 0"
+            f" unless on ({engine})"
+            ' (vllm_capacity_concurrency_limit{limit="max_num_seqs"} == 1)',
+            "10m",
+            "warning",
+            "Requests keep waiting for KV-cache capacity.",
+            f"{who} has {{{{ $value | printf `%.0f` }}}} requests waiting for capacity: KV cache, unless vLLM runs "
+            "at its --max-num-seqs (vllm_capacity_concurrency_limit says which, given the setting).",
+        ),
+        # vLLM can stop admitting requests while its cache is mostly free and its /health stays 200 (vllm-project/
+        # vllm issue 53130: running + deferred requests reach max_num_seqs; or "waiting for capacity" on an empty
+        # cache). Requests wait, and nothing runs (or vLLM, when it is scraped too, generates no tokens), on a cache
+        # that is not full: nothing else pages on it, since no capacity alert fires.
+        alert(
+            c,
+            "VLLMAdmissionStalled",
+            "(vllm_capacity_requests_waiting > 0)"
+            f" and on ({engine}) (vllm_capacity_kv_cache_usage_ratio < {c.kv_cache_high_ratio:g})"
+            f" and on ({vllm_engine}) ((vllm_capacity_requests_running == 0)"
+            f" or on ({vllm_engine})"
+            f" (sum by ({vllm_engine}) (rate(vllm:generation_tokens_total[5m])) == 0))",
+            "5m",
+            "critical",
+            "vLLM stopped admitting requests while its KV cache has room.",
+            f"{who}: {{{{ $value | printf `%.0f` }}}} requests wait, nothing runs (or no tokens come out), and the "
+            "KV cache is not full: vLLM stopped admitting work. Its /health may still answer 200.",
+        ),
+        alert(
+            c,
+            "VLLMKVCacheExhaustionPredicted",
+            f"(predict_linear(vllm_capacity_kv_cache_used_tokens[{c.exhaustion_lookback}], "
+            f"{c.exhaustion_horizon_seconds:g}) > vllm_capacity_kv_cache_capacity_tokens)"
+            f" and (vllm_capacity_kv_cache_usage_ratio > {c.exhaustion_min_ratio:g}){awake}",
+            "15m",
+            "warning",
+            "vLLM's KV cache will fill at the current growth.",
+            f"{who}: at the growth of the last {c.exhaustion_lookback} the KV cache fills within "
+            f"{c.exhaustion_horizon_seconds / 60:g} minutes.",
+        ),
+        alert(
+            c,
+            "VLLMConcurrencyNearCapacity",
+            'vllm_capacity_concurrency_utilization_ratio{basis="observed_context"}'
+            f" > {c.concurrency_near_ratio:g}{awake}",
+            "15m",
+            "warning",
+            "vLLM runs near the concurrency its KV cache allows at the current request size.",
+            f"{who} runs {{{{ $value | humanizePercentage }}}} of the requests that fit at the observed context "
+            "length.",
+        ),
+        alert(
+            c,
+            "VLLMGPUMemoryNearFull",
+            f"(vllm_capacity_gpu_memory_free_bytes / vllm_capacity_gpu_memory_total_bytes) < "
+            f"{c.gpu_memory_free_min_ratio:g}",
+            "15m",
+            "warning",
+            "A GPU of vLLM's is nearly out of memory.",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.namespace }}/{{ $labels.pod }} has "
+            "{{ $value | humanizePercentage }} of its memory free.",
+        ),
+        alert(
+            c,
+            "VLLMGPUMemoryContention",
+            f'vllm_capacity_gpu_memory_bytes{{component="other_processes"}} > on ({target}, gpu, uuid) '
+            "(vllm_capacity_gpu_memory_total_bytes - vllm_capacity_gpu_memory_budget_bytes)",
+            "5m",
+            "warning",
+            "Another process uses GPU memory inside vLLM's budget.",
+            "On GPU {{ $labels.gpu }} of {{ $labels.namespace }}/{{ $labels.pod }} other processes hold "
+            "{{ $value | humanize1024 }}B, more than the memory vLLM leaves outside its budget: an OOM risk.",
+        ),
+        alert(
+            c,
+            "VLLMTTFTSLOBreach",
+            f"histogram_quantile(0.99, sum by ({cl}, namespace, pod, model_name, le) "
+            f"(rate(vllm:time_to_first_token_seconds_bucket[{c.ttft_window}]))) > {c.ttft_p99_seconds:g}",
+            "10m",
+            "critical",
+            "vLLM's p99 time to first token is above its objective.",
+            "{{ $labels.model_name }} on {{ $labels.namespace }}/{{ $labels.pod }}: p99 time to first token is "
+            f"{{{{ $value | humanizeDuration }}}} (objective {c.ttft_p99_seconds:g}s).",
+        ),
+        alert(
+            c,
+            "VLLMCapacityMetricsMissing",
+            f"(vllm_capacity_up == 1) unless on ({target}) "
+            f"(count by ({target}) (vllm_capacity_kv_cache_capacity_tokens))",
+            "15m",
+            "warning",
+            "vLLM answers, but its KV-cache capacity cannot be derived.",
+            "The sidecar on {{ $labels.namespace }}/{{ $labels.pod }} reads vLLM but finds no capacity (a vLLM "
+            "version it does not understand, or 0.8.x without --vllm-log): see vllm_capacity_vllm_info and its log.",
+        ),
+    ]
 
 
 def record(name: str, expr: str) -> dict:
     return {"record": name, "expr": expr}
 
 
-M = "namespace, model_name"
-RECORDS = [
-    record(
-        "namespace_model_name:vllm_capacity_kv_cache_capacity_tokens:sum",
-        f"sum by ({M}) (vllm_capacity_kv_cache_capacity_tokens)",
-    ),
-    record(
-        "namespace_model_name:vllm_capacity_kv_cache_used_tokens:sum",
-        f"sum by ({M}) (vllm_capacity_kv_cache_used_tokens)",
-    ),
-    record(
-        "namespace_model_name:vllm_capacity_kv_cache_free_tokens:sum",
-        f"sum by ({M}) (vllm_capacity_kv_cache_free_tokens)",
-    ),
-    record(
-        "namespace_model_name:vllm_capacity_kv_cache_usage:ratio",
-        "namespace_model_name:vllm_capacity_kv_cache_used_tokens:sum"
-        " / namespace_model_name:vllm_capacity_kv_cache_capacity_tokens:sum",
-    ),
-    record("namespace_model_name:vllm_capacity_requests_running:sum", f"sum by ({M}) (vllm_capacity_requests_running)"),
-    record("namespace_model_name:vllm_capacity_requests_waiting:sum", f"sum by ({M}) (vllm_capacity_requests_waiting)"),
-    record(
-        "namespace_model_name_basis:vllm_capacity_max_concurrency:sum",
-        f"sum by ({M}, basis) (vllm_capacity_max_concurrency)",
-    ),
-    record(
-        "namespace_model_name_basis:vllm_capacity_concurrency_utilization:ratio",
-        "namespace_model_name:vllm_capacity_requests_running:sum"
-        " / on (namespace, model_name) group_right namespace_model_name_basis:vllm_capacity_max_concurrency:sum",
-    ),
-    record(
-        "namespace_model_name:vllm_capacity_replicas:count",
-        f"count by ({M}) (vllm_capacity_kv_cache_capacity_tokens)",
-    ),
-    # One replica's capacity in requests: per engine the binding bound (the smallest of observed_context and slo,
-    # else vLLM's figure at max_model_len while idle), summed over the pod's engines, averaged over the replicas.
-    record(
-        "namespace_model_name:vllm_capacity_replica_capacity_requests:avg",
-        f"avg by ({M}) (sum by ({M}, pod) ("
-        f'min by ({M}, pod, engine) (vllm_capacity_max_concurrency{{basis=~"observed_context|slo"}})'
-        f' or max by ({M}, pod, engine) (vllm_capacity_max_concurrency{{basis="max_model_len"}})))',
-    ),
-    # ONE series an autoscaler can use as it is (KEDA's Prometheus scaler, or HPA through prometheus-adapter): the
-    # replicas the model needs for its demand (running + waiting) at the target utilization of each replica.
-    record(
-        "namespace_model_name:vllm_capacity_replicas_needed:ceil",
-        f"ceil((sum by ({M}) (vllm_capacity_requests_running) + sum by ({M}) (vllm_capacity_requests_waiting))"
-        f" / on ({M}) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg"
-        f" * {T['target_utilization']}))",
-    ),
-    # The prefix cache's hit ratio beside KV usage (a cached prefix nobody uses counts as free KV cache): vLLM's
-    # hit and query counters (tokens; V1 >= 0.9.2, before that gpu_prefix_cache_*), else V0's hit-rate gauge.
-    record(
-        "namespace_model_name:vllm_capacity_prefix_cache_hit:ratio",
-        f"sum by ({M}) (rate(vllm:prefix_cache_hits_total[5m]))"
-        f" / sum by ({M}) (rate(vllm:prefix_cache_queries_total[5m]))"
-        f" or sum by ({M}) (rate(vllm:gpu_prefix_cache_hits_total[5m]))"
-        f" / sum by ({M}) (rate(vllm:gpu_prefix_cache_queries_total[5m]))"
-        f" or avg by ({M}) (vllm:gpu_prefix_cache_hit_rate)",
-    ),
-    record(
-        "namespace_component:vllm_capacity_gpu_memory_bytes:sum",
-        "sum by (namespace, component) (vllm_capacity_gpu_memory_bytes)",
-    ),
-]
+def records(c: Config) -> list[dict]:
+    m = f"{c.cluster_label}, namespace, model_name"  # the rules' names say namespace_model_name: per cluster too
+    return [
+        record(
+            "namespace_model_name:vllm_capacity_kv_cache_capacity_tokens:sum",
+            f"sum by ({m}) (vllm_capacity_kv_cache_capacity_tokens)",
+        ),
+        record(
+            "namespace_model_name:vllm_capacity_kv_cache_used_tokens:sum",
+            f"sum by ({m}) (vllm_capacity_kv_cache_used_tokens)",
+        ),
+        record(
+            "namespace_model_name:vllm_capacity_kv_cache_free_tokens:sum",
+            f"sum by ({m}) (vllm_capacity_kv_cache_free_tokens)",
+        ),
+        record(
+            "namespace_model_name:vllm_capacity_kv_cache_usage:ratio",
+            "namespace_model_name:vllm_capacity_kv_cache_used_tokens:sum"
+            " / namespace_model_name:vllm_capacity_kv_cache_capacity_tokens:sum",
+        ),
+        record(
+            "namespace_model_name:vllm_capacity_requests_running:sum", f"sum by ({m}) (vllm_capacity_requests_running)"
+        ),
+        record(
+            "namespace_model_name:vllm_capacity_requests_waiting:sum", f"sum by ({m}) (vllm_capacity_requests_waiting)"
+        ),
+        record(
+            "namespace_model_name_basis:vllm_capacity_max_concurrency:sum",
+            f"sum by ({m}, basis) (vllm_capacity_max_concurrency)",
+        ),
+        record(
+            "namespace_model_name_basis:vllm_capacity_concurrency_utilization:ratio",
+            "namespace_model_name:vllm_capacity_requests_running:sum"
+            f" / on ({m}) group_right namespace_model_name_basis:vllm_capacity_max_concurrency:sum",
+        ),
+        record(
+            "namespace_model_name:vllm_capacity_replicas:count",
+            f"count by ({m}) (vllm_capacity_kv_cache_capacity_tokens)",
+        ),
+        # One replica's capacity in requests: per engine the binding bound (the smallest of observed_context and
+        # slo, else vLLM's figure at max_model_len while idle), summed over the pod's engines, averaged over the
+        # replicas.
+        record(
+            "namespace_model_name:vllm_capacity_replica_capacity_requests:avg",
+            f"avg by ({m}) (sum by ({m}, pod) ("
+            f'min by ({m}, pod, engine) (vllm_capacity_max_concurrency{{basis=~"observed_context|slo"}})'
+            f' or max by ({m}, pod, engine) (vllm_capacity_max_concurrency{{basis="max_model_len"}})))',
+        ),
+        # ONE series an autoscaler can use as it is (KEDA's Prometheus scaler, or HPA through prometheus-adapter):
+        # the replicas the model needs for its demand (running + waiting) at the target utilization of each replica.
+        record(
+            "namespace_model_name:vllm_capacity_replicas_needed:ceil",
+            f"ceil((sum by ({m}) (vllm_capacity_requests_running) + sum by ({m}) (vllm_capacity_requests_waiting))"
+            f" / on ({m}) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg"
+            f" * {c.target_utilization:g}))",
+        ),
+        # The prefix cache's hit ratio beside KV usage (a cached prefix nobody uses counts as free KV cache): vLLM's
+        # hit and query counters (tokens; V1 >= 0.9.2, before that gpu_prefix_cache_*), else V0's hit-rate gauge.
+        record(
+            "namespace_model_name:vllm_capacity_prefix_cache_hit:ratio",
+            f"sum by ({m}) (rate(vllm:prefix_cache_hits_total[5m]))"
+            f" / sum by ({m}) (rate(vllm:prefix_cache_queries_total[5m]))"
+            f" or sum by ({m}) (rate(vllm:gpu_prefix_cache_hits_total[5m]))"
+            f" / sum by ({m}) (rate(vllm:gpu_prefix_cache_queries_total[5m]))"
+            f" or avg by ({m}) (vllm:gpu_prefix_cache_hit_rate)",
+        ),
+        record(
+            "namespace_component:vllm_capacity_gpu_memory_bytes:sum",
+            f"sum by ({c.cluster_label}, namespace, component) (vllm_capacity_gpu_memory_bytes)",
+        ),
+    ]
 
 
-def documents() -> dict[str, dict]:
+ALERT_GROUP, RECORD_GROUP = "vllm-capacity", "vllm-capacity-fleet"
+RECORD_INTERVAL = "30s"
+
+
+def documents(c: Config = DEFAULT) -> dict[str, dict]:
+    """The rule files, by name: {"groups": [...]} as Prometheus reads them."""
     return {
-        "vllm-capacity-alerts.yaml": {"groups": [{"name": "vllm-capacity", "rules": ALERTS}]},
-        "vllm-capacity-rules.yaml": {"groups": [{"name": "vllm-capacity-fleet", "interval": "30s", "rules": RECORDS}]},
+        "vllm-capacity-alerts.yaml": {"groups": [{"name": ALERT_GROUP, "rules": alerts(c)}]},
+        "vllm-capacity-rules.yaml": {
+            "groups": [{"name": RECORD_GROUP, "interval": RECORD_INTERVAL, "rules": records(c)}]
+        },
     }
 
 
-HEADER = "# Generated by alerts/generate.py from its THRESHOLDS and rules: edit that file, then regenerate.\n"
+HEADER = "# Generated by alerts/generate.py from its Config and rules: edit that file, then regenerate.\n"
 
 
 def render() -> dict[str, str]:

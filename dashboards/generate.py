@@ -12,6 +12,7 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from grafana_foundation_sdk.builders import bargauge, prometheus, stat, timeseries
 from grafana_foundation_sdk.builders.common import ReduceDataOptions, StackingConfig
@@ -35,23 +36,33 @@ from grafana_foundation_sdk.models.dashboard import (
 HERE = Path(__file__).resolve().parent
 
 
-def _alert_thresholds() -> dict:
-    """alerts/generate.py's THRESHOLDS: the forecast panel shows what VLLMKVCacheExhaustionPredicted evaluates."""
+def _alerts_generator() -> ModuleType:
+    """alerts/generate.py: its Config (the cluster label, the forecast panel's horizon: what
+    VLLMKVCacheExhaustionPredicted evaluates) is the dashboards' too."""
+    if "alerts_generate" in sys.modules:  # loaded already (by deploy/generate.py, or the tests): the same module
+        return sys.modules["alerts_generate"]
     spec = importlib.util.spec_from_file_location("alerts_generate", HERE.parent / "alerts" / "generate.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
     spec.loader.exec_module(module)
-    return module.THRESHOLDS
+    return module
 
 
-ALERTS = _alert_thresholds()
-HORIZON = ALERTS["exhaustion_horizon_seconds"]
+ALERTS = _alerts_generator()
 DS = DataSourceRef(type_val="prometheus", uid="${datasource}")
-POD = 'namespace=~"$namespace",pod=~"$pod"'
-SEL = POD + ',model_name=~"$model"'
-FLEET = 'namespace=~"$namespace",model_name=~"$model"'
 RATE = "$__rate_interval"
+
+
+def selectors(c) -> tuple[str, str, str]:
+    """The label matchers of one pod's series, of one pod's and model's, and of a model's across the fleet."""
+    pod = f'{c.cluster_label}=~"$cluster",namespace=~"$namespace",pod=~"$pod"'
+    return (
+        pod,
+        pod + ',model_name=~"$model"',
+        f'{c.cluster_label}=~"$cluster",namespace=~"$namespace",model_name=~"$model"',
+    )
 
 
 def thresholds(*steps: tuple[float | None, str]) -> ThresholdsConfig:
@@ -141,13 +152,26 @@ def single(
     )
 
 
-def variables(d: Dashboard, *, pod: bool) -> Dashboard:
+def variables(d: Dashboard, c, *, pod: bool) -> Dashboard:
+    cl = f'{c.cluster_label}=~"$cluster"'
     d = d.with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    # hidden unless the config says there are several clusters (render() sets `hide` from show_multi_cluster); with
+    # one cluster and no cluster label its only value is All (.*), which matches the missing label
+    d = d.with_variable(
+        QueryVariable("cluster")
+        .label("Cluster")
+        .datasource(DS)
+        .query(f"label_values(vllm_capacity_up, {c.cluster_label})")
+        .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .include_all(True)
+        .multi(True)
+        .all_value(".*")
+    )
     d = d.with_variable(
         QueryVariable("namespace")
         .label("Namespace")
         .datasource(DS)
-        .query("label_values(vllm_capacity_up, namespace)")
+        .query(f"label_values(vllm_capacity_up{{{cl}}}, namespace)")
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .include_all(True)
         .multi(True)
@@ -158,7 +182,7 @@ def variables(d: Dashboard, *, pod: bool) -> Dashboard:
             QueryVariable("pod")
             .label("Pod")
             .datasource(DS)
-            .query('label_values(vllm_capacity_up{namespace=~"$namespace"}, pod)')
+            .query(f'label_values(vllm_capacity_up{{{cl},namespace=~"$namespace"}}, pod)')
             .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
             .include_all(True)
             .multi(True)
@@ -168,7 +192,7 @@ def variables(d: Dashboard, *, pod: bool) -> Dashboard:
         QueryVariable("model")
         .label("Model")
         .datasource(DS)
-        .query('label_values(vllm_capacity_kv_cache_capacity_tokens{namespace=~"$namespace"}, model_name)')
+        .query(f'label_values(vllm_capacity_kv_cache_capacity_tokens{{{cl},namespace=~"$namespace"}}, model_name)')
         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
         .include_all(True)
         .multi(True)
@@ -176,19 +200,21 @@ def variables(d: Dashboard, *, pod: bool) -> Dashboard:
     )
 
 
-def ttft(q: str) -> str:
-    return f"histogram_quantile({q}, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{SEL}}}[{RATE}])))"
+def ttft(q: str, sel: str) -> str:
+    return f"histogram_quantile({q}, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{{{sel}}}[{RATE}])))"
 
 
-def itl(q: str) -> str:
+def itl(q: str, sel: str) -> str:
     # vLLM renamed the histogram in 0.10.2 (vllm_capacity_vllm_info{itl_metric} says which one a server has)
     return (
-        f"histogram_quantile({q}, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{{SEL}}}[{RATE}])) "
-        f"or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{{{SEL}}}[{RATE}])))"
+        f"histogram_quantile({q}, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{{{sel}}}[{RATE}])) "
+        f"or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{{{sel}}}[{RATE}])))"
     )
 
 
-def capacity_dashboard() -> Dashboard:
+def capacity_dashboard(c) -> Dashboard:
+    pod_sel, sel, _ = selectors(c)
+    horizon = c.exhaustion_horizon_seconds
     d = (
         Dashboard("vLLM Capacity")
         .uid("vllm-capacity")
@@ -200,12 +226,12 @@ def capacity_dashboard() -> Dashboard:
             "from the vllm-capacity sidecar and vLLM's own metrics."
         )
     )
-    d = variables(d, pod=True)
+    d = variables(d, c, pod=True)
     d = (
         d.with_row(Row("Capacity at a glance"))
         .with_panel(
             single(
-                "KV cache capacity", "short", query(f"sum(vllm_capacity_kv_cache_capacity_tokens{{{SEL}}})", "tokens")
+                "KV cache capacity", "short", query(f"sum(vllm_capacity_kv_cache_capacity_tokens{{{sel}}})", "tokens")
             )
         )
         .with_panel(
@@ -213,8 +239,8 @@ def capacity_dashboard() -> Dashboard:
                 "KV cache used",
                 "percentunit",
                 query(
-                    f"sum(vllm_capacity_kv_cache_used_tokens{{{SEL}}})"
-                    f" / sum(vllm_capacity_kv_cache_capacity_tokens{{{SEL}}})",
+                    f"sum(vllm_capacity_kv_cache_used_tokens{{{sel}}})"
+                    f" / sum(vllm_capacity_kv_cache_capacity_tokens{{{sel}}})",
                     "used",
                 ),
                 RATIO,
@@ -224,14 +250,14 @@ def capacity_dashboard() -> Dashboard:
             single(
                 "Max concurrency at max_model_len",
                 "short",
-                query(f'sum(vllm_capacity_max_concurrency{{{SEL},basis="max_model_len"}})', "requests"),
+                query(f'sum(vllm_capacity_max_concurrency{{{sel},basis="max_model_len"}})', "requests"),
             )
         )
         .with_panel(
             single(
                 "vLLM up",
                 "short",
-                query(f"min(vllm_capacity_up{{{POD}}})", "up"),
+                query(f"min(vllm_capacity_up{{{pod_sel}}})", "up"),
                 thresholds((None, "red"), (1, "green")),
             )
         )
@@ -243,7 +269,8 @@ def capacity_dashboard() -> Dashboard:
                 "GPU memory by what holds it",
                 "bytes",
                 query(
-                    f"sum by (gpu, component) (vllm_capacity_gpu_memory_bytes{{{POD}}})", "GPU {{gpu}} {{component}}"
+                    f"sum by (gpu, component) (vllm_capacity_gpu_memory_bytes{{{pod_sel}}})",
+                    "GPU {{gpu}} {{component}}",
                 ),
                 description="The seed's picture: weights, KV cache, vLLM's runtime (CUDA graphs, activations, "
                 "context), other processes, driver-reserved, free. They add up to the GPU's memory.",
@@ -253,8 +280,10 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "GPU memory over time",
                 "bytes",
-                query(f"sum by (component) (vllm_capacity_gpu_memory_bytes{{{POD}}})", "{{component}}"),
-                query(f"sum(vllm_capacity_gpu_memory_budget_bytes{{{POD}}})", "vLLM budget (gpu_memory_utilization)"),
+                query(f"sum by (component) (vllm_capacity_gpu_memory_bytes{{{pod_sel}}})", "{{component}}"),
+                query(
+                    f"sum(vllm_capacity_gpu_memory_budget_bytes{{{pod_sel}}})", "vLLM budget (gpu_memory_utilization)"
+                ),
                 stacked=True,
             )
         )
@@ -265,16 +294,16 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "KV cache tokens",
                 "short",
-                query(f"vllm_capacity_kv_cache_capacity_tokens{{{SEL}}}", "capacity {{pod}}/{{engine}}"),
-                query(f"vllm_capacity_kv_cache_used_tokens{{{SEL}}}", "used {{pod}}/{{engine}}"),
-                query(f"vllm_capacity_kv_cache_free_tokens{{{SEL}}}", "free {{pod}}/{{engine}}"),
+                query(f"vllm_capacity_kv_cache_capacity_tokens{{{sel}}}", "capacity {{pod}}/{{engine}}"),
+                query(f"vllm_capacity_kv_cache_used_tokens{{{sel}}}", "used {{pod}}/{{engine}}"),
+                query(f"vllm_capacity_kv_cache_free_tokens{{{sel}}}", "free {{pod}}/{{engine}}"),
             )
         )
         .with_panel(
             series(
                 "KV cache usage",
                 "percentunit",
-                query(f"vllm_capacity_kv_cache_usage_ratio{{{SEL}}}", "{{pod}}/{{engine}}"),
+                query(f"vllm_capacity_kv_cache_usage_ratio{{{sel}}}", "{{pod}}/{{engine}}"),
                 th=RATIO,
                 mn=0,
                 mx=1,
@@ -286,8 +315,8 @@ def capacity_dashboard() -> Dashboard:
                 "Prefix cache hit ratio",
                 "percentunit",
                 query(
-                    'namespace_model_name:vllm_capacity_prefix_cache_hit:ratio{namespace=~"$namespace",'
-                    'model_name=~"$model_name"}',
+                    f'namespace_model_name:vllm_capacity_prefix_cache_hit:ratio{{{c.cluster_label}=~"$cluster",'
+                    'namespace=~"$namespace",model_name=~"$model"}',
                     "{{namespace}}/{{model_name}}",
                 ),
                 mn=0,
@@ -300,19 +329,19 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "Bytes per token (per GPU rank)",
                 "bytes",
-                query(f"vllm_capacity_kv_cache_bytes_per_token{{{SEL}}}", "{{method}} {{pod}}"),
+                query(f"vllm_capacity_kv_cache_bytes_per_token{{{sel}}}", "{{method}} {{pod}}"),
             )
         )
         .with_panel(
             series(
-                f"KV cache exhaustion forecast ({HORIZON / 3600:g} h ahead)",
+                f"KV cache exhaustion forecast ({horizon / 3600:g} h ahead)",
                 "short",
                 query(
-                    f"predict_linear(vllm_capacity_kv_cache_used_tokens{{{SEL}}}[{ALERTS['exhaustion_lookback']}], "
-                    f"{HORIZON})",
-                    f"used in {HORIZON / 3600:g} h {{{{pod}}}}/{{{{engine}}}}",
+                    f"predict_linear(vllm_capacity_kv_cache_used_tokens{{{sel}}}[{c.exhaustion_lookback}], "
+                    f"{horizon:g})",
+                    f"used in {horizon / 3600:g} h {{{{pod}}}}/{{{{engine}}}}",
                 ),
-                query(f"vllm_capacity_kv_cache_capacity_tokens{{{SEL}}}", "capacity {{pod}}/{{engine}}"),
+                query(f"vllm_capacity_kv_cache_capacity_tokens{{{sel}}}", "capacity {{pod}}/{{engine}}"),
             )
         )
     )
@@ -322,10 +351,10 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "Running requests against max concurrency",
                 "short",
-                query(f"sum(vllm_capacity_requests_running{{{SEL}}})", "running"),
-                query(f'sum(vllm_capacity_max_concurrency{{{SEL},basis="max_model_len"}})', "fits at max_model_len"),
+                query(f"sum(vllm_capacity_requests_running{{{sel}}})", "running"),
+                query(f'sum(vllm_capacity_max_concurrency{{{sel},basis="max_model_len"}})', "fits at max_model_len"),
                 query(
-                    f'sum(vllm_capacity_max_concurrency{{{SEL},basis="observed_context"}})',
+                    f'sum(vllm_capacity_max_concurrency{{{sel},basis="observed_context"}})',
                     "fits at the observed context",
                 ),
             )
@@ -334,7 +363,7 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "Concurrency utilization",
                 "percentunit",
-                query(f"vllm_capacity_concurrency_utilization_ratio{{{SEL}}}", "{{basis}} {{pod}}/{{engine}}"),
+                query(f"vllm_capacity_concurrency_utilization_ratio{{{sel}}}", "{{basis}} {{pod}}/{{engine}}"),
                 th=RATIO,
                 mn=0,
             )
@@ -343,8 +372,8 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "Headroom: requests it can still take",
                 "short",
-                query(f"vllm_capacity_headroom_requests{{{SEL}}}", "{{pod}}/{{engine}} (bound by {{basis}})"),
-                query(f'vllm_capacity_max_concurrency{{{SEL},basis="slo"}}', "SLO-bound concurrency {{pod}}"),
+                query(f"vllm_capacity_headroom_requests{{{sel}}}", "{{pod}}/{{engine}} (bound by {{basis}})"),
+                query(f'vllm_capacity_max_concurrency{{{sel},basis="slo"}}', "SLO-bound concurrency {{pod}}"),
                 description="The smallest known max concurrency (at the observed context, or what the latency "
                 "objective allows) minus running requests; below 0 the replica is over it.",
             )
@@ -353,8 +382,8 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "What limits concurrency now",
                 "short",
-                query(f"vllm_capacity_concurrency_limit{{{SEL}}} == 1", "{{limit}} {{pod}}/{{engine}}"),
-                query(f"sum(vllm_capacity_requests_waiting_deferred{{{SEL}}})", "deferred waiting"),
+                query(f"vllm_capacity_concurrency_limit{{{sel}}} == 1", "{{limit}} {{pod}}/{{engine}}"),
+                query(f"sum(vllm_capacity_requests_waiting_deferred{{{sel}}})", "deferred waiting"),
                 mn=0,
                 description="kv_cache, max_num_seqs (vLLM's --max-num-seqs), slo (over the latency objective) or "
                 "none (nothing waits); and the requests vLLM defers for other reasons.",
@@ -364,17 +393,17 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "Context per running request",
                 "short",
-                query(f"vllm_capacity_mean_context_tokens{{{SEL}}}", "mean context {{pod}}/{{engine}}"),
-                query(f"vllm_capacity_max_model_len_tokens{{{SEL}}}", "max_model_len {{pod}}"),
+                query(f"vllm_capacity_mean_context_tokens{{{sel}}}", "mean context {{pod}}/{{engine}}"),
+                query(f"vllm_capacity_max_model_len_tokens{{{sel}}}", "max_model_len {{pod}}"),
             )
         )
         .with_panel(
             series(
                 "Waiting and preempted",
                 "short",
-                query(f"sum(vllm_capacity_requests_waiting{{{SEL}}})", "waiting"),
-                query(f"sum(vllm_capacity_requests_waiting_for_capacity{{{SEL}}})", "waiting for KV capacity"),
-                query(f"sum(rate(vllm_capacity_preemptions_total{{{SEL}}}[{RATE}]))", "preemptions/s"),
+                query(f"sum(vllm_capacity_requests_waiting{{{sel}}})", "waiting"),
+                query(f"sum(vllm_capacity_requests_waiting_for_capacity{{{sel}}})", "waiting for KV capacity"),
+                query(f"sum(rate(vllm_capacity_preemptions_total{{{sel}}}[{RATE}]))", "preemptions/s"),
             )
         )
     )
@@ -384,14 +413,17 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "Time to first token",
                 "s",
-                query(ttft("0.5"), "p50"),
-                query(ttft("0.99"), "p99"),
+                query(ttft("0.5", sel), "p50"),
+                query(ttft("0.99", sel), "p99"),
                 th=thresholds((None, "green"), (2, "red")),
             )
         )
         .with_panel(
             series(
-                "Time per output token (inter-token latency)", "s", query(itl("0.5"), "p50"), query(itl("0.99"), "p99")
+                "Time per output token (inter-token latency)",
+                "s",
+                query(itl("0.5", sel), "p50"),
+                query(itl("0.99", sel), "p99"),
             )
         )
         .with_panel(
@@ -399,11 +431,11 @@ def capacity_dashboard() -> Dashboard:
                 "Latency vs running requests (learned)",
                 "s",
                 query(
-                    f'max by (running) (vllm_capacity_latency_by_concurrency_seconds{{{SEL},latency="itl",'
+                    f'max by (running) (vllm_capacity_latency_by_concurrency_seconds{{{sel},latency="itl",'
                     'quantile="0.9"})',
                     "ITL p90 at {{running}} running",
                 ),
-                query(f'min(vllm_capacity_max_concurrency{{{SEL},basis="slo"}})', "the knee: SLO-bound concurrency"),
+                query(f'min(vllm_capacity_max_concurrency{{{sel},basis="slo"}})', "the knee: SLO-bound concurrency"),
                 span=24,
                 description="The sidecar's curve from vLLM's own histograms: p90 inter-token latency in each "
                 "running-requests bin (decayed with --latency-half-life). Where it climbs past the objective "
@@ -414,8 +446,8 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "Saturation: p99 TTFT and running requests",
                 "s",
-                query(ttft("0.99"), "p99 TTFT"),
-                query(f"sum(vllm_capacity_requests_running{{{SEL}}})", "running requests"),
+                query(ttft("0.99", sel), "p99 TTFT"),
+                query(f"sum(vllm_capacity_requests_running{{{sel}}})", "running requests"),
                 right_axis=("running requests", "short"),
                 span=24,
                 description="The seed's concurrency sweep, live: latency stays flat while the KV cache "
@@ -423,7 +455,7 @@ def capacity_dashboard() -> Dashboard:
             )
         )
     )
-    g = POD
+    g = pod_sel
     d = (
         d.with_row(Row("GPU"))
         .with_panel(
@@ -472,7 +504,7 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "Sources up",
                 "short",
-                query(f"vllm_capacity_source_up{{{POD}}}", "{{source}} {{pod}}"),
+                query(f"vllm_capacity_source_up{{{pod_sel}}}", "{{source}} {{pod}}"),
                 th=thresholds((None, "red"), (1, "green")),
                 mn=0,
                 mx=1,
@@ -484,7 +516,7 @@ def capacity_dashboard() -> Dashboard:
                 "Source errors",
                 "short",
                 query(
-                    f"sum by (source, reason) (rate(vllm_capacity_source_errors_total{{{POD}}}[{RATE}]))",
+                    f"sum by (source, reason) (rate(vllm_capacity_source_errors_total{{{pod_sel}}}[{RATE}]))",
                     "{{source}} {{reason}}",
                 ),
                 span=8,
@@ -494,7 +526,7 @@ def capacity_dashboard() -> Dashboard:
             series(
                 "Source read time",
                 "s",
-                query(f"vllm_capacity_source_duration_seconds{{{POD}}}", "{{source}} {{pod}}"),
+                query(f"vllm_capacity_source_duration_seconds{{{pod_sel}}}", "{{source}} {{pod}}"),
                 span=8,
             )
         )
@@ -502,7 +534,8 @@ def capacity_dashboard() -> Dashboard:
     return d
 
 
-def fleet_dashboard() -> Dashboard:
+def fleet_dashboard(c) -> Dashboard:
+    fleet = selectors(c)[2]
     d = (
         Dashboard("vLLM Capacity — Fleet")
         .uid("vllm-capacity-fleet")
@@ -511,7 +544,7 @@ def fleet_dashboard() -> Dashboard:
         .time("now-24h", "now")
         .description("Per model across replicas, from the vllm-capacity recording rules.")
     )
-    d = variables(d, pod=False)
+    d = variables(d, c, pod=False)
     m = "{{namespace}}/{{model_name}}"
     d = (
         d.with_row(Row("Capacity per model"))
@@ -519,16 +552,16 @@ def fleet_dashboard() -> Dashboard:
             series(
                 "KV cache tokens per model",
                 "short",
-                query(f"namespace_model_name:vllm_capacity_kv_cache_capacity_tokens:sum{{{FLEET}}}", f"capacity {m}"),
-                query(f"namespace_model_name:vllm_capacity_kv_cache_used_tokens:sum{{{FLEET}}}", f"used {m}"),
-                query(f"namespace_model_name:vllm_capacity_kv_cache_free_tokens:sum{{{FLEET}}}", f"free {m}"),
+                query(f"namespace_model_name:vllm_capacity_kv_cache_capacity_tokens:sum{{{fleet}}}", f"capacity {m}"),
+                query(f"namespace_model_name:vllm_capacity_kv_cache_used_tokens:sum{{{fleet}}}", f"used {m}"),
+                query(f"namespace_model_name:vllm_capacity_kv_cache_free_tokens:sum{{{fleet}}}", f"free {m}"),
             )
         )
         .with_panel(
             series(
                 "KV cache usage per model",
                 "percentunit",
-                query(f"namespace_model_name:vllm_capacity_kv_cache_usage:ratio{{{FLEET}}}", m),
+                query(f"namespace_model_name:vllm_capacity_kv_cache_usage:ratio{{{fleet}}}", m),
                 th=RATIO,
                 mn=0,
                 mx=1,
@@ -538,8 +571,8 @@ def fleet_dashboard() -> Dashboard:
             series(
                 "Replicas: running and needed",
                 "short",
-                query(f"namespace_model_name:vllm_capacity_replicas:count{{{FLEET}}}", f"running {m}"),
-                query(f"namespace_model_name:vllm_capacity_replicas_needed:ceil{{{FLEET}}}", f"needed {m}"),
+                query(f"namespace_model_name:vllm_capacity_replicas:count{{{fleet}}}", f"running {m}"),
+                query(f"namespace_model_name:vllm_capacity_replicas_needed:ceil{{{fleet}}}", f"needed {m}"),
                 description="Needed: the demand (running + waiting) over each replica's capacity at 80 % "
                 "(the binding bound of observed context and latency objective); what the KEDA example scales on.",
             )
@@ -548,8 +581,8 @@ def fleet_dashboard() -> Dashboard:
             series(
                 "Running and waiting requests",
                 "short",
-                query(f"namespace_model_name:vllm_capacity_requests_running:sum{{{FLEET}}}", f"running {m}"),
-                query(f"namespace_model_name:vllm_capacity_requests_waiting:sum{{{FLEET}}}", f"waiting {m}"),
+                query(f"namespace_model_name:vllm_capacity_requests_running:sum{{{fleet}}}", f"running {m}"),
+                query(f"namespace_model_name:vllm_capacity_requests_waiting:sum{{{fleet}}}", f"waiting {m}"),
             )
         )
     )
@@ -560,7 +593,7 @@ def fleet_dashboard() -> Dashboard:
                 "Max concurrency",
                 "short",
                 query(
-                    f"namespace_model_name_basis:vllm_capacity_max_concurrency:sum{{{FLEET}}}", f"{m} at {{{{basis}}}}"
+                    f"namespace_model_name_basis:vllm_capacity_max_concurrency:sum{{{fleet}}}", f"{m} at {{{{basis}}}}"
                 ),
             )
         )
@@ -569,7 +602,7 @@ def fleet_dashboard() -> Dashboard:
                 "Concurrency utilization",
                 "percentunit",
                 query(
-                    f"namespace_model_name_basis:vllm_capacity_concurrency_utilization:ratio{{{FLEET}}}",
+                    f"namespace_model_name_basis:vllm_capacity_concurrency_utilization:ratio{{{fleet}}}",
                     f"{m} at {{{{basis}}}}",
                 ),
                 th=RATIO,
@@ -582,7 +615,8 @@ def fleet_dashboard() -> Dashboard:
             "GPU memory by component",
             "bytes",
             query(
-                'namespace_component:vllm_capacity_gpu_memory_bytes:sum{namespace=~"$namespace"}',
+                f'namespace_component:vllm_capacity_gpu_memory_bytes:sum{{{c.cluster_label}=~"$cluster",'
+                'namespace=~"$namespace"}',
                 "{{namespace}} {{component}}",
             ),
             stacked=True,
@@ -592,14 +626,24 @@ def fleet_dashboard() -> Dashboard:
     return d
 
 
-def render() -> dict[str, str]:
+def dashboards(c=ALERTS.DEFAULT) -> dict[str, dict]:
+    """The dashboards by file name, as Grafana's JSON model (plain data). With alerts/generate.py's placeholders()
+    for ``c`` they hold the mixin's references instead of values (deploy/generate.py writes the mixin from them)."""
     out = {}
-    for name, d in (("vllm-capacity.json", capacity_dashboard()), ("vllm-capacity-fleet.json", fleet_dashboard())):
+    for name, d in (("vllm-capacity.json", capacity_dashboard(c)), ("vllm-capacity-fleet.json", fleet_dashboard(c))):
         model = d.build()
         for i, panel in enumerate(model.panels, start=1):  # stable ids: links and repeats need them
             panel.id_val = i
-        out[name] = json.dumps(model, cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+        doc = json.loads(json.dumps(model, cls=JSONEncoder))
+        for variable in doc["templating"]["list"]:
+            if variable["name"] == "cluster":  # 0 shows it, 2 hides it (Grafana's VariableHide)
+                variable["hide"] = ALERTS.Ref.choose(c.show_multi_cluster, 0, 2)
+        out[name] = doc
     return out
+
+
+def render() -> dict[str, str]:
+    return {name: json.dumps(doc, indent=2, sort_keys=True) + "\n" for name, doc in dashboards().items()}
 
 
 if __name__ == "__main__":

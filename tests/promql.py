@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -54,9 +55,41 @@ def vllm_names() -> set[str]:
 
 def load_generator(folder: str) -> ModuleType:
     """alerts/generate.py or dashboards/generate.py, each under a name of its own."""
+    name = f"{folder}_generate"
+    if name in sys.modules:  # the generators load each other under these names: one module, one Ref class
+        return sys.modules[name]
     path = Path(__file__).resolve().parents[1] / folder / "generate.py"
-    spec = importlib.util.spec_from_file_location(f"{folder}_generate", path)
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
+
+
+MIXIN = Path(__file__).resolve().parents[1] / "deploy" / "mixin"
+# A _config unlike the defaults in every label and selector it holds: another job name, a cluster label, another
+# runbook address, the cluster selector shown (tests/test_mixin.py, tests/test_e2e_stack.py)
+OTHER_CONFIG = {
+    "clusterLabel": "k8s_cluster",
+    "exporterSelector": 'job=~"(.*/)?gpu-sidecar"',
+    "runbookURL": "https://runbooks.example.com/vllm-capacity",
+    "showMultiCluster": True,
+}
+
+
+def render_mixin(config: dict[str, object] | None = None) -> dict[str, dict]:
+    """deploy/mixin rendered by jsonnet (the C++ implementation's Python binding) with ``config`` over its _config:
+    {"alerts": {"groups": ...}, "rules": {"groups": ...}, "dashboards": {file name: dashboard}}."""
+    import json
+
+    import _jsonnet
+
+    snippet = (
+        "local m = (import 'mixin.libsonnet') + { _config+:: std.parseJson(std.extVar('config')) };"
+        " { alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards }"
+    )
+    out = _jsonnet.evaluate_snippet(
+        "render", snippet, jpathdir=[str(MIXIN)], ext_vars={"config": json.dumps(config or {})}
+    )
+    return json.loads(out)

@@ -59,8 +59,12 @@ def test_dashboard_structure(name: str) -> None:
     assert len(set(ids)) == len(ids), "panel ids must be unique"
     variables = [v["name"] for v in d["templating"]["list"]]
     assert variables == (
-        ["datasource", "namespace", "pod", "model"] if name == NAMES[0] else ["datasource", "namespace", "model"]
+        ["datasource", "cluster", "namespace", "pod", "model"]
+        if name == NAMES[0]
+        else ["datasource", "cluster", "namespace", "model"]
     )
+    cluster = d["templating"]["list"][1]
+    assert cluster["hide"] == 2 and cluster["allValue"] == ".*"  # hidden by default; All matches a missing label
     for p in _panels(d):
         defaults = p["fieldConfig"]["defaults"]
         assert defaults.get("unit"), f"{p['title']}: no unit"
@@ -121,3 +125,18 @@ def test_every_query_names_only_metrics_that_exist() -> None:
         for e in exprs(_dashboard(name)):
             unknown = metric_names(promql_for_promtool(e)) - known
             assert not unknown, f"{name}: {e} uses unknown metrics {unknown}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_query_keeps_to_the_selected_cluster(name: str) -> None:
+    """Each label matcher set that picks a namespace also picks the cluster (the cluster variable), and every
+    variable's values are those of the selected clusters: with several clusters in one Prometheus (Thanos, Mimir)
+    a panel never mixes clusters the user did not select."""
+    d = _dashboard(name)
+    variables = {v["name"]: v for v in d["templating"]["list"]}
+    used = {m for e in exprs(d) for m in re.findall(r"\$\{?(\w+)", e)} - {"__rate_interval", "__interval"}
+    assert used <= set(variables), used - set(variables)
+    for e in exprs(d):
+        for matchers in re.findall(r"\{([^{}]*)\}", e):
+            if "namespace=" in matchers or "namespace!" in matchers:
+                assert 'cluster=~"$cluster"' in matchers, e
