@@ -1,5 +1,8 @@
 """End to end, all real, on loopback: vLLM (CPU) -> vllm-capacity -> Prometheus (the shipped rules, only their
-`for` shortened) -> Alertmanager (the shipped example, its receivers pointed at a local webhook) -> webhook.
+`for` shortened) -> Alertmanager (the shipped example, its receivers pointed at a local webhook) -> webhook. A second
+Prometheus scrapes the same two targets as another cluster would (other job names, a `k8s_cluster` label) with the
+monitoring mixin rendered for that (tests/promql.py's OTHER_CONFIG): its pages, and its dashboards' queries, are held
+to the same checks.
 
 Load saturates a 200-block KV cache: VLLMKVCacheSaturated reaches the pager receiver with the model's name and real
 numbers, and resolves when the load stops; killing vLLM pages VLLMTargetDown. Every dashboard query returns data
@@ -25,6 +28,7 @@ import pytest
 import yaml
 
 import lab
+from promql import OTHER_CONFIG, render_mixin
 from test_dashboards import exprs, promql_for_promtool
 
 pytestmark = pytest.mark.realvllm
@@ -60,18 +64,21 @@ class Webhook:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
-    def alerts(self, name: str, status: str) -> list[tuple[str, float, dict]]:
+    def alerts(self, name: str, status: str, cluster: str | None = None) -> list[tuple[str, float, dict]]:
+        """The alerts received by name and status, from the Prometheus of ``cluster`` (None: the shipped rules')."""
         return [
             (path, t, a)
             for path, t, body in self.received
             for a in body["alerts"]
-            if a["labels"]["alertname"] == name and a["status"] == status
+            if a["labels"]["alertname"] == name
+            and a["status"] == status
+            and a["labels"].get(OTHER_CONFIG["clusterLabel"]) == cluster
         ]
 
-    def wait(self, name: str, status: str, timeout: float) -> tuple[str, float, dict]:
+    def wait(self, name: str, status: str, timeout: float, cluster: str | None = None) -> tuple[str, float, dict]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            found = self.alerts(name, status)
+            found = self.alerts(name, status, cluster)
             if found:
                 return found[0]
             time.sleep(0.2)
@@ -128,6 +135,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
             rule["for"] = FOR
         (work / "alerts.yaml").write_text(yaml.safe_dump(alerts))
         shutil.copy(ROOT / "alerts" / "vllm-capacity-rules.yaml", work / "rules.yaml")
+        # the other cluster's Prometheus: the mixin rendered with OTHER_CONFIG, `for` shortened the same way
+        other = render_mixin(OTHER_CONFIG)
+        for rule in other["alerts"]["groups"][0]["rules"]:
+            rule["for"] = FOR
+        (work / "other-alerts.yaml").write_text(yaml.safe_dump(other["alerts"]))
+        (work / "other-rules.yaml").write_text(yaml.safe_dump(other["rules"]))
         vllm.wait_ready()
         start(
             "agent.log",
@@ -159,23 +172,47 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
             ],
         }
         (work / "prometheus.yml").write_text(yaml.safe_dump(prom))
-        start(
-            "prometheus.log",
-            [
-                shutil.which("prometheus"),
-                f"--config.file={work / 'prometheus.yml'}",
-                f"--storage.tsdb.path={work / 'prom'}",
-                f"--web.listen-address=127.0.0.1:{prom_port}",
-                "--rules.alert.resend-delay=1s",
+        other_labels = {**labels, OTHER_CONFIG["clusterLabel"]: "east"}
+        other_prom = {
+            **prom,
+            "rule_files": ["other-alerts.yaml", "other-rules.yaml"],
+            "scrape_configs": [
+                {
+                    "job_name": "gpu-sidecar",
+                    "static_configs": [{"targets": [f"127.0.0.1:{agent_port}"], "labels": other_labels}],
+                },
+                {
+                    "job_name": "vllm-engine",
+                    "static_configs": [{"targets": [f"127.0.0.1:{vllm.port}"], "labels": other_labels}],
+                },
             ],
-        )
+        }
+        (work / "other-prometheus.yml").write_text(yaml.safe_dump(other_prom))
+        other_port = lab.free_port()
+        for name, config, port in (
+            ("prometheus", "prometheus.yml", prom_port),
+            ("other", "other-prometheus.yml", other_port),
+        ):
+            start(
+                f"{name}.log",
+                [
+                    shutil.which("prometheus"),
+                    f"--config.file={work / config}",
+                    f"--storage.tsdb.path={work / name}-tsdb",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--rules.alert.resend-delay=1s",
+                ],
+            )
         _wait_http(f"http://127.0.0.1:{am_port}/-/ready")
         _wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
+        _wait_http(f"http://127.0.0.1:{other_port}/-/ready")
         _wait_http(f"http://127.0.0.1:{agent_port}/readyz")
         yield {
             "vllm": vllm,
             "hook": hook,
             "prom": f"http://127.0.0.1:{prom_port}",
+            "other_prom": f"http://127.0.0.1:{other_port}",
+            "other": other,
             "agent": f"http://127.0.0.1:{agent_port}",
             "work": work,
         }
@@ -203,22 +240,24 @@ def _wait_for_data(prom: str, query: str, timeout: float) -> None:
     raise AssertionError(f"Prometheus has no data for {query} after {timeout}s")
 
 
-def dashboard_queries() -> list[str]:
-    return sorted(
-        {
-            promql_for_promtool(e)
+def dashboard_queries(dashboards: dict[str, dict] | None = None, cluster: str | None = None) -> list[str]:
+    """The queries of the shipped dashboards (or of ``dashboards``), variables substituted as Grafana's All does
+    (the cluster variable set to ``cluster`` when given: then only series that carry it answer)."""
+    if dashboards is None:
+        dashboards = {
+            name: json.loads((ROOT / "dashboards" / name).read_text())
             for name in ("vllm-capacity.json", "vllm-capacity-fleet.json")
-            for e in exprs(json.loads((ROOT / "dashboards" / name).read_text()))
         }
-    )
+    picked = (lambda e: e.replace('"$cluster"', f'"{cluster}"')) if cluster else (lambda e: e)
+    return sorted({promql_for_promtool(picked(e)) for d in dashboards.values() for e in exprs(d)})
 
 
-def queries_with_data(prom: str, start: float, end: float) -> set[str]:
+def queries_with_data(prom: str, start: float, end: float, queries: list[str]) -> set[str]:
     """The dashboard queries that returned data at least once over [start, end], asked as Grafana asks: as range
     queries (some series exist only while requests run, for seconds at a time)."""
     found = set()
     with httpx.Client(timeout=60) as client:
-        for q in dashboard_queries():
+        for q in queries:
             r = client.get(
                 prom + "/api/v1/query_range",
                 params={"query": q.replace("5m]", "1m]"), "start": start, "end": end, "step": "1"},
@@ -263,6 +302,8 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     )
     try:
         path, paged_at, alert = hook.wait("VLLMKVCacheSaturated", "firing", timeout=480)
+        # the other cluster's Prometheus evaluates the same samples with the mixin's rules: it pages too
+        other_path, _, other_alert = hook.wait("VLLMKVCacheSaturated", "firing", timeout=60, cluster="east")
     finally:
         load.terminate()
         out, _ = load.communicate(timeout=300)
@@ -282,27 +323,42 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     m = re.search(r"hold ([\d.]+)% of the KV cache \((\d+) tokens\)", description)
     assert m, description
     assert float(m[1]) > 95 and int(m[2]) == CAPACITY_TOKENS, description
+    # the mixin's alert, by its own job, cluster label and runbook: the same numbers (its query finds the capacity
+    # through the cluster label), its runbook where OTHER_CONFIG points
+    assert other_path == "/pager" and other_alert["labels"]["job"] == "gpu-sidecar", other_alert
+    other_m = re.search(r"hold ([\d.]+)% of the KV cache \((\d+) tokens\)", other_alert["annotations"]["description"])
+    assert other_m and int(other_m[2]) == CAPACITY_TOKENS, other_alert["annotations"]
+    assert other_alert["annotations"]["runbook_url"].startswith(OTHER_CONFIG["runbookURL"] + "#")
 
     _, resolved_at, _ = hook.wait("VLLMKVCacheSaturated", "resolved", timeout=120)
+    hook.wait("VLLMKVCacheSaturated", "resolved", timeout=60, cluster="east")
     print(f"VLLMKVCacheSaturated resolved {resolved_at - paged_at:.1f} s after it paged, once the load stopped")
 
     # the fleet recording rules are evaluated every 30 s (their group's interval, as shipped): wait for one evaluation
     # while vLLM is up, or a quick page-and-resolve can leave the fleet dashboard's queries without any data
     _wait_for_data(prom, "namespace_model_name:vllm_capacity_replicas:count", timeout=60)
+    _wait_for_data(stack["other_prom"], 'namespace_model_name:vllm_capacity_replicas:count{k8s_cluster="east"}', 60)
 
     killed_at = time.monotonic()
     vllm.stop(signal.SIGKILL)
     path, down_at, alert = hook.wait("VLLMTargetDown", "firing", timeout=60)
     print(f"VLLMTargetDown paged {down_at - killed_at:.1f} s after vLLM was killed")
     assert path == "/pager" and alert["labels"]["pod"] == "vllm-0"
+    hook.wait("VLLMTargetDown", "firing", timeout=60, cluster="east")
 
     # the sidecar's errors after vLLM's death reach Prometheus with its next scrapes
     _wait_for_data(prom, 'vllm_capacity_source_errors_total{source="vllm"} > 0', timeout=30)
-    queries = dashboard_queries()
-    with_data = queries_with_data(prom, started, time.time())
-    missing = [q for q in queries if q not in with_data]
-    unexplained = [q for q in missing if not any(key in q for key in NO_DATA_HERE)]
-    print(f"dashboard queries with data: {len(with_data)} of {len(queries)}; without, and why:")
-    for q in missing:
-        print(f"  {q[:100]}: {next((why for key, why in NO_DATA_HERE.items() if key in q), 'UNEXPLAINED')}")
+    _wait_for_data(stack["other_prom"], 'vllm_capacity_source_errors_total{source="vllm"} > 0', timeout=30)
+    unexplained = []
+    for server, dashboards, cluster in (
+        (prom, None, None),
+        (stack["other_prom"], stack["other"]["dashboards"], "east"),
+    ):
+        queries = dashboard_queries(dashboards, cluster)
+        with_data = queries_with_data(server, started, time.time(), queries)
+        missing = [q for q in queries if q not in with_data]
+        unexplained += [q for q in missing if not any(key in q for key in NO_DATA_HERE)]
+        print(f"{server}: dashboard queries with data: {len(with_data)} of {len(queries)}; without, and why:")
+        for q in missing:
+            print(f"  {q[:100]}: {next((why for key, why in NO_DATA_HERE.items() if key in q), 'UNEXPLAINED')}")
     assert not unexplained, unexplained
