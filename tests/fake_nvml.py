@@ -43,6 +43,9 @@ class FakeGpu:
     no_event_reasons: bool = False
     denied: frozenset[str] = frozenset()  # NVML functions this container may not call (NoPermission)
     unified: bool = False  # a unified-memory GPU: memory info is NotSupported
+    # reset under us: every call on it fails as lost until NVML itself starts again (its reference count back to 0,
+    # then nvmlInit), as the driver's handles are those of the GPU before the reset
+    stale: bool = False
 
 
 class FakeNvml:
@@ -59,11 +62,15 @@ class FakeNvml:
         self.gpus = gpus
         self.init_error = init_error
         self.init_calls = 0
+        self.refcount = 0  # nvmlInit is reference-counted, as the real library's
+        self.starts = 0  # times the library really started (its count went from 0 to 1)
 
     def _check(self, gpu: FakeGpu) -> FakeGpu:
+        if self.refcount == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         if gpu.hang is not None:
             gpu.hang.wait()
-        if gpu.lost:
+        if gpu.lost or gpu.stale:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         return gpu
 
@@ -78,11 +85,20 @@ class FakeNvml:
         self.init_calls += 1
         if self.init_error is not None:
             raise pynvml.NVMLError(self.init_error)
+        self.refcount += 1
+        if self.refcount == 1:  # the library starts: the GPUs are enumerated afresh
+            self.starts += 1
+            for g in self.gpus:
+                g.stale = False
 
     def nvmlShutdown(self) -> None:
-        pass
+        if self.refcount == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        self.refcount -= 1
 
     def nvmlDeviceGetCount(self) -> int:
+        if self.refcount == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         return len(self.gpus)
 
     def nvmlDeviceGetHandleByIndex(self, index: int) -> FakeGpu:

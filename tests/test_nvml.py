@@ -186,6 +186,25 @@ async def test_gpu_lost_mid_run_backs_off_and_recovers(fake_vllm: FakeVllm, tmp_
     await agent.cycle()
     assert agent.sources["nvml"].up and agent.snapshot.gpus
     assert fake.init_calls == 2  # NVML started afresh after the GPU was lost
+    assert (fake.starts, fake.refcount) == (2, 1)  # really afresh: the old reference was given back first
+    await agent.client.aclose()
+
+
+async def test_a_reset_gpu_comes_back_only_when_nvml_really_starts_again(fake_vllm: FakeVllm, tmp_path) -> None:
+    """nvmlInit is reference-counted: calling it again while holding a reference starts nothing, and a GPU reset
+    under the agent stays lost. The source gives its reference back first, so the library starts again."""
+    gpu = seed_gpu()
+    fake = FakeNvml([gpu])
+    clock = FakeClock()
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: fake), {4242}, monotonic=clock)
+    await agent.cycle()
+    gpu.stale = True  # reset under us: lost until NVML starts again
+    await agent.cycle()
+    assert not agent.sources["nvml"].up
+    clock.advance(agent.interval)
+    await agent.cycle()
+    assert agent.sources["nvml"].up and agent.snapshot.gpus, agent.errors
+    assert (fake.starts, fake.refcount) == (2, 1)
     await agent.client.aclose()
 
 

@@ -10,6 +10,7 @@ library or a device (no library, no driver, no permission, GPU lost) fail the re
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -173,6 +174,7 @@ class NvmlSource:
     deadline: float = 5.0
     _nvml: Any = None
     _initialized: bool = False
+    _held: bool = False  # this source holds one of nvmlInit's references
     _busy: threading.Event = field(default_factory=threading.Event)
     #: the GPUs the last read left out, each with why (one failing GPU does not hide the others)
     skipped: list[SourceError] = field(default_factory=list)
@@ -181,11 +183,17 @@ class NvmlSource:
         if self._nvml is None:
             self._nvml = self.loader()
         if not self._initialized:
+            if self._held:
+                # nvmlInit is reference-counted (the library starts only when the count goes from 0 to 1): to start
+                # NVML afresh after a lost or reset GPU, give back our reference first, or nvmlInit re-reads nothing
+                with contextlib.suppress(self._nvml.NVMLError):
+                    self._nvml.nvmlShutdown()
+                self._held = False
             try:
                 self._nvml.nvmlInit()
             except self._nvml.NVMLError as err:
                 raise SourceError(reason_of(err), f"NVML could not start: {err}") from err
-            self._initialized = True
+            self._held = self._initialized = True
         return self._nvml
 
     def _optional(self, fn: Callable[..., Any], *args: Any) -> Any:
