@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import pynvml
 import pytest
@@ -20,7 +21,7 @@ from vllm_capacity.agent import Agent
 from vllm_capacity.budget import COMPONENTS, gpu_budget
 from vllm_capacity.exposition import build_registry
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.nvml import NvmlSource, visible_selection
+from vllm_capacity.sources.nvml import NvmlSource, visible_selection, vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower
 
@@ -448,3 +449,94 @@ async def test_a_unified_memory_gpu_reports_what_it_can(fake_vllm: FakeVllm, tmp
     assert "vllm_capacity_gpu_memory_total_bytes{" not in text
     assert "vllm_capacity_gpu_memory_bytes{" not in text  # no budget without the GPU's memory
     await agent.client.aclose()
+
+
+def test_vllms_processes_are_found_with_their_spawned_workers(tmp_path: Path) -> None:
+    """By command line (vllm serve, VLLM::EngineCore) and by descent: a worker started by multiprocessing's spawn
+    names only python; the sidecar and unrelated processes are not vLLM's."""
+    procs = {
+        1: (b"/pause", 0),
+        7: (b"vllm\0serve\0/models/m\0--tensor-parallel-size\x002", 1),
+        8: (b"VLLM::EngineCore", 7),
+        9: (b"/usr/bin/python3\0-c\0from multiprocessing.spawn import spawn_main; spawn_main()", 8),
+        10: (b"/usr/bin/python3\0-c\0from multiprocessing.spawn import spawn_main; spawn_main()", 8),
+        20: (b"/app/.venv/bin/vllm-capacity\0serve", 1),
+        21: (b"/usr/bin/python3\0-c\0from multiprocessing.spawn import spawn_main; spawn_main()", 20),
+        30: (b"sleep\x00100", 1),
+    }
+    for pid, (cmdline, ppid) in procs.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(cmdline)
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} (a (b) c) S {ppid} 1 1 0 -1")
+    (tmp_path / "self").mkdir()
+    assert vllm_pids_in_namespace(tmp_path) == {7, 8, 9, 10}
+    assert vllm_pids_in_namespace(tmp_path / "missing") == set()
+
+
+async def test_with_every_gpu_of_the_node_visible_the_pods_are_those_running_vllm(
+    fake_vllm: FakeVllm, tmp_path
+) -> None:
+    """NVIDIA_VISIBLE_DEVICES=all in a sidecar shows the node's every GPU: the agent reports the ones running vLLM's
+    processes, keeps them while vLLM is away, and with no evidence reports all of them with one warning."""
+    ours = seed_gpu()
+    other = FakeGpu(uuid="GPU-0ther000-0000-0000-0000-000000000000", used=8 * GiB, processes=[(999, 8 * GiB)])
+    idle = FakeGpu(uuid="GPU-1d1e0000-0000-0000-0000-000000000000")
+    agent = await _agent(
+        fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([other, ours, idle]), narrow_to_vllm=True), {4242}
+    )
+    with structlog.testing.capture_logs() as logs:
+        await agent.cycle()
+        assert [g.uuid for g in agent.snapshot.gpus] == [ours.uuid]
+        ours.processes = []  # vLLM restarting: its GPU is still the pod's
+        await agent.cycle()
+        assert [g.uuid for g in agent.snapshot.gpus] == [ours.uuid]
+    assert [e["gpus"] for e in logs if e["event"] == "gpus_of_vllm"] == [[ours.uuid]]
+    await agent.client.aclose()
+
+    blind = await _agent(
+        fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([other, idle]), narrow_to_vllm=True), {4242}
+    )
+    with structlog.testing.capture_logs() as logs:
+        await blind.cycle()
+        await blind.cycle()
+    assert len(blind.snapshot.gpus) == 2  # no GPU runs a vLLM process it can see: all are shown, and it says so
+    assert [e["event"] for e in logs if e["event"] == "gpus_unattributed"] == ["gpus_unattributed"]
+    await blind.client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("gpus", "environ", "narrow"),
+    [
+        (None, {"NVIDIA_VISIBLE_DEVICES": "all"}, True),
+        (None, {}, True),
+        ("all", {"NVIDIA_VISIBLE_DEVICES": "all"}, False),  # --gpus all: every GPU, as asked
+        (None, {"NVIDIA_VISIBLE_DEVICES": "GPU-5eed"}, False),
+        (["0"], {"NVIDIA_VISIBLE_DEVICES": "all"}, False),
+    ],
+)
+def test_only_an_unnamed_selection_is_narrowed_to_vllms_gpus(gpus, environ, narrow, monkeypatch) -> None:
+    from vllm_capacity.cli import _agent_kwargs
+    from vllm_capacity.options import SourceConfig
+
+    for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(var, raising=False)
+    for var, v in environ.items():
+        monkeypatch.setenv(var, v)
+    config = SourceConfig(
+        vllm_url="http://127.0.0.1:8000",
+        timeout=5.0,
+        max_model_len=None,
+        api_key_file=None,
+        max_body_size=2**20,
+        vllm_log=None,
+        model_config=None,
+        model_dir=None,
+        tp=1,
+        pp=1,
+        nvml="on",
+        gpus=gpus,
+        slo_itl=None,
+        slo_ttft=None,
+        latency_half_life=3600.0,
+    )
+    assert _agent_kwargs(config)["nvml"].narrow_to_vllm is narrow

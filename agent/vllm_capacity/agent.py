@@ -131,6 +131,7 @@ class Agent:
         self.nvml, self.nvml_required, self.vllm_pids = nvml, nvml_required, vllm_pids
         self._gpus: tuple[GpuReading, ...] = ()
         self._vllm_pids: set[int] = set()
+        self._vllm_gpus: set[str] = set()  # UUIDs of the GPUs vLLM's processes were seen on (see _pods_gpus)
         self._nvml_next_attempt = 0.0
         self._nvml_backoff = interval
         if nvml is not None:
@@ -286,8 +287,30 @@ class Agent:
                 self.logger.warning("gpu_skipped", source=SOURCE_NVML, reason=skipped.reason, error=str(skipped))
         # which processes are vLLM's: a walk of /proc, so off the event loop, and only when there are GPUs to use it
         self._vllm_pids = await asyncio.to_thread(self.vllm_pids) if self._gpus else set()
+        if self.nvml.narrow_to_vllm:
+            self._gpus = self._pods_gpus(self._gpus)
         self._nvml_backoff = self.interval
         self._ok(SOURCE_NVML, self.monotonic() - t0)
+
+    def _pods_gpus(self, gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
+        """With nothing naming the pod's GPUs (NVIDIA_VISIBLE_DEVICES=all in the sidecar, or unset) NVML shows every
+        GPU of the node: keep those running vLLM's processes. A pod's GPUs do not change while it lives, so once
+        seen they are kept while vLLM is away (restarting, asleep); with no evidence yet, every GPU is shown and one
+        warning says why."""
+        running = {g.uuid for g in gpus if any(p.pid in self._vllm_pids for p in g.processes or ())}
+        if running and running != self._vllm_gpus:
+            self._vllm_gpus = running
+            self.logger.info("gpus_of_vllm", gpus=sorted(running), of=len(gpus), how="vLLM's processes on them")
+        if self._vllm_gpus:
+            return tuple(g for g in gpus if g.uuid in self._vllm_gpus)
+        if len(gpus) > 1 and _first_time(self._gpu_failures_logged, "gpus_unattributed"):
+            self.logger.warning(
+                "gpus_unattributed",
+                gpus=len(gpus),
+                hint="every GPU this container sees is reported: none runs a vLLM process this sidecar can see; "
+                "set --gpus (vLLM's GPU UUIDs), or share the pod's process namespace (shareProcessNamespace: true)",
+            )
+        return gpus
 
     def _budgets(self, engines: tuple[EngineCapacity, ...], metrics: VllmMetrics | None) -> dict[str, GpuBudget]:
         """Per-GPU budgets (of GPUs that report their memory). vLLM's per-rank figures apply when every engine

@@ -52,7 +52,12 @@ def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
         nvml = (
             None
             if selection == [] and values.nvml == "auto"
-            else NvmlSource(selection=selection, deadline=values.timeout)
+            else NvmlSource(
+                selection=selection,
+                deadline=values.timeout,
+                # every GPU of the node may be visible: report those running vLLM, unless --gpus all asks for all
+                narrow_to_vllm=selection is None and gpus != "all",
+            )
         )
     return {
         "vllm_log": LogFollower(Path(values.vllm_log)) if values.vllm_log else None,

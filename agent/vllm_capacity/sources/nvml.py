@@ -146,22 +146,41 @@ def _selects(selection: list[str] | None, index: str, uuid: str) -> bool:
     return any(s in (index, uuid) or (s.startswith(("GPU-", "MIG-")) and uuid.startswith(s)) for s in selection)
 
 
+def _is_vllm(cmdline: bytes) -> bool:
+    return b"vllm" in cmdline and b"vllm-capacity" not in cmdline and b"vllm_capacity" not in cmdline
+
+
 def vllm_pids_in_namespace(proc: Path = Path("/proc")) -> set[int]:
-    """PIDs of processes whose command line mentions vllm, as far as this process can see (shared PID namespace)."""
-    pids: set[int] = set()
+    """PIDs of vLLM's processes, as far as this process can see (a shared PID namespace): those whose command line
+    mentions vllm (``vllm serve``, ``VLLM::EngineCore``, ``VLLM::Worker_TP1``), and their descendants (workers
+    started by multiprocessing's spawn, whose command line names only python)."""
     try:
-        entries = list(proc.iterdir())
+        entries = [e for e in proc.iterdir() if e.name.isdigit()]
     except OSError:
-        return pids
+        return set()
+    parents: dict[int, int] = {}
+    roots: set[int] = set()
     for entry in entries:
-        if not entry.name.isdigit():
-            continue
+        pid = int(entry.name)
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").lower()
         except OSError:
             continue
-        if b"vllm" in cmdline and b"vllm-capacity" not in cmdline and b"vllm_capacity" not in cmdline:
-            pids.add(int(entry.name))
+        if _is_vllm(cmdline):
+            roots.add(pid)
+        elif b"vllm-capacity" in cmdline or b"vllm_capacity" in cmdline:
+            continue  # the sidecar and what it starts are not vLLM's
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # /proc/<pid>/stat: "pid (comm) state ppid ...", comm may hold spaces and parentheses
+            parents[pid] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    pids = set(roots)
+    for pid in parents:
+        seen, p = set(), pid
+        while p in parents and p not in seen and p not in roots:
+            seen.add(p)
+            p = parents[p]
+        if p in roots:
+            pids.add(pid)
     return pids
 
 
@@ -172,6 +191,9 @@ class NvmlSource:
     loader: Callable[[], Any] = load_pynvml
     selection: list[str] | None = None  # indices or UUIDs; None = all
     deadline: float = 5.0
+    #: nothing names the pod's GPUs (no --gpus; NVIDIA_VISIBLE_DEVICES all or unset): the agent keeps the GPUs that
+    #: run vLLM's processes (Agent._pods_gpus)
+    narrow_to_vllm: bool = False
     _nvml: Any = None
     _initialized: bool = False
     _held: bool = False  # this source holds one of nvmlInit's references
