@@ -540,3 +540,31 @@ def test_only_an_unnamed_selection_is_narrowed_to_vllms_gpus(gpus, environ, narr
         latency_half_life=3600.0,
     )
     assert _agent_kwargs(config)["nvml"].narrow_to_vllm is narrow
+
+
+def test_memory_in_use_with_no_process_listed_is_hidden_not_other_processes_at_zero() -> None:
+    """A sidecar in its own PID namespace on a driver from 535.113.01 gets an empty process list: whose the memory
+    is cannot be told, so vLLM's, other processes' and the system's shares are absent (never other_processes 0 and
+    everything under system). A GPU nobody uses still has other_processes 0."""
+    busy = FakeGpu(uuid="GPU-b", used=20 * GiB, processes=[])
+    (reading,) = NvmlSource(loader=lambda: FakeNvml([busy]))._read_sync()
+    b = gpu_budget(reading, vllm_pids={4242}, weights_bytes=5 * GiB, kv_cache_bytes=3 * GiB)
+    assert b.identified_by == "hidden" and set(b.components) == {"free"}
+    idle = FakeGpu(uuid="GPU-i", processes=[])
+    (reading,) = NvmlSource(loader=lambda: FakeNvml([idle]))._read_sync()
+    b = gpu_budget(reading, vllm_pids={4242})
+    assert b.identified_by == "none" and b.components["other_processes"] == 0
+
+
+async def test_hidden_processes_are_counted_and_said_once(fake_vllm: FakeVllm, tmp_path) -> None:
+    gpu = FakeGpu(uuid="GPU-b", used=20 * GiB, processes=[])
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu])), {4242})
+    with structlog.testing.capture_logs() as logs:
+        await agent.cycle()
+        await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="processes_hidden") == 2
+    assert value(text, "vllm_capacity_source_up", source="nvml") == 1  # the GPU is read all the same
+    assert _components(text) == {"free": pytest.approx(gpu.total - gpu.used - gpu.reserved)}
+    assert [e["uuid"] for e in logs if e["event"] == "gpu_processes_hidden"] == ["GPU-b"]
+    await agent.client.aclose()

@@ -319,11 +319,13 @@ class Agent:
         if not gpus:
             return {}
         if metrics is None:  # vLLM is down: no memory on the GPUs is vLLM's now
-            return {g.index: gpu_budget(g, vllm_up=False) for g in gpus}
+            down = {g.index: gpu_budget(g, vllm_up=False) for g in gpus}
+            self._count_hidden(gpus, down)
+            return down
         weights = _only(e.weights_bytes for e in engines)
         pool = _only(e.kv_pool_bytes for e in engines)
         utilization = _only(e.cache_config.gpu_memory_utilization for e in metrics.engines if e.cache_config)
-        return {
+        budgets = {
             g.index: gpu_budget(
                 g,
                 vllm_pids=self._vllm_pids,
@@ -333,6 +335,24 @@ class Agent:
             )
             for g in gpus
         }
+        self._count_hidden(gpus, budgets)
+        return budgets
+
+    def _count_hidden(self, gpus: list[GpuReading], budgets: dict[str, GpuBudget]) -> None:
+        """A GPU whose memory is in use while NVML lists no process: counted, and said once per GPU."""
+        for g in gpus:
+            if budgets[g.index].identified_by != "hidden":
+                continue
+            self.errors[(SOURCE_NVML, Reason.PROCESSES_HIDDEN)] += 1
+            if _first_time(self._gpu_failures_logged, ("processes_hidden", g.uuid)):
+                self.logger.warning(
+                    "gpu_processes_hidden",
+                    source=SOURCE_NVML,
+                    gpu=g.index,
+                    uuid=g.uuid,
+                    hint="memory is in use but NVML lists no process: they are in a PID namespace this sidecar "
+                    "cannot see; share the pod's (shareProcessNamespace: true) for vLLM's and other processes' shares",
+                )
 
     async def _fetch_metrics(self, latency: bool) -> tuple[VllmMetrics | SourceError, float]:
         t0 = self.monotonic()

@@ -32,7 +32,12 @@ class GpuBudget:
     components: dict[str, float]
     budget_bytes: float | None  # total x gpu_memory_utilization
     vllm_pids: tuple[int, ...]
-    identified_by: str  # "pid", "elimination" or "none"
+    identified_by: str  # "pid", "elimination", "none", or "hidden" (NVML lists none of the processes using it)
+
+
+# NVML lists no process while more than this is in use beyond the driver's reservation: the processes are hidden from
+# this reader (drivers from 535.113.01 list only the PIDs the reader's PID namespace can see), not absent
+HIDDEN_MIN_BYTES = 2**30
 
 
 def split_processes(
@@ -71,6 +76,10 @@ def gpu_budget(
     budget = total * gpu_memory_utilization if gpu_memory_utilization else None
     if gpu.processes is None:
         return GpuBudget(comps, budget, (), "none")
+    if not gpu.processes and total - free - (gpu.memory_reserved_bytes or 0) > HIDDEN_MIN_BYTES:
+        # whose the memory is cannot be told: vLLM's, other processes' and the system's shares are unknown (absent),
+        # never a confident 0 for other processes with everything under "system"
+        return GpuBudget(comps, budget, (), "hidden")
     if vllm_up:
         ours, others, how = split_processes(gpu.processes, vllm_pids or set())
     else:

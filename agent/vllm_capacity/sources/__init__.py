@@ -45,6 +45,9 @@ class Reason(StrEnum):
     RESET_REQUIRED = "reset_required"
     DRIVER_VERSION_MISMATCH = "driver_version_mismatch"
     GPU_NOT_FOUND = "gpu_not_found"
+    # memory in use and no process listed: they are hidden from the sidecar (its own PID namespace, driver >=
+    # 535.113.01); counted per GPU and read, the budget's process shares are absent
+    PROCESSES_HIDDEN = "processes_hidden"
     NVML_ERROR = "nvml_error"  # any other NVML error
 
 
