@@ -568,3 +568,19 @@ async def test_hidden_processes_are_counted_and_said_once(fake_vllm: FakeVllm, t
     assert _components(text) == {"free": pytest.approx(gpu.total - gpu.used - gpu.reserved)}
     assert [e["uuid"] for e in logs if e["event"] == "gpu_processes_hidden"] == ["GPU-b"]
     await agent.client.aclose()
+
+
+async def test_an_idle_gpu_is_not_throttled(fake_vllm: FakeVllm, tmp_path) -> None:
+    """The idle and application-clocks bits lower the clocks without throttling work: they are gpu_clock_event,
+    apart from gpu_throttled, which the dashboard's throttling panel reads."""
+    gpu = seed_gpu()
+    gpu.reasons = 0x1 | 0x2 | 0x40  # idle, application clocks, hardware thermal slowdown
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu])), {4242})
+    await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_gpu_clock_event", reason="gpu_idle") == 1
+    assert value(text, "vllm_capacity_gpu_clock_event", reason="applications_clocks_setting") == 1
+    assert value(text, "vllm_capacity_gpu_throttled", reason="gpu_idle") is None
+    assert value(text, "vllm_capacity_gpu_throttled", reason="hw_thermal_slowdown") == 1
+    assert value(text, "vllm_capacity_gpu_throttled", reason="sw_power_cap") == 0
+    await agent.client.aclose()

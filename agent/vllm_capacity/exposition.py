@@ -22,6 +22,7 @@ from vllm_capacity.agent import Agent
 from vllm_capacity.budget import COMPONENTS
 from vllm_capacity.metrics import BY_NAME, NAMESPACE, SPECS, MetricSpec
 from vllm_capacity.snapshot import Snapshot
+from vllm_capacity.sources.nvml import NOT_THROTTLING
 
 ENGINE_SPECS = tuple(s for s in SPECS if s.engine_values or s.engine_rows)
 
@@ -122,7 +123,8 @@ class AgentCollector(Collector):
             f.add(n + "gpu_sm_clock_hertz", key, g.sm_clock_hertz)
             f.add(n + "gpu_sm_clock_max_hertz", key, g.sm_clock_max_hertz)
             for reason, active in (g.throttle_reasons or {}).items():
-                f.add(n + "gpu_throttled", [*key, reason], 1.0 if active else 0.0)
+                name = "gpu_clock_event" if reason in NOT_THROTTLING else "gpu_throttled"
+                f.add(n + name, [*key, reason], 1.0 if active else 0.0)
             budget = snap.gpu_budgets.get(g.index)
             ours = set(budget.vllm_pids) if budget else set()
             for p in g.processes or ():

@@ -349,7 +349,15 @@ SPECS: tuple[MetricSpec, ...] = (
         "gpu_throttled",
         "gauge",
         (*G, "reason"),
-        "1 while a clock event reason holds (sw_power_cap, hw_thermal_slowdown, ...): NVML clocks event reasons.",
+        "1 while the GPU's clocks are throttled for this reason (sw_power_cap, hw_thermal_slowdown, hw_slowdown, "
+        "...): NVML clocks event reasons, less gpu_idle and applications_clocks_setting (gpu_clock_event).",
+    ),
+    _m(
+        "gpu_clock_event",
+        "gauge",
+        (*G, "reason"),
+        "1 while clocks are lowered for a reason that is not throttling: gpu_idle (nothing runs), "
+        "applications_clocks_setting (clocks set by the application or an administrator): NVML clocks event reasons.",
     ),
     _m(
         "gpu_process_memory_bytes",

@@ -76,6 +76,9 @@ THROTTLE_REASONS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
 }
+# reasons that lower the clocks without throttling the work: the GPU idles, or its clocks were set so by the
+# application or an administrator. Exported apart (gpu_clock_event), never as throttling.
+NOT_THROTTLING = frozenset({"gpu_idle", "applications_clocks_setting"})
 
 
 @dataclass(frozen=True)
