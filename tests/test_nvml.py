@@ -584,3 +584,19 @@ async def test_an_idle_gpu_is_not_throttled(fake_vllm: FakeVllm, tmp_path) -> No
     assert value(text, "vllm_capacity_gpu_throttled", reason="hw_thermal_slowdown") == 1
     assert value(text, "vllm_capacity_gpu_throttled", reason="sw_power_cap") == 0
     await agent.client.aclose()
+
+
+async def test_processes_holding_more_than_the_gpu_uses_are_counted_not_dropped(fake_vllm: FakeVllm, tmp_path) -> None:
+    """A negative remainder (the listed processes hold more than the GPU's used memory) leaves system out, and is
+    counted and said, never dropped silently."""
+    gpu = seed_gpu()
+    gpu.processes = [(4242, gpu.used), (999, 4 * GiB)]  # 4 GiB more than is in use
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu])), {4242})
+    with structlog.testing.capture_logs() as logs:
+        await agent.cycle()
+    text = render(agent)
+    assert "system" not in _components(text)
+    assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="memory_inconsistent") == 1
+    (event,) = [e for e in logs if e["event"] == "gpu_memory_inconsistent"]
+    assert event["processes_over_used_bytes"] == pytest.approx(4 * GiB - gpu.reserved, abs=2**20)
+    await agent.client.aclose()

@@ -339,8 +339,21 @@ class Agent:
         return budgets
 
     def _count_hidden(self, gpus: list[GpuReading], budgets: dict[str, GpuBudget]) -> None:
-        """A GPU whose memory is in use while NVML lists no process: counted, and said once per GPU."""
+        """A GPU whose memory is in use while NVML lists no process, or whose processes hold more than its used
+        memory: counted, and said once per GPU."""
         for g in gpus:
+            over = budgets[g.index].overcommitted_bytes
+            if over is not None:
+                self.errors[(SOURCE_NVML, Reason.MEMORY_INCONSISTENT)] += 1
+                if _first_time(self._gpu_failures_logged, ("memory_inconsistent", g.uuid)):
+                    self.logger.warning(
+                        "gpu_memory_inconsistent",
+                        source=SOURCE_NVML,
+                        gpu=g.index,
+                        uuid=g.uuid,
+                        processes_over_used_bytes=over,
+                        hint="NVML's process list holds more memory than the GPU uses: the system share is left out",
+                    )
             if budgets[g.index].identified_by != "hidden":
                 continue
             self.errors[(SOURCE_NVML, Reason.PROCESSES_HIDDEN)] += 1

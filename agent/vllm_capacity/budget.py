@@ -33,6 +33,10 @@ class GpuBudget:
     budget_bytes: float | None  # total x gpu_memory_utilization
     vllm_pids: tuple[int, ...]
     identified_by: str  # "pid", "elimination", "none", or "hidden" (NVML lists none of the processes using it)
+    # the processes NVML lists hold more than the GPU's used memory by this much (bytes): the readings disagree (a
+    # process list read with the wrong structure, or memory info v1's "used" on a driver that reserves memory), so
+    # "system" is absent; None when they agree
+    overcommitted_bytes: float | None = None
 
 
 # NVML lists no process while more than this is in use beyond the driver's reservation: the processes are hidden from
@@ -87,10 +91,13 @@ def gpu_budget(
     vllm_mem, other_mem = _total(ours), _total(others)
     if other_mem is not None:
         comps["other_processes"] = other_mem
+    overcommitted = None
     if vllm_mem is not None and other_mem is not None:
         system = total - free - vllm_mem - other_mem
         if system >= 0:
             comps["system"] = float(system)
+        else:
+            overcommitted = float(-system)
     if ours and vllm_mem is not None:
         if weights_bytes is not None:
             comps["weights"] = weights_bytes
@@ -102,4 +109,4 @@ def gpu_budget(
                 comps["vllm_runtime"] = runtime
             else:
                 comps.pop("weights"), comps.pop("kv_cache")
-    return GpuBudget(comps, budget, tuple(p.pid for p in ours), how)
+    return GpuBudget(comps, budget, tuple(p.pid for p in ours), how, overcommitted)

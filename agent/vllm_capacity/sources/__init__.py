@@ -48,6 +48,8 @@ class Reason(StrEnum):
     # memory in use and no process listed: they are hidden from the sidecar (its own PID namespace, driver >=
     # 535.113.01); counted per GPU and read, the budget's process shares are absent
     PROCESSES_HIDDEN = "processes_hidden"
+    # the processes NVML lists hold more memory than the GPU says is used: the readings disagree, "system" is absent
+    MEMORY_INCONSISTENT = "memory_inconsistent"
     NVML_ERROR = "nvml_error"  # any other NVML error
 
 
