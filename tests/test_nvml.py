@@ -600,3 +600,16 @@ async def test_processes_holding_more_than_the_gpu_uses_are_counted_not_dropped(
     (event,) = [e for e in logs if e["event"] == "gpu_memory_inconsistent"]
     assert event["processes_over_used_bytes"] == pytest.approx(4 * GiB - gpu.reserved, abs=2**20)
     await agent.client.aclose()
+
+
+def test_used_memory_is_named_by_the_memory_info_version() -> None:
+    """v2: total = reserved + used + free, used without the driver's reservation; v1 (drivers before 510): used
+    counts the reservation, and reserved is absent: each reading says which it is by reserved being known."""
+    gpu = FakeGpu(uuid="GPU-a", used=10 * GiB)
+    (v2,) = NvmlSource(loader=lambda: FakeNvml([gpu]))._read_sync()
+    assert v2.memory_reserved_bytes == gpu.reserved and v2.memory_used_bytes == 10 * GiB
+    assert v2.memory_total_bytes == v2.memory_reserved_bytes + v2.memory_used_bytes + v2.memory_free_bytes
+    old = FakeGpu(uuid="GPU-b", used=10 * GiB, supports_v2=False)
+    (v1,) = NvmlSource(loader=lambda: FakeNvml([old]))._read_sync()
+    assert v1.memory_reserved_bytes is None and v1.memory_used_bytes == 10 * GiB + old.reserved
+    assert v1.memory_total_bytes == v1.memory_used_bytes + v1.memory_free_bytes

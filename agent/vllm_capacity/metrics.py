@@ -330,7 +330,14 @@ SPECS: tuple[MetricSpec, ...] = (
         ),
     ),
     _m("gpu_memory_total_bytes", "gauge", G, "GPU memory: NVML nvmlDeviceGetMemoryInfo total."),
-    _m("gpu_memory_used_bytes", "gauge", G, "GPU memory in use: NVML nvmlDeviceGetMemoryInfo used."),
+    _m(
+        "gpu_memory_used_bytes",
+        "gauge",
+        G,
+        "GPU memory allocated by processes and their contexts: NVML memory info v2 used (total = reserved + used + "
+        "free). Drivers without v2 (before 510): v1 used, which counts the driver's reservation too (reserved then "
+        "absent).",
+    ),
     _m("gpu_memory_free_bytes", "gauge", G, "GPU memory free: NVML nvmlDeviceGetMemoryInfo free."),
     _m("gpu_memory_reserved_bytes", "gauge", G, "GPU memory the driver reserves: NVML memory info v2 reserved."),
     _m("gpu_utilization_ratio", "gauge", G, "Share of time a kernel ran, 0-1: NVML nvmlDeviceGetUtilizationRates gpu."),
