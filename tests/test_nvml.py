@@ -613,3 +613,32 @@ def test_used_memory_is_named_by_the_memory_info_version() -> None:
     (v1,) = NvmlSource(loader=lambda: FakeNvml([old]))._read_sync()
     assert v1.memory_reserved_bytes is None and v1.memory_used_bytes == 10 * GiB + old.reserved
     assert v1.memory_total_bytes == v1.memory_used_bytes + v1.memory_free_bytes
+
+
+PP_LOG = """\
+(APIServer pid=1) INFO 10-03 16:20:00 [api_server.py:1] vLLM API server version 0.11.0
+(Worker_PP0_TP0 pid=101) INFO 10-03 16:21:00 [gpu_model_runner.py:2602] Model loading took 10.50 GiB and 9.1 seconds
+(Worker_PP1_TP0 pid=102) INFO 10-03 16:21:00 [gpu_model_runner.py:2602] Model loading took 12.25 GiB and 9.3 seconds
+(Worker_PP0_TP0 pid=101) INFO 10-03 16:21:30 [gpu_worker.py:298] Available KV cache memory: 6.00 GiB
+(Worker_PP1_TP0 pid=102) INFO 10-03 16:21:30 [gpu_worker.py:298] Available KV cache memory: 4.00 GiB
+"""
+
+
+async def test_under_pipeline_parallelism_each_gpu_takes_its_own_ranks_weights(fake_vllm: FakeVllm, tmp_path) -> None:
+    """The stages' weights differ (the first holds the embeddings, the last the LM head): each GPU takes the weights
+    its own rank logged (matched by the worker PID running on it); where no rank is matched nothing is assumed, and
+    the KV cache, which differs by stage too, is left out rather than one stage's figure applied to every GPU."""
+    first = FakeGpu(uuid="GPU-0", used=int(18 * GiB), processes=[(101, int(18 * GiB))])
+    last = FakeGpu(uuid="GPU-1", used=int(18 * GiB), processes=[(102, int(18 * GiB))])
+    unknown = FakeGpu(uuid="GPU-2", used=int(18 * GiB), processes=[(103, int(18 * GiB))])
+    agent = await _agent(
+        fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([first, last, unknown])), {101, 102, 103}
+    )
+    (tmp_path / "vllm.log").write_text(PP_LOG)
+    await agent.cycle()
+    text = render(agent)
+    assert _components(text, "0")["weights"] == 10.5 * GiB
+    assert _components(text, "1")["weights"] == 12.25 * GiB
+    assert "weights" not in _components(text, "2")
+    assert all("kv_cache" not in _components(text, g) for g in ("0", "1", "2"))
+    await agent.client.aclose()

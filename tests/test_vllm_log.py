@@ -170,3 +170,17 @@ def test_max_num_seqs_from_the_non_default_args_line() -> None:
     assert figures.max_num_seqs == 8
     figures.feed("INFO 11-30 11:00:00 [utils.py:253] non-default args: {'model': 'Qwen/Qwen3-8B'}")
     assert figures.max_num_seqs is None  # the next start left it at vLLM's default: unknown
+
+
+def test_each_workers_figures_are_kept_by_its_pid() -> None:
+    """Per GPU rank, by the PID in the worker's prefix (the first line is real: vLLM ~0.10.2 at TP=4, case
+    l40s-qwen3-235b-2507-fp8-tp4-ep in fixtures/cases/capacity-dev.json); the engine's own lines are not a rank's."""
+    s = figures(
+        "(Worker_TP3_EP3 pid=2081) INFO 09-24 20:53:41 [gpu_worker.py:298] Available KV cache memory: 10.65 GiB\n"
+        "(EngineCore_DP0 pid=1944) INFO 09-24 20:53:41 [kv_cache_utils.py:864] GPU KV cache size: 238,208 tokens\n"
+        "(VllmWorker rank=1 pid=77) INFO 05-01 10:00:00 [gpu_model_runner.py:1] Model loading took 7.10 GiB\n"
+    )
+    assert set(s.ranks) == {2081, 77}
+    assert s.ranks[2081].kv_cache_memory_bytes == pytest.approx(10.65 * GiB)
+    assert s.ranks[77].weights_bytes == pytest.approx(7.10 * GiB)
+    assert figures("(APIServer pid=1) INFO 10-03 non-default args: {}\n").ranks == {}

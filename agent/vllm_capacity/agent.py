@@ -71,6 +71,12 @@ def _first(items: list[Any], n: int = 8) -> list[Any]:
     return items if len(items) <= n else [*items[:n], f"... {len(items) - n} more"]
 
 
+def _alike(values: Iterable[float | None], within: float = 0.02) -> bool:
+    """Whether the known values agree within ``within`` of the largest (true when fewer than two are known)."""
+    known = [v for v in values if v is not None]
+    return len(known) < 2 or max(known) - min(known) <= within * max(known)
+
+
 def _first_time(seen: set[Any], cause: object, remember: int = 256) -> bool:
     """Whether ``cause`` is new to ``seen`` (then remembered). Causes are remembered up to ``remember``, then forgotten
     all at once: a stream of distinct causes (a count in each message, say) cannot grow the set without bound."""
@@ -325,16 +331,23 @@ class Agent:
         weights = _only(e.weights_bytes for e in engines)
         pool = _only(e.kv_pool_bytes for e in engines)
         utilization = _only(e.cache_config.gpu_memory_utilization for e in metrics.engines if e.cache_config)
-        budgets = {
-            g.index: gpu_budget(
+        ranks = self.figures.ranks
+        # under pipeline parallelism the stages hold different layers: their weights and KV differ, and one rank's
+        # figure would be wrong on the others' GPUs. A GPU takes its own rank's weights (the worker PID of its log
+        # lines running on it), the engine's figures only where every rank loaded the same weights (tensor
+        # parallelism: vLLM then sizes every rank's KV cache to the smallest, the engine's figure).
+        if not _alike(r.weights_bytes for r in ranks.values()):
+            weights = pool = None
+        budgets = {}
+        for g in gpus:
+            mine = next((ranks[p.pid] for p in g.processes or () if p.pid in ranks), None)
+            budgets[g.index] = gpu_budget(
                 g,
                 vllm_pids=self._vllm_pids,
-                weights_bytes=weights,
+                weights_bytes=mine.weights_bytes if mine is not None and mine.weights_bytes is not None else weights,
                 kv_cache_bytes=pool,
                 gpu_memory_utilization=utilization,
             )
-            for g in gpus
-        }
         self._count_hidden(gpus, budgets)
         return budgets
 

@@ -19,6 +19,8 @@ from vllm_capacity.units import GiB, MiB
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
 _ENGINE = re.compile(r"\((?:[A-Za-z]*Engine[A-Za-z]*_?(?:DP)?|[^)]*\bDP)(\d+)[^)]*pid=\d+\)")
+# a worker's prefix, one per GPU rank: "(Worker_TP1 pid=2080)", "(Worker_PP1_TP0 pid=..)", "(VllmWorker rank=1 pid=..)"
+_WORKER = re.compile(r"\([A-Za-z]*Worker[^)]*?\bpid=(\d+)\)")
 
 # name -> regex; the first group is the value. GiB figures are bytes / 2**30 even where vLLM writes "GB".
 _PATTERNS: dict[str, re.Pattern[str]] = {
@@ -115,8 +117,18 @@ class EngineFigures:
 
 
 @dataclass
+class RankFigures:
+    """What one GPU rank's worker logged about its own memory (its weights differ by pipeline stage)."""
+
+    weights_bytes: float | None = None
+    kv_cache_memory_bytes: float | None = None
+
+
+@dataclass
 class StartupFigures:
     engines: dict[str, EngineFigures] = field(default_factory=dict)
+    #: per worker, by the PID in its log prefix (the PID NVML lists on its GPU when the pod shares its PID namespace)
+    ranks: dict[int, RankFigures] = field(default_factory=dict)
     starts: int = 0
     #: --max-num-seqs, when the start's "non-default args" line gives it (None: vLLM's default, or no such line)
     max_num_seqs: int | None = None
@@ -124,6 +136,7 @@ class StartupFigures:
     def feed(self, line: str) -> None:
         if _NEW_START.search(line):
             self.engines.clear()  # a new start of vLLM: the old figures no longer describe it
+            self.ranks.clear()
             self.starts += 1
             seqs = _MAX_NUM_SEQS.search(line)
             self.max_num_seqs = int(seqs[1]) if seqs else None
@@ -132,6 +145,14 @@ class StartupFigures:
         if not found:
             return
         fig = self.engines.setdefault(engine, EngineFigures())
+        if (worker := _WORKER.search(_ANSI.sub("", line))) and (
+            "weights_gib" in found or "kv_cache_memory_gib" in found
+        ):
+            rank = self.ranks.setdefault(int(worker[1]), RankFigures())
+            if found.get("weights_gib"):
+                rank.weights_bytes = found["weights_gib"] * GiB
+            if found.get("kv_cache_memory_gib"):
+                rank.kv_cache_memory_bytes = found["kv_cache_memory_gib"] * GiB
         if device := _DEVICE.search(_ANSI.sub("", line)):
             fig.device = device[1]
         for name, value in found.items():
