@@ -46,6 +46,10 @@ class FakeGpu:
     # reset under us: every call on it fails as lost until NVML itself starts again (its reference count back to 0,
     # then nvmlInit), as the driver's handles are those of the GPU before the reset
     stale: bool = False
+    # under MPS the compute list holds the MPS server; its clients (vLLM among them) are listed by
+    # nvmlDeviceGetMPSComputeRunningProcesses
+    mps_processes: list[tuple[int, int | None]] = field(default_factory=list)
+    no_mps_call: bool = False  # a driver without nvmlDeviceGetMPSComputeRunningProcesses_v3
 
 
 class FakeNvml:
@@ -166,9 +170,21 @@ class FakeNvml:
         return self.nvmlDeviceGetComputeRunningProcesses_v2(handle)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: FakeGpu) -> list:
+        return self._process_infos(self._check(handle).processes)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: FakeGpu) -> list:
         g = self._check(handle)
+        if g.no_mps_call:  # pynvml calls the _v3 symbol directly: a driver without it says FunctionNotFound
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return self._process_infos(g.mps_processes)
+
+    def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: FakeGpu) -> list:
+        return self._process_infos(self._check(handle).mps_processes)
+
+    @staticmethod
+    def _process_infos(processes: list[tuple[int, int | None]]) -> list:
         out = []
-        for pid, used in g.processes:
+        for pid, used in processes:
             raw = pynvml.c_nvmlProcessInfo_v2_t(
                 pid, used if used is not None else pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
             )

@@ -642,3 +642,21 @@ async def test_under_pipeline_parallelism_each_gpu_takes_its_own_ranks_weights(f
     assert "weights" not in _components(text, "2")
     assert all("kv_cache" not in _components(text, g) for g in ("0", "1", "2"))
     await agent.client.aclose()
+
+
+@pytest.mark.parametrize("old_driver", [False, True])
+def test_under_mps_vllm_is_found_among_the_clients(old_driver: bool) -> None:
+    """With MPS the compute list holds the MPS server; vLLM and the other clients are in the MPS list (on a driver
+    without its _v3 symbol, through _v2): vLLM's share is its own, the server and the other client are others'."""
+    gpu = FakeGpu(
+        uuid="GPU-m",
+        used=int(22 * GiB),
+        processes=[(50, int(0.5 * GiB))],  # nvidia-cuda-mps-server
+        mps_processes=[(4242, int(20 * GiB)), (999, int(1.5 * GiB))],
+        no_mps_call=old_driver,
+    )
+    (reading,) = NvmlSource(loader=lambda: FakeNvml([gpu]))._read_sync()
+    assert {p.pid for p in reading.processes} == {50, 4242, 999}
+    b = gpu_budget(reading, vllm_pids={4242})
+    assert b.identified_by == "pid" and b.vllm_pids == (4242,)
+    assert b.components["other_processes"] == int(0.5 * GiB) + int(1.5 * GiB)

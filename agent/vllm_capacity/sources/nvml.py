@@ -244,12 +244,26 @@ class NvmlSource:
         return self._optional(lambda: nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
     def _processes(self, nvml: Any, handle: Any) -> Any:
-        """pynvml's nvmlDeviceGetComputeRunningProcesses calls the _v3 symbol, and where the driver lacks it (before
-        510.39, and 535.98) raises NVMLLibraryMismatchError, a plain Exception: then the _v2 call answers."""
+        """The compute processes, and under MPS its clients (the compute list then holds the MPS server; vLLM is a
+        client). pynvml's nvmlDeviceGetComputeRunningProcesses calls the _v3 symbol, and where the driver lacks it
+        (before 510.39, and 535.98) raises NVMLLibraryMismatchError, a plain Exception: then the _v2 call answers;
+        its MPS call says FunctionNotFound then, and its _v2 answers."""
         try:
-            return self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
+            procs = self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
         except nvml.NVMLLibraryMismatchError:
-            return self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
+            procs = self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
+        clients = None
+        try:
+            clients = nvml.nvmlDeviceGetMPSComputeRunningProcesses(handle)
+        except nvml.NVMLError as err:
+            if err.value == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                clients = self._optional(lambda: nvml.nvmlDeviceGetMPSComputeRunningProcesses_v2(handle))
+            elif err.value not in _FIELD_ABSENT:
+                raise
+        if procs is None or not clients:
+            return procs
+        listed = {int(p.pid) for p in procs}
+        return [*procs, *(c for c in clients if int(c.pid) not in listed)]
 
     def _device(
         self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None, parent_handle: Any = None
