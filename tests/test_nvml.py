@@ -211,10 +211,12 @@ async def test_a_reset_gpu_comes_back_only_when_nvml_really_starts_again(fake_vl
 
 async def test_a_hanging_call_times_out_and_is_not_piled_on(fake_vllm: FakeVllm, tmp_path) -> None:
     gpu = seed_gpu()
-    gpu.hang = threading.Event()
     clock = FakeClock()
     nvml = NvmlSource(loader=lambda: FakeNvml([gpu]), deadline=0.2)
     agent = await _agent(fake_vllm, tmp_path, nvml, {4242}, monotonic=clock)
+    await agent.cycle()  # NVML answered once: from now on a hang is a failure
+    gpu.hang = threading.Event()
+    clock.advance(agent.interval)
     snap = await agent.cycle()
     assert snap.up and snap.engines[0].capacity_tokens == 208625  # vLLM was read while NVML hung
     assert agent.errors[("nvml", "timeout")] == 1
@@ -660,3 +662,46 @@ def test_under_mps_vllm_is_found_among_the_clients(old_driver: bool) -> None:
     b = gpu_budget(reading, vllm_pids={4242})
     assert b.identified_by == "pid" and b.vllm_pids == (4242,)
     assert b.components["other_processes"] == int(0.5 * GiB) + int(1.5 * GiB)
+
+
+async def test_a_slow_first_read_is_starting_not_a_failure(fake_vllm: FakeVllm, tmp_path) -> None:
+    """Without persistence mode NVML's first read can take seconds a GPU: while it runs (up to a minute) the agent
+    serves vLLM's figures, counts no failure, says once that NVML is starting, and reads the GPUs once it answers."""
+    gpu = seed_gpu()
+    gpu.hang = threading.Event()  # the driver initialising the GPU
+    clock = FakeClock()
+    agent = await _agent(
+        fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu]), deadline=0.2), {4242}, monotonic=clock
+    )
+    with structlog.testing.capture_logs() as logs:
+        snap = await agent.cycle()
+        clock.advance(agent.interval)
+        await agent.cycle()  # the first read still runs: not piled on, not counted
+    assert snap.up and snap.engines[0].capacity_tokens == 208625
+    assert not [k for k in agent.errors if k[0] == "nvml"], agent.errors
+    assert [e["event"] for e in logs if e["event"].startswith("nvml")] == ["nvml_starting"]
+    assert not [e for e in logs if e["event"] == "source_failed"]
+    gpu.hang.set()
+    (worker,) = [t for t in threading.enumerate() if t.name == "nvml"]
+    await asyncio.to_thread(worker.join, 10)
+    clock.advance(agent.interval)
+    await agent.cycle()
+    assert agent.sources["nvml"].up and agent.snapshot.gpus
+    await agent.client.aclose()
+
+
+async def test_a_first_read_hanging_past_the_grace_is_a_failure(fake_vllm: FakeVllm, tmp_path) -> None:
+    from vllm_capacity.agent import NVML_FIRST_READ_GRACE
+
+    gpu = seed_gpu()
+    gpu.hang = threading.Event()
+    clock = FakeClock()
+    agent = await _agent(
+        fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu]), deadline=0.2), {4242}, monotonic=clock
+    )
+    await agent.cycle()
+    clock.advance(NVML_FIRST_READ_GRACE)
+    await agent.cycle()
+    assert agent.errors[("nvml", "hung")] == 1
+    gpu.hang.set()
+    await agent.client.aclose()

@@ -49,6 +49,9 @@ SOURCE_LOG = "vllm_log"
 SOURCE_NVML = "nvml"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error
 NVML_MAX_BACKOFF = 300.0
+# the first read of NVML (nvmlInit, and each GPU's first query) can take seconds a GPU where persistence mode is
+# off: for this long after the first attempt, a first read that outlasts --timeout is "starting", not a failure
+NVML_FIRST_READ_GRACE = 60.0
 LOG_EVERY = 10.0  # seconds: at most one line a source about its state changes
 LATENCY_EVERY = 5.0  # seconds: how often a cycle reads vLLM's latency histograms (most of its lines) to learn from
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
@@ -140,6 +143,8 @@ class Agent:
         self._vllm_gpus: set[str] = set()  # UUIDs of the GPUs vLLM's processes were seen on (see _pods_gpus)
         self._nvml_next_attempt = 0.0
         self._nvml_backoff = interval
+        self._nvml_first_attempt: float | None = None  # when NVML was first asked
+        self._nvml_answered = False  # whether NVML ever answered a read
         if nvml is not None:
             self.sources[SOURCE_NVML] = SourceStatus()
         self.errors: Counter[tuple[str, str]] = Counter()
@@ -276,6 +281,8 @@ class Agent:
                 raise _internal(unexpected, "reading NVML") from None
         except SourceError as err:
             self._gpus = ()  # nothing stale: the GPU series go away while NVML cannot be read
+            if self._nvml_starting(err, t0):
+                return
             if err.reason in (Reason.LIBRARY_NOT_FOUND, Reason.DRIVER_NOT_LOADED) and not self.nvml_required:
                 # --nvml auto on a machine without NVIDIA's library or driver: nothing failed, there is no GPU to
                 # read. One line, no error series, and NVML is not asked again.
@@ -296,7 +303,27 @@ class Agent:
         if self.nvml.narrow_to_vllm:
             self._gpus = self._pods_gpus(self._gpus)
         self._nvml_backoff = self.interval
+        self._nvml_answered = True
         self._ok(SOURCE_NVML, self.monotonic() - t0)
+
+    def _nvml_starting(self, err: SourceError, t0: float) -> bool:
+        """Whether ``err`` is NVML's first read still running (it outlasted --timeout, or a later cycle found it
+        busy) within NVML_FIRST_READ_GRACE of the first attempt: then no failure is counted, the backoff does not
+        grow, and the next cycle asks again (the driver's first answer can take seconds a GPU)."""
+        if self._nvml_first_attempt is None:
+            self._nvml_first_attempt = t0
+        if self._nvml_answered or err.reason not in (Reason.TIMEOUT, Reason.HUNG):
+            return False
+        if self.monotonic() - self._nvml_first_attempt >= NVML_FIRST_READ_GRACE:
+            return False
+        if _first_time(self._gpu_failures_logged, "nvml_starting"):
+            self.logger.info(
+                "nvml_starting",
+                source=SOURCE_NVML,
+                hint=f"NVML's first read takes longer than --timeout; waiting up to {NVML_FIRST_READ_GRACE:g}s "
+                "(persistence mode off? nvidia-smi -pm 1 makes it fast)",
+            )
+        return True
 
     def _pods_gpus(self, gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
         """With nothing naming the pod's GPUs (NVIDIA_VISIBLE_DEVICES=all in the sidecar, or unset) NVML shows every
