@@ -8,10 +8,13 @@ classes (``pynvml.NVMLError(code)`` maps to ``NVMLError_GpuIsLost`` and friends)
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from dataclasses import dataclass, field
 
 import pynvml
+
+from vllm_capacity.sources.nvml import ProcessInfoWide
 
 GiB = 2**30
 
@@ -53,6 +56,9 @@ class FakeGpu:
 
 
 class FakeNvml:
+    NVML_SUCCESS = pynvml.NVML_SUCCESS
+    NVML_ERROR_INSUFFICIENT_SIZE = pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+    NVML_VALUE_NOT_AVAILABLE_ulonglong = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong
     NVMLError = pynvml.NVMLError
     NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
     NVML_ERROR_FUNCTION_NOT_FOUND = pynvml.NVML_ERROR_FUNCTION_NOT_FOUND
@@ -62,9 +68,10 @@ class FakeNvml:
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     NVML_DEVICE_MIG_DISABLE = pynvml.NVML_DEVICE_MIG_DISABLE
 
-    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None) -> None:
+    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None, driver: str = "550.54.15") -> None:
         self.gpus = gpus
         self.init_error = init_error
+        self.driver = driver
         self.init_calls = 0
         self.refcount = 0  # nvmlInit is reference-counted, as the real library's
         self.starts = 0  # times the library really started (its count went from 0 to 1)
@@ -170,16 +177,79 @@ class FakeNvml:
         return self.nvmlDeviceGetComputeRunningProcesses_v2(handle)
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: FakeGpu) -> list:
-        return self._process_infos(self._check(handle).processes)
+        g = self._check(handle)
+        if self._wide():  # pynvml's 24-byte structures over the driver's 32-byte ones: garbage after the first
+            return self._misread(g.processes)
+        return self._process_infos(g.processes)
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        if self.refcount == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        return self.driver
+
+    def _wide(self) -> bool:
+        """Drivers 535.43.02-535.86.x write 32-byte process structures (usedGpuCcProtectedMemory added)."""
+        major, minor = (int(x) for x in self.driver.split(".")[:2])
+        return (535, 43) <= (major, minor) < (535, 98)
+
+    def _driver_array(self, processes: list[tuple[int, int | None]], length: int) -> ctypes.Array:
+        """The process array as this driver writes it into memory."""
+        unavailable = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+        layout = ProcessInfoWide if self._wide() else pynvml.c_nvmlProcessInfo_v2_t
+        array = (layout * length)()
+        for i, (pid, used) in enumerate(processes):
+            array[i].pid, array[i].usedGpuMemory = pid, used if used is not None else unavailable
+        return array
+
+    def _misread(self, processes: list[tuple[int, int | None]]) -> list:
+        """What pynvml returns on those drivers: the driver's bytes read as 24-byte structures."""
+        length = len(processes) * 2 + 5
+        written = self._driver_array(processes, length)
+        read = (pynvml.c_nvmlProcessInfo_v2_t * length).from_buffer_copy(
+            bytes(written)[: ctypes.sizeof(pynvml.c_nvmlProcessInfo_v2_t) * length]
+        )
+        return [pynvml.nvmlStructToFriendlyObject(read[i]) for i in range(len(processes))]
+
+    def _nvmlGetFunctionPointer(self, name: str):
+        """The C functions the agent calls itself (the *_v3 process lists with the driver's own structure): the same
+        two-call protocol as the driver's (a count, then the array)."""
+        if self.refcount == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
+        lists = {
+            "nvmlDeviceGetComputeRunningProcesses_v3": lambda g: g.processes,
+            "nvmlDeviceGetMPSComputeRunningProcesses_v3": lambda g: g.mps_processes,
+        }
+        if name not in lists:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+        def call(handle: FakeGpu, count, array) -> int:
+            try:
+                processes = lists[name](self._check(handle))
+            except pynvml.NVMLError as err:
+                return err.value
+            if not processes:
+                count.contents.value = 0
+                return pynvml.NVML_SUCCESS
+            if array is None or count.contents.value < len(processes):
+                count.contents.value = len(processes)
+                return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+            ctypes.memmove(
+                array, self._driver_array(processes, len(processes)), ctypes.sizeof(array[0]) * len(processes)
+            )
+            count.contents.value = len(processes)
+            return pynvml.NVML_SUCCESS
+
+        return call
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: FakeGpu) -> list:
         g = self._check(handle)
         if g.no_mps_call:  # pynvml calls the _v3 symbol directly: a driver without it says FunctionNotFound
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
-        return self._process_infos(g.mps_processes)
+        return self._misread(g.mps_processes) if self._wide() else self._process_infos(g.mps_processes)
 
     def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: FakeGpu) -> list:
-        return self._process_infos(self._check(handle).mps_processes)
+        g = self._check(handle)
+        return self._misread(g.mps_processes) if self._wide() else self._process_infos(g.mps_processes)
 
     @staticmethod
     def _process_infos(processes: list[tuple[int, int | None]]) -> list:

@@ -705,3 +705,31 @@ async def test_a_first_read_hanging_past_the_grace_is_a_failure(fake_vllm: FakeV
     assert agent.errors[("nvml", "hung")] == 1
     gpu.hang.set()
     await agent.client.aclose()
+
+
+@pytest.mark.parametrize("mps", [False, True])
+def test_drivers_with_the_32_byte_process_structure_are_read_right(mps: bool) -> None:
+    """Drivers 535.43.02-535.86.x write 32-byte process structures where pynvml reads 24-byte ones: through pynvml
+    the first process is right and the next ones garbage (the double reproduces it from the bytes); the agent calls
+    the function itself with the wide structure and gets every process right."""
+    listed = [(4242, int(20 * GiB)), (999, int(1.5 * GiB)), (1000, None)]
+    gpu = FakeGpu(
+        uuid="GPU-w", used=int(22 * GiB), processes=[] if mps else listed, mps_processes=listed if mps else []
+    )
+    fake = FakeNvml([gpu], driver="535.54.03")
+    fake.nvmlInit()
+    through_pynvml = (
+        fake.nvmlDeviceGetMPSComputeRunningProcesses(gpu) if mps else fake.nvmlDeviceGetComputeRunningProcesses(gpu)
+    )
+    assert through_pynvml[0].pid == 4242 and [p.pid for p in through_pynvml[1:]] != [999, 1000]  # the defect
+    fake.nvmlShutdown()
+    (reading,) = NvmlSource(loader=lambda: fake)._read_sync()
+    assert [(p.pid, p.used_bytes) for p in reading.processes] == listed
+
+
+def test_drivers_outside_that_range_use_pynvmls_own_calls() -> None:
+    listed = [(4242, int(20 * GiB)), (999, int(1.5 * GiB))]
+    for driver in ("535.104.05", "530.30.02", "570.86.10"):
+        fake = FakeNvml([FakeGpu(uuid="GPU-n", used=int(22 * GiB), processes=listed)], driver=driver)
+        (reading,) = NvmlSource(loader=lambda fake=fake: fake)._read_sync()
+        assert [(p.pid, p.used_bytes) for p in reading.processes] == listed, driver

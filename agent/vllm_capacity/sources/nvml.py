@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import os
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +78,61 @@ THROTTLE_REASONS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
 }
+# Drivers 535.43.02 to 535.86.x fill nvmlDeviceGetComputeRunningProcesses_v3 (and its MPS twin) with a 32-byte
+# structure (an added usedGpuCcProtectedMemory), while pynvml reads 24-byte ones: the first process comes out right
+# and every further one is garbage (nvitop PR 79, go-nvml issue 75). 535.98 went back to 24 bytes. On those drivers
+# the agent calls the functions itself with the wide structure.
+WIDE_PROCESS_INFO_DRIVERS = ((535, 43), (535, 98))  # [from, to)
+
+
+class ProcessInfoWide(ctypes.Structure):
+    """nvmlProcessInfo_v2_t as drivers 535.43.02-535.86.x write it: with usedGpuCcProtectedMemory."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+        ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
+    ]
+
+
+def driver_version(text: str) -> tuple[int, int] | None:
+    """(major, minor) of a driver version such as 535.54.03; None when it is not one."""
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def wide_process_infos(nvml: Any, handle: Any, function: str) -> list[Any]:
+    """``function`` (a *_v3 process list) called with the 32-byte structure: what pynvml's own call would read
+    wrong on drivers 535.43.02-535.86.x. The same two calls pynvml makes: the count, then the list."""
+    fn = nvml._nvmlGetFunctionPointer(function)
+    count = ctypes.c_uint(0)
+    ret = fn(handle, ctypes.pointer(count), None)
+    if ret == nvml.NVML_SUCCESS:
+        return []
+    if ret != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
+        raise nvml.NVMLError(ret)
+    count.value = count.value * 2 + 5  # room for processes started in between, as pynvml leaves
+    infos = (ProcessInfoWide * count.value)()
+    ret = fn(handle, ctypes.pointer(count), infos)
+    if ret != nvml.NVML_SUCCESS:
+        raise nvml.NVMLError(ret)
+    unavailable = nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+    return [
+        GpuProcessInfo(int(i.pid), None if i.usedGpuMemory == unavailable else int(i.usedGpuMemory))
+        for i in infos[: count.value]
+    ]
+
+
+@dataclass(frozen=True)
+class GpuProcessInfo:
+    """A process as pynvml's friendly objects give it (pid, usedGpuMemory)."""
+
+    pid: int
+    usedGpuMemory: int | None
+
+
 # reasons that lower the clocks without throttling the work: the GPU idles, or its clocks were set so by the
 # application or an administrator. Exported apart (gpu_clock_event), never as throttling.
 NOT_THROTTLING = frozenset({"gpu_idle", "applications_clocks_setting"})
@@ -200,6 +257,7 @@ class NvmlSource:
     _nvml: Any = None
     _initialized: bool = False
     _held: bool = False  # this source holds one of nvmlInit's references
+    _driver: tuple[int, int] | None = None  # the driver's (major, minor), read once NVML started
     _busy: threading.Event = field(default_factory=threading.Event)
     #: the GPUs the last read left out, each with why (one failing GPU does not hide the others)
     skipped: list[SourceError] = field(default_factory=list)
@@ -219,6 +277,8 @@ class NvmlSource:
             except self._nvml.NVMLError as err:
                 raise SourceError(reason_of(err), f"NVML could not start: {err}") from err
             self._held = self._initialized = True
+            version = self._optional(self._nvml.nvmlSystemGetDriverVersion)
+            self._driver = driver_version(_text(version)) if version is not None else None
         return self._nvml
 
     def _optional(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -248,6 +308,13 @@ class NvmlSource:
         client). pynvml's nvmlDeviceGetComputeRunningProcesses calls the _v3 symbol, and where the driver lacks it
         (before 510.39, and 535.98) raises NVMLLibraryMismatchError, a plain Exception: then the _v2 call answers;
         its MPS call says FunctionNotFound then, and its _v2 answers."""
+        low, high = WIDE_PROCESS_INFO_DRIVERS
+        if self._driver is not None and low <= self._driver < high:  # the 32-byte structure: read it as it is
+            procs = self._optional(lambda: wide_process_infos(nvml, handle, "nvmlDeviceGetComputeRunningProcesses_v3"))
+            clients = self._optional(
+                lambda: wide_process_infos(nvml, handle, "nvmlDeviceGetMPSComputeRunningProcesses_v3")
+            )
+            return _merged(procs, clients)
         try:
             procs = self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
         except nvml.NVMLLibraryMismatchError:
@@ -260,10 +327,7 @@ class NvmlSource:
                 clients = self._optional(lambda: nvml.nvmlDeviceGetMPSComputeRunningProcesses_v2(handle))
             elif err.value not in _FIELD_ABSENT:
                 raise
-        if procs is None or not clients:
-            return procs
-        listed = {int(p.pid) for p in procs}
-        return [*procs, *(c for c in clients if int(c.pid) not in listed)]
+        return _merged(procs, clients)
 
     def _device(
         self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None, parent_handle: Any = None
@@ -391,6 +455,14 @@ class NvmlSource:
             return await asyncio.wait_for(done, timeout=self.deadline)
         except TimeoutError as err:
             raise SourceError(Reason.TIMEOUT, f"NVML did not answer within {self.deadline:g}s") from err
+
+
+def _merged(procs: Any, clients: Any) -> Any:
+    """The compute processes and the MPS clients, once each by PID (None when the compute list is unknown)."""
+    if procs is None or not clients:
+        return procs
+    listed = {int(p.pid) for p in procs}
+    return [*procs, *(c for c in clients if int(c.pid) not in listed)]
 
 
 def _text(value: Any) -> str:
