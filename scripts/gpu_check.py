@@ -1,99 +1,309 @@
-"""The NVML checks of scripts/gpu-check: real GPU, real driver, real nvidia-ml-py (see that script)."""
+"""The checks of scripts/gpu-check, on a machine with an NVIDIA GPU and no network: the real driver and nvidia-ml-py
+against what the agent assumes. Needs only Python >= 3.11 and nvidia-ml-py (pynvml.py, pure Python: found in
+.venv when it is not installed); the agent's NVML code is imported from agent/ (it needs nothing else). CUDA memory
+is allocated through libcuda with ctypes (no PyTorch). Prints a table a reviewer can paste; exit 0 when every check
+passes, 1 when one fails, 2 when there is no usable GPU.
+
+Checks: the driver's NVML function table (which versioned calls exist); each GPU's reading against nvidia-smi
+(``[N/A]`` tolerated) and total = reserved + used + free; two allocator processes of different sizes as NVML lists
+them (both right: the 32-byte process structure of drivers 535.43-535.86 garbles the second through pynvml); the
+gap between used memory and the processes' sum; the process list read from a separate PID namespace (``unshare``:
+drivers from 535.113.01 hide processes the reader cannot see) and as UID 65532 (the sidecar's user); power,
+clocks, temperature and utilization for plausibility; the first read's time against the agent's deadline;
+MIG instances only where MIG is already enabled.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import glob
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from vllm_capacity.budget import gpu_budget
-from vllm_capacity.sources import SourceError
-from vllm_capacity.sources.nvml import NvmlSource
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "agent"))
+try:
+    import pynvml
+except ImportError:  # not installed: the checkout's virtualenv has the pure-Python module
+    sys.path[1:1] = glob.glob(str(ROOT / ".venv" / "lib" / "python3*" / "site-packages"))
+    import pynvml
 
-MiB = 2**20
-GIB = float(os.environ.get("GPU_CHECK_GIB", "2"))
-ALLOCATOR = f"""
-import os, sys, time, torch
-x = torch.empty({int(GIB * 2**30)}, dtype=torch.uint8, device="cuda")
-torch.cuda.synchronize()
+from vllm_capacity.budget import gpu_budget  # noqa: E402 - after the path to agent/
+from vllm_capacity.sources import SourceError  # noqa: E402
+from vllm_capacity.sources.nvml import GpuReading, NvmlSource  # noqa: E402
+
+MiB, GiB = 2**20, 2**30
+DEADLINE = 4.0  # the agent's default --timeout
+SIDECAR_UID = 65532
+FUNCTIONS = (  # the NVML symbols the agent calls, or falls back between
+    "nvmlInit_v2",
+    "nvmlSystemGetDriverVersion",
+    "nvmlDeviceGetMemoryInfo",
+    "nvmlDeviceGetMemoryInfo_v2",
+    "nvmlDeviceGetComputeRunningProcesses",
+    "nvmlDeviceGetComputeRunningProcesses_v2",
+    "nvmlDeviceGetComputeRunningProcesses_v3",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v2",
+    "nvmlDeviceGetMPSComputeRunningProcesses_v3",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrentClocksThrottleReasons",
+    "nvmlDeviceGetMigMode",
+    "nvmlDeviceGetMigDeviceHandleByIndex",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetPowerUsage",
+)
+ALLOCATOR = """
+import ctypes, os, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+def check(ret, what):
+    if ret != 0:
+        print(f"error {what} {ret}", flush=True)
+        sys.exit(3)
+check(cuda.cuInit(0), "cuInit")
+device = ctypes.c_int()
+check(cuda.cuDeviceGet(ctypes.byref(device), int(sys.argv[1])), "cuDeviceGet")
+context = ctypes.c_void_p()
+check(cuda.cuCtxCreate_v2(ctypes.byref(context), 0, device), "cuCtxCreate")
+pointer = ctypes.c_uint64()
+check(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(int(sys.argv[2]))), "cuMemAlloc")
 print(os.getpid(), flush=True)
 sys.stdin.read()
 """
+# a reader in another process (another PID namespace, another user): what NVML lists on one GPU, as the agent reads it
+READER = """
+import json, sys
+sys.path[:0] = json.loads(sys.argv[2])
+from vllm_capacity.sources.nvml import NvmlSource
+reading = [g for g in NvmlSource()._read_sync() if g.index == sys.argv[1]][0]
+print(json.dumps([[p.pid, p.used_bytes] for p in reading.processes] if reading.processes is not None else None))
+"""
 
 
-def smi() -> dict[str, dict[str, int]]:
-    out = subprocess.run(
-        ["nvidia-smi", "--query-gpu=index,uuid,memory.total,memory.used,memory.free", "--format=csv,noheader,nounits"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+@dataclass
+class Report:
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def add(self, check: str, ok: bool | None, detail: str) -> None:
+        self.rows.append((check, {True: "ok", False: "FAIL", None: "info"}[ok], detail))
+
+    def failed(self) -> bool:
+        return any(status == "FAIL" for _, status, _ in self.rows)
+
+    def print(self) -> None:
+        width = max(len(c) for c, _, _ in self.rows)
+        for check, status, detail in self.rows:
+            print(f"{check:<{width}}  {status:<4}  {detail}")
+
+
+def smi_number(text: str) -> float | None:
+    """One nvidia-smi CSV value: a number, or None for [N/A], [Not Supported], N/A and the like."""
+    text = text.strip()
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def smi_rows(run: Any = subprocess.run) -> dict[str, dict[str, float | None]]:
+    """nvidia-smi's view of each GPU by UUID (MiB, W, C); {} without nvidia-smi."""
+    fields = ("uuid", "memory.total", "memory.reserved", "memory.used", "memory.free", "power.draw", "temperature.gpu")
+    try:
+        out = run(
+            ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
     rows = {}
-    for line in out.strip().splitlines():
-        index, uuid, total, used, free = (v.strip() for v in line.split(","))
-        rows[uuid] = {"index": int(index), "total": int(total), "used": int(used), "free": int(free)}
+    for line in out.stdout.strip().splitlines():
+        values = [v.strip() for v in line.split(",")]
+        if len(values) == len(fields):
+            rows[values[0]] = {f: smi_number(v) for f, v in zip(fields[1:], values[1:], strict=True)}
     return rows
 
 
+def plausible(g: GpuReading) -> list[str]:
+    """What is implausible in a reading (empty: nothing)."""
+    wrong = []
+    if g.power_watts is not None and not 0 < g.power_watts <= 1.1 * (g.power_limit_watts or 2000):
+        wrong.append(f"power {g.power_watts} W (limit {g.power_limit_watts} W)")
+    if g.temperature_celsius is not None and not 5 <= g.temperature_celsius <= 110:
+        wrong.append(f"temperature {g.temperature_celsius} C")
+    if g.sm_clock_hertz is not None and g.sm_clock_max_hertz and g.sm_clock_hertz > 1.05 * g.sm_clock_max_hertz:
+        wrong.append(f"SM clock {g.sm_clock_hertz / 1e6:.0f} MHz over its maximum {g.sm_clock_max_hertz / 1e6:.0f}")
+    if g.utilization_ratio is not None and not 0 <= g.utilization_ratio <= 1:
+        wrong.append(f"utilization {g.utilization_ratio}")
+    return wrong
+
+
+def identity(g: GpuReading) -> tuple[bool, str]:
+    """total = reserved + used + free (memory info v2), or total = used + free (v1)."""
+    parts = [g.memory_reserved_bytes or 0, g.memory_used_bytes or 0, g.memory_free_bytes or 0]
+    gap = (g.memory_total_bytes or 0) - sum(parts)
+    version = "v2" if g.memory_reserved_bytes is not None else "v1"
+    return abs(gap) <= MiB, f"{version}: total - reserved - used - free = {gap / MiB:+.1f} MiB"
+
+
+def function_table() -> str:
+    present, absent = [], []
+    for name in FUNCTIONS:
+        try:
+            pynvml._nvmlGetFunctionPointer(name)
+            present.append(name)
+        except pynvml.NVMLError:
+            absent.append(name)
+    return f"absent: {', '.join(absent) or 'none'} (of {len(FUNCTIONS)})"
+
+
+def run_reader(gpu: str, prefix: list[str]) -> tuple[Any, str]:
+    """The process list of GPU ``gpu`` read by a new process started under ``prefix`` (unshare, setpriv)."""
+    paths = json.dumps([str(ROOT / "agent"), *sys.path[1:]])
+    try:
+        out = subprocess.run(
+            [*prefix, sys.executable, "-c", READER, gpu, paths], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"could not run: {err}"
+    if out.returncode != 0:
+        return None, (out.stderr.strip().splitlines() or ["no output"])[-1]
+    return json.loads(out.stdout.strip().splitlines()[-1]), ""
+
+
+def allocate(gpu: int, size: int) -> tuple[subprocess.Popen[str], int]:
+    env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA's ordinals in NVML's order
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ALLOCATOR, str(gpu), str(size)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    line = proc.stdout.readline().strip() if proc.stdout else ""
+    if not line.isdigit():
+        proc.kill()
+        raise RuntimeError(f"the allocator could not allocate {size / GiB:.1f} GiB on GPU {gpu}: {line or 'no output'}")
+    return proc, int(line)
+
+
+def check_processes(report: Report, source: NvmlSource, gpu: GpuReading) -> None:
+    """Two allocators of different sizes, as the agent reads them; then the same list from another PID namespace
+    and as the sidecar's user."""
+    free = gpu.memory_free_bytes or 0
+    sizes = [int(s) for s in (min(1 * GiB, free // 8), min(3 * GiB, free // 4))]
+    procs: list[tuple[subprocess.Popen[str], int, int]] = []
+    try:
+        for size in sizes:
+            proc, pid = allocate(int(gpu.index), size)
+            procs.append((proc, pid, size))
+        time.sleep(1)
+        reading = next(g for g in source._read_sync() if g.index == gpu.index)
+        listed = {p.pid: p.used_bytes for p in reading.processes or ()}
+        for _, pid, size in procs:
+            used = listed.get(pid)
+            ok = used is not None and size <= used <= size + GiB
+            shown = "not listed" if pid not in listed else f"{(used or 0) / GiB:.2f} GiB"
+            report.add(f"process {pid} ({size / GiB:.1f} GiB)", ok, f"NVML lists {shown} (allocation + context)")
+        known = [u for u in listed.values() if u is not None]
+        gap = (reading.memory_used_bytes or 0) - sum(known)
+        report.add("used - processes", None, f"{gap / MiB:+.0f} MiB over {len(listed)} processes")
+        report.add(
+            "budget adds up",
+            abs(
+                sum(gpu_budget(reading, vllm_pids={procs[0][1]}).components.values())
+                - (reading.memory_total_bytes or 0)
+            )
+            <= MiB,
+            "the components of a budget taking the first allocator as vLLM sum to the total",
+        )
+        ours = {pid for _, pid, _ in procs}
+        unshare = shutil.which("unshare")
+        if unshare:
+            prefix = [unshare, "--pid", "--fork", "--mount-proc"]
+            if os.geteuid() != 0:
+                prefix[1:1] = ["--user", "--map-root-user"]
+            seen, error = run_reader(gpu.index, prefix)
+            if seen is None:
+                report.add("another PID namespace", None, f"not measured: {error}")
+            else:
+                visible = {pid for pid, _ in seen} & ours
+                report.add(
+                    "another PID namespace",
+                    None,
+                    f"lists {len(seen)} processes, {len(visible)} of the 2 allocators by their PIDs "
+                    + ("(hidden: the driver translates PIDs, 535.113.01+)" if not visible else "(host PIDs)"),
+                )
+        else:
+            report.add("another PID namespace", None, "not measured: no unshare")
+        setpriv = shutil.which("setpriv")
+        if os.geteuid() == 0 and setpriv:
+            prefix = [setpriv, f"--reuid={SIDECAR_UID}", f"--regid={SIDECAR_UID}", "--clear-groups"]
+            seen, error = run_reader(gpu.index, prefix)
+            detail = (
+                error or f"{len(seen or [])} processes, memory known for {sum(u is not None for _, u in seen or [])}"
+            )
+            report.add(f"as UID {SIDECAR_UID}", seen is not None, detail)
+        else:
+            report.add(f"as UID {SIDECAR_UID}", None, "not measured: needs root and setpriv")
+    finally:
+        for proc, _, _ in procs:
+            if proc.stdin:
+                proc.stdin.close()
+            proc.wait(30)
+
+
 def main() -> int:
-    failures = []
-    source = NvmlSource(deadline=10)
+    t0 = time.monotonic()
+    source = NvmlSource(deadline=120)
     try:
         readings = asyncio.run(source.read())
     except SourceError as err:
         print(f"gpu-check: no usable NVIDIA GPU here ({err.reason}): {err}")
         return 2
-    print(f"NVML sees {len(readings)} GPU(s)")
-    table = smi()
+    first = time.monotonic() - t0
+    report = Report()
+    driver = pynvml.nvmlSystemGetDriverVersion()
+    report.add("driver", None, f"{driver}, NVML {pynvml.nvmlSystemGetNVMLVersion()}, {len(readings)} device(s)")
+    report.add("function table", None, function_table())
+    report.add("first read", first <= DEADLINE, f"{first:.2f} s (the agent's --timeout: {DEADLINE:g} s; grace 60 s)")
+    smi = smi_rows()
     for g in readings:
-        row = table.get(g.uuid)
-        if row is None:
-            print(f"  GPU {g.index} {g.uuid}: not in nvidia-smi (MIG instance?)")
-            continue
-        ok = abs(g.memory_total_bytes / MiB - row["total"]) <= 1
-        print(
-            f"  GPU {g.index} {g.name} {g.uuid}: total {g.memory_total_bytes / MiB:.0f} MiB (nvidia-smi "
-            f"{row['total']}) used {g.memory_used_bytes / MiB:.0f} MiB (nvidia-smi {row['used']}) "
-            f"reserved {(g.memory_reserved_bytes or 0) / MiB:.0f} MiB, util {g.utilization_ratio}, "
-            f"power {g.power_watts} W / {g.power_limit_watts} W, {g.temperature_celsius} C, "
-            f"SM {g.sm_clock_hertz} Hz -> {'OK' if ok else 'MISMATCH'}"
-        )
-        if not ok:
-            failures.append(f"GPU {g.index} total differs from nvidia-smi")
-
-    python = os.environ.get("GPU_CHECK_PYTHON", "python3")
-    proc = subprocess.Popen([python, "-c", ALLOCATOR], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        pid = int(proc.stdout.readline())  # type: ignore[union-attr]
-        time.sleep(1)
-        readings = asyncio.run(source.read())
-        mine = [(g, p) for g in readings for p in (g.processes or ()) if p.pid == pid]
-        if not mine:
-            failures.append(f"NVML lists no process {pid} (another PID namespace? run on the host)")
-        for g, p in mine:
-            used = (p.used_bytes or 0) / 2**30
-            ok = GIB <= used <= GIB + 1.5  # the allocation plus the CUDA context
-            print(
-                f"  process {pid} on GPU {g.index}: NVML says {used:.2f} GiB for a {GIB:g} GiB allocation "
-                f"-> {'OK' if ok else 'MISMATCH'}"
+        label = f"GPU {g.index}"
+        ok, detail = identity(g)
+        report.add(f"{label} memory identity", ok, detail)
+        row = smi.get(g.uuid)
+        if row is None or row["memory.total"] is None or g.memory_total_bytes is None:
+            report.add(f"{label} vs nvidia-smi", None, "no nvidia-smi row (a MIG instance, or no nvidia-smi)")
+        else:
+            total_ok = abs(g.memory_total_bytes / MiB - row["memory.total"]) <= 1
+            report.add(
+                f"{label} vs nvidia-smi",
+                total_ok,
+                f"total {g.memory_total_bytes / MiB:.0f}/{row['memory.total']:.0f} MiB, used "
+                f"{(g.memory_used_bytes or 0) / MiB:.0f}/{row['memory.used']} MiB (NVML/nvidia-smi)",
             )
-            if not ok:
-                failures.append(f"process {pid}: {used:.2f} GiB for {GIB:g} GiB")
-            b = gpu_budget(g, vllm_pids={pid}, weights_bytes=GIB * 2**30, kv_cache_bytes=0.0)
-            print(
-                f"  budget of GPU {g.index} taking the process as vLLM with {GIB:g} GiB of 'weights': "
-                + ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in b.components.items())
-                + f"; sum {sum(b.components.values()) / 2**30:.2f} of {g.memory_total_bytes / 2**30:.2f} GiB"
-            )
-            if abs(sum(b.components.values()) - g.memory_total_bytes) > MiB:
-                failures.append(f"GPU {g.index}: components do not add up to the total")
-    finally:
-        proc.stdin.close()  # type: ignore[union-attr]
-        proc.wait(30)
-    print("gpu-check:", "OK" if not failures else "FAILED: " + "; ".join(failures))
-    return 1 if failures else 0
+        wrong = plausible(g)
+        report.add(f"{label} plausible", not wrong, "; ".join(wrong) or "power, temperature, clocks, utilization")
+        if g.mig_parent:
+            report.add(f"{label} MIG", g.power_watts is not None, f"instance of {g.mig_parent}: power from the parent")
+    whole = [g for g in readings if not g.mig_parent and g.memory_free_bytes]
+    if whole:
+        try:
+            check_processes(report, source, whole[0])
+        except RuntimeError as err:
+            report.add("allocators", False, str(err))
+    report.add("time", None, f"{time.monotonic() - t0:.1f} s in all")
+    report.print()
+    print("gpu-check:", "FAILED" if report.failed() else "OK")
+    return 1 if report.failed() else 0
 
 
 if __name__ == "__main__":
