@@ -253,6 +253,17 @@ def alerts(c: Config) -> list[dict]:
         ),
         alert(
             c,
+            "VLLMGPUUnreadable",
+            "vllm_capacity_gpu_up == 0",
+            "5m",
+            "warning",
+            "NVML cannot read one of vLLM's GPUs.",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.namespace }}/{{ $labels.pod }} cannot be read "
+            "while the others can: lost, needing a reset, or no permission (vllm_capacity_source_errors_total"
+            '{source="nvml"} says which).',
+        ),
+        alert(
+            c,
             "VLLMTTFTSLOBreach",
             f"histogram_quantile(0.99, sum by ({cl}, namespace, pod, model_name, le) "
             f"(rate(vllm:time_to_first_token_seconds_bucket[{c.ttft_window}]))) > {c.ttft_p99_seconds:g}",

@@ -60,7 +60,7 @@ REQUIRED = {
     "VLLMCapacityExporterDown", "VLLMTargetDown", "VLLMKVCacheHigh", "VLLMKVCacheSaturated",
     "VLLMPreemptionsSustained", "VLLMRequestsQueuedForCapacity", "VLLMKVCacheExhaustionPredicted",
     "VLLMConcurrencyNearCapacity", "VLLMGPUMemoryNearFull", "VLLMGPUMemoryContention", "VLLMTTFTSLOBreach",
-    "VLLMCapacityMetricsMissing", "VLLMAdmissionStalled",
+    "VLLMCapacityMetricsMissing", "VLLMAdmissionStalled", "VLLMGPUUnreadable",
 }  # fmt: skip
 
 
@@ -154,6 +154,15 @@ def test_target_down_inhibits_capacity_alerts() -> None:
         "VLLMCapacityExporterDown",
         "VLLMGPUMemoryNearFull",
         "VLLMGPUMemoryContention",
+        "VLLMGPUUnreadable",  # a GPU's trouble is often why vLLM is down: it must be seen
     }:
         assert re.fullmatch(pattern, name), f"VLLMTargetDown does not silence {name}"
-    assert set(rule["equal"]) == {"namespace", "pod"}
+    assert set(rule["equal"]) == {"cluster", "namespace", "pod"}
+
+
+def test_inhibitions_and_grouping_keep_clusters_apart() -> None:
+    """With several clusters in one Alertmanager, vLLM down in one cluster never silences a same-named pod's alerts
+    in another, and one notification never mixes clusters (a missing label is one cluster: equal as empty)."""
+    doc = yaml.safe_load((ALERTS / "alertmanager.yaml").read_text())
+    assert all("cluster" in rule["equal"] for rule in doc["inhibit_rules"])
+    assert "cluster" in doc["route"]["group_by"]

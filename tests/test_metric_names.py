@@ -19,6 +19,7 @@ UNITLESS = {  # counts and states without a base unit
     "vllm_capacity_requests_waiting_for_capacity",
     "vllm_capacity_requests_swapped",
     "vllm_capacity_gpu_throttled",  # a 0/1 state per reason
+    "vllm_capacity_gpu_up",  # 0/1
     "vllm_capacity_gpu_clock_event",  # a 0/1 state per reason
     "vllm_capacity_kv_cache_bytes_per_token",  # a per-token unit, like the 21.7 KiB per token of the worked example
     "vllm_capacity_headroom_requests",

@@ -733,3 +733,24 @@ def test_drivers_outside_that_range_use_pynvmls_own_calls() -> None:
         fake = FakeNvml([FakeGpu(uuid="GPU-n", used=int(22 * GiB), processes=listed)], driver=driver)
         (reading,) = NvmlSource(loader=lambda fake=fake: fake)._read_sync()
         assert [(p.pid, p.used_bytes) for p in reading.processes] == listed, driver
+
+
+async def test_a_lost_gpu_is_its_own_series_while_the_others_report(fake_vllm: FakeVllm, tmp_path) -> None:
+    """One of two GPUs lost: it reads gpu_up 0 under the index and UUID it had, the other keeps reporting; back,
+    it reads 1 again. A GPU never read (not ours) gets no series."""
+    a = seed_gpu()
+    b = FakeGpu(uuid="GPU-b000", used=int(4 * GiB), processes=[(777, int(4 * GiB))])
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([a, b])), {4242})
+    await agent.cycle()
+    b.lost = True
+    await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_gpu_up", gpu="0", uuid=a.uuid) == 1
+    assert value(text, "vllm_capacity_gpu_up", gpu="1", uuid="GPU-b000") == 0
+    assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="1") is None  # nothing stale
+    assert value(text, "vllm_capacity_source_up", source="nvml") == 1
+    b.lost = False
+    await agent.cycle()
+    await agent.cycle()  # the lost GPU restarted NVML: the next read sees it
+    assert value(render(agent), "vllm_capacity_gpu_up", gpu="1", uuid="GPU-b000") == 1
+    await agent.client.aclose()

@@ -141,6 +141,8 @@ class Agent:
         self._gpus: tuple[GpuReading, ...] = ()
         self._vllm_pids: set[int] = set()
         self._vllm_gpus: set[str] = set()  # UUIDs of the GPUs vLLM's processes were seen on (see _pods_gpus)
+        self._known_gpus: dict[str, str] = {}  # index -> UUID of every GPU read so far
+        self._gpus_unreadable: tuple[tuple[str, str], ...] = ()
         self._nvml_next_attempt = 0.0
         self._nvml_backoff = interval
         self._nvml_first_attempt: float | None = None  # when NVML was first asked
@@ -280,7 +282,7 @@ class Agent:
             except Exception as unexpected:  # e.g. a binding that raises a plain Exception: named, not a crash
                 raise _internal(unexpected, "reading NVML") from None
         except SourceError as err:
-            self._gpus = ()  # nothing stale: the GPU series go away while NVML cannot be read
+            self._gpus, self._gpus_unreadable = (), ()  # nothing stale: the GPU series go away while NVML is unread
             if self._nvml_starting(err, t0):
                 return
             if err.reason in (Reason.LIBRARY_NOT_FOUND, Reason.DRIVER_NOT_LOADED) and not self.nvml_required:
@@ -302,6 +304,14 @@ class Agent:
         self._vllm_pids = await asyncio.to_thread(self.vllm_pids) if self._gpus else set()
         if self.nvml.narrow_to_vllm:
             self._gpus = self._pods_gpus(self._gpus)
+        # a GPU of ours read before that NVML cannot read now (its MIG instances too): its own gpu_up 0
+        self._known_gpus.update((g.index, g.uuid) for g in self._gpus)
+        self._gpus_unreadable = tuple(
+            (index, uuid)
+            for index, uuid in sorted(self._known_gpus.items())
+            for i in self.nvml.skipped_indices
+            if index == i or index.startswith(f"{i}/")
+        )
         self._nvml_backoff = self.interval
         self._nvml_answered = True
         self._ok(SOURCE_NVML, self.monotonic() - t0)
@@ -443,7 +453,11 @@ class Agent:
             # vLLM is gone (or is not vLLM): drop every derived series now; re-read /v1/models when it is back.
             # The GPUs stay: their memory (now without vLLM) is still what NVML says.
             self.snapshot = Snapshot(
-                up=False, timestamp=self.snapshot.timestamp, gpus=self._gpus, gpu_budgets=self._budgets((), None)
+                up=False,
+                timestamp=self.snapshot.timestamp,
+                gpus=self._gpus,
+                gpu_budgets=self._budgets((), None),
+                gpus_unreadable=self._gpus_unreadable,
             )
             self._models_fetched_at = -float("inf")
             self.ready = True
@@ -489,6 +503,7 @@ class Agent:
             engines=engines,
             gpus=self._gpus,
             gpu_budgets=self._budgets(engines, metrics),
+            gpus_unreadable=self._gpus_unreadable,
         )
         self.ready = True
         self._announce(metrics, engines)

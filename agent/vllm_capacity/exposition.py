@@ -109,8 +109,11 @@ class AgentCollector(Collector):
                     "enable_prefix_caching": cc.get("enable_prefix_caching", ""),
                 },
             )
+        for index, uuid in snap.gpus_unreadable:
+            f.add(n + "gpu_up", [index, uuid], 0.0)
         for g in snap.gpus:
             key = [g.index, g.uuid]
+            f.add(n + "gpu_up", key, 1.0)
             f.add(n + "gpu_memory_total_bytes", key, g.memory_total_bytes)
             f.add(n + "gpu_memory_used_bytes", key, g.memory_used_bytes)
             f.add(n + "gpu_memory_free_bytes", key, g.memory_free_bytes)

@@ -329,6 +329,13 @@ SPECS: tuple[MetricSpec, ...] = (
             "enable_prefix_caching",
         ),
     ),
+    _m(
+        "gpu_up",
+        "gauge",
+        G,
+        "1 while NVML reads the GPU, 0 while it cannot read a GPU it read before (lost, needing a reset, no "
+        "permission) and still reads the others: NVML per-device calls.",
+    ),
     _m("gpu_memory_total_bytes", "gauge", G, "GPU memory: NVML nvmlDeviceGetMemoryInfo total."),
     _m(
         "gpu_memory_used_bytes",

@@ -24,3 +24,5 @@ class Snapshot:
     engines: tuple[EngineCapacity, ...] = ()
     gpus: tuple[GpuReading, ...] = ()  # from NVML, independent of vLLM being up
     gpu_budgets: Mapping[str, GpuBudget] = field(default_factory=dict)
+    #: (index, uuid) of GPUs read before that NVML cannot read now while it reads the others (lost, reset, ...)
+    gpus_unreadable: tuple[tuple[str, str], ...] = ()

@@ -149,6 +149,19 @@
             },
           },
           {
+            "alert": "VLLMGPUUnreadable",
+            "expr": "vllm_capacity_gpu_up == 0",
+            "for": "5m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "NVML cannot read one of vLLM's GPUs.",
+              "description": "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) on {{ $labels.namespace }}/{{ $labels.pod }} cannot be read while the others can: lost, needing a reset, or no permission (vllm_capacity_source_errors_total{source=\"nvml\"} says which).",
+              "runbook_url": std.format("%s#vllmgpuunreadable", [$._config.runbookURL]),
+            },
+          },
+          {
             "alert": "VLLMTTFTSLOBreach",
             "expr": std.format("histogram_quantile(0.99, sum by (%s, namespace, pod, model_name, le) (rate(vllm:time_to_first_token_seconds_bucket[%s]))) > %g", [$._config.clusterLabel, $._config.ttftWindow, $._config.ttftP99Seconds]),
             "for": "10m",

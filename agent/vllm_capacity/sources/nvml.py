@@ -261,6 +261,8 @@ class NvmlSource:
     _busy: threading.Event = field(default_factory=threading.Event)
     #: the GPUs the last read left out, each with why (one failing GPU does not hide the others)
     skipped: list[SourceError] = field(default_factory=list)
+    #: their NVML indices, in the same order
+    skipped_indices: list[str] = field(default_factory=list)
 
     def _ensure_init(self) -> Any:
         if self._nvml is None:
@@ -382,7 +384,7 @@ class NvmlSource:
         named in ``skipped``, and the others are read; what concerns the whole library fails the read."""
         nvml = self._ensure_init()
         readings: list[GpuReading] = []
-        self.skipped = []
+        self.skipped, self.skipped_indices = [], []
         try:
             count = nvml.nvmlDeviceGetCount()
             for i in range(count):
@@ -394,6 +396,7 @@ class NvmlSource:
                     if reason_of(err) in _RESTART:
                         self._initialized = False  # start NVML afresh on the next attempt
                     self.skipped.append(SourceError(reason_of(err), f"NVML: GPU {i}: {err}"))
+                    self.skipped_indices.append(str(i))
         except nvml.NVMLError as err:
             if reason_of(err) in _RESTART:
                 self._initialized = False
