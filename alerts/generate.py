@@ -357,6 +357,13 @@ def records(c: Config) -> list[dict]:
             f" / sum by ({m}) (rate(vllm:gpu_prefix_cache_queries_total[5m]))"
             f" or avg by ({m}) (vllm:gpu_prefix_cache_hit_rate)",
         ),
+        # Speculative decoding (only when vLLM runs it): the share of draft tokens the target model accepted, over
+        # 5 m; vLLM's counters have these names in V0 (0.5.5-0.9.2) and V1 (0.8.4+).
+        record(
+            "namespace_model_name:vllm_capacity_spec_decode_acceptance:ratio",
+            f"sum by ({m}) (rate(vllm:spec_decode_num_accepted_tokens_total[5m]))"
+            f" / sum by ({m}) (rate(vllm:spec_decode_num_draft_tokens_total[5m]))",
+        ),
         record(
             "namespace_component:vllm_capacity_gpu_memory_bytes:sum",
             f"sum by ({c.cluster_label}, namespace, component) (vllm_capacity_gpu_memory_bytes)",

@@ -454,6 +454,36 @@ def capacity_dashboard(c) -> Dashboard:
                 "holds the running requests and climbs once requests queue or are preempted.",
             )
         )
+        .with_panel(
+            series(
+                "Speculative decoding: draft tokens accepted",
+                "percentunit",
+                query(
+                    f"sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{{{sel}}}[{RATE}]))"
+                    f" / sum by (pod) (rate(vllm:spec_decode_num_draft_tokens_total{{{sel}}}[{RATE}]))",
+                    "{{pod}}",
+                ),
+                mn=0,
+                mx=1,
+                description="Only with speculative decoding (vLLM's spec_decode_* counters, V0 and V1): the share "
+                "of draft tokens the model accepted. The draft's KV cache shares the pool: each running request "
+                "also holds its look-ahead slots.",
+            )
+        )
+        .with_panel(
+            series(
+                "Speculative decoding: tokens accepted per draft",
+                "short",
+                query(
+                    f"sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{{{sel}}}[{RATE}]))"
+                    f" / sum by (pod) (rate(vllm:spec_decode_num_drafts_total{{{sel}}}[{RATE}]))",
+                    "{{pod}}",
+                ),
+                mn=0,
+                description="Only with speculative decoding, vLLM 0.8.5 or later: how many of each draft's tokens "
+                "the model accepted on average (each step then yields that many more tokens).",
+            )
+        )
     )
     g = pod_sel
     d = (

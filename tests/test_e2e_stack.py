@@ -39,6 +39,7 @@ CAPACITY_TOKENS = lab.SATURATION_BLOCKS * 128  # the cache under load (lab.SATUR
 NO_DATA_HERE = {
     "vllm_capacity_gpu_": "no GPU here: NVML has no library, so no GPU series exist",
     "namespace_component:vllm_capacity_gpu_memory_bytes:sum": "no GPU here",
+    "vllm:spec_decode_": "the test server runs no speculative decoding: vLLM exports no spec_decode_* counters",
 }
 
 

@@ -1247,34 +1247,17 @@
           },
         },
         {
-          "type": "row",
-          "collapsed": false,
-          "id": 27,
-          "panels": [],
-          "title": "GPU",
-          "gridPos": {
-            "h": 1,
-            "w": 24,
-            "x": 0,
-            "y": 89,
-          },
-        },
-        {
           "type": "timeseries",
-          "id": 28,
+          "id": 27,
           "targets": [
             {
-              "expr": std.format("vllm_capacity_gpu_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
+              "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_draft_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
               "refId": "A",
-              "legendFormat": "GPU {{gpu}} compute",
-            },
-            {
-              "expr": std.format("vllm_capacity_gpu_memory_bandwidth_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
-              "refId": "B",
-              "legendFormat": "GPU {{gpu}} memory",
+              "legendFormat": "{{pod}}",
             },
           ],
-          "title": "GPU utilization",
+          "title": "Speculative decoding: draft tokens accepted",
+          "description": "Only with speculative decoding (vLLM's spec_decode_* counters, V0 and V1): the share of draft tokens the model accepted. The draft's KV cache shares the pool: each running request also holds its look-ahead slots.",
           "transparent": false,
           "datasource": {
             "type": "prometheus",
@@ -1282,9 +1265,9 @@
           },
           "gridPos": {
             "h": 8,
-            "w": 8,
+            "w": 12,
             "x": 0,
-            "y": 90,
+            "y": 89,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1307,7 +1290,107 @@
         },
         {
           "type": "timeseries",
+          "id": 28,
+          "targets": [
+            {
+              "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_drafts_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
+              "refId": "A",
+              "legendFormat": "{{pod}}",
+            },
+          ],
+          "title": "Speculative decoding: tokens accepted per draft",
+          "description": "Only with speculative decoding, vLLM 0.8.5 or later: how many of each draft's tokens the model accepted on average (each step then yields that many more tokens).",
+          "transparent": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 12,
+            "y": 89,
+          },
+          "repeatDirection": "h",
+          "fieldConfig": {
+            "defaults": {
+              "unit": "short",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "value": null,
+                    "color": "green",
+                  },
+                ],
+              },
+            },
+            "overrides": [],
+          },
+        },
+        {
+          "type": "row",
+          "collapsed": false,
           "id": 29,
+          "panels": [],
+          "title": "GPU",
+          "gridPos": {
+            "h": 1,
+            "w": 24,
+            "x": 0,
+            "y": 97,
+          },
+        },
+        {
+          "type": "timeseries",
+          "id": 30,
+          "targets": [
+            {
+              "expr": std.format("vllm_capacity_gpu_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
+              "refId": "A",
+              "legendFormat": "GPU {{gpu}} compute",
+            },
+            {
+              "expr": std.format("vllm_capacity_gpu_memory_bandwidth_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
+              "refId": "B",
+              "legendFormat": "GPU {{gpu}} memory",
+            },
+          ],
+          "title": "GPU utilization",
+          "transparent": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 8,
+            "x": 0,
+            "y": 98,
+          },
+          "repeatDirection": "h",
+          "fieldConfig": {
+            "defaults": {
+              "unit": "percentunit",
+              "min": 0,
+              "max": 1,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "value": null,
+                    "color": "green",
+                  },
+                ],
+              },
+            },
+            "overrides": [],
+          },
+        },
+        {
+          "type": "timeseries",
+          "id": 31,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_power_watts{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1330,7 +1413,7 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 90,
+            "y": 98,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1351,7 +1434,7 @@
         },
         {
           "type": "timeseries",
-          "id": 30,
+          "id": 32,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_temperature_celsius{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1374,7 +1457,7 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 90,
+            "y": 98,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1416,7 +1499,7 @@
         },
         {
           "type": "timeseries",
-          "id": 31,
+          "id": 33,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_throttled{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"} == 1", [$._config.clusterLabel]),
@@ -1434,7 +1517,7 @@
             "h": 8,
             "w": 24,
             "x": 0,
-            "y": 98,
+            "y": 106,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1456,19 +1539,19 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 32,
+          "id": 34,
           "panels": [],
           "title": "Sidecar health",
           "gridPos": {
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 106,
+            "y": 114,
           },
         },
         {
           "type": "timeseries",
-          "id": 33,
+          "id": 35,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_up{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1486,7 +1569,7 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 107,
+            "y": 115,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1513,7 +1596,7 @@
         },
         {
           "type": "timeseries",
-          "id": 34,
+          "id": 36,
           "targets": [
             {
               "expr": std.format("sum by (source, reason) (rate(vllm_capacity_source_errors_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}[$__rate_interval]))", [$._config.clusterLabel]),
@@ -1531,7 +1614,7 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 107,
+            "y": 115,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1552,7 +1635,7 @@
         },
         {
           "type": "timeseries",
-          "id": 35,
+          "id": 37,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_duration_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1570,7 +1653,7 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 107,
+            "y": 115,
           },
           "repeatDirection": "h",
           "fieldConfig": {

@@ -55,6 +55,10 @@
             "expr": std.format("sum by (%s, namespace, model_name) (rate(vllm:prefix_cache_hits_total[5m])) / sum by (%s, namespace, model_name) (rate(vllm:prefix_cache_queries_total[5m])) or sum by (%s, namespace, model_name) (rate(vllm:gpu_prefix_cache_hits_total[5m])) / sum by (%s, namespace, model_name) (rate(vllm:gpu_prefix_cache_queries_total[5m])) or avg by (%s, namespace, model_name) (vllm:gpu_prefix_cache_hit_rate)", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel]),
           },
           {
+            "record": "namespace_model_name:vllm_capacity_spec_decode_acceptance:ratio",
+            "expr": std.format("sum by (%s, namespace, model_name) (rate(vllm:spec_decode_num_accepted_tokens_total[5m])) / sum by (%s, namespace, model_name) (rate(vllm:spec_decode_num_draft_tokens_total[5m]))", [$._config.clusterLabel, $._config.clusterLabel]),
+          },
+          {
             "record": "namespace_component:vllm_capacity_gpu_memory_bytes:sum",
             "expr": std.format("sum by (%s, namespace, component) (vllm_capacity_gpu_memory_bytes)", [$._config.clusterLabel]),
           },
