@@ -9,8 +9,9 @@ usage: .venv/bin/python bench/fleet.py [--pods 1000] [--clusters 3] [--models 20
    its KV cache allows at the observed context requests wait and are preempted. Each pod has the sidecar's series
    as the agent exports them (one engine, one GPU: capacity, usage, concurrency by basis, headroom, the limit, the
    memory budget, GPU readings) and vLLM's own that the rules and dashboards read (TTFT and inter-token latency
-   histograms, generated tokens, prefix cache counters), 30 s apart. Written as OpenMetrics, one file per 2-hour
-   block, and turned into TSDB blocks by ``promtool tsdb create-blocks-from openmetrics``.
+   histograms, generated tokens, prefix cache and speculative decoding counters), 30 s apart. Written as
+   OpenMetrics, one file per 2-hour block, and turned into TSDB blocks by ``promtool tsdb create-blocks-from
+   openmetrics``.
    Kept for the whole week: ``vllm_capacity_up`` and the capacity of every pod (the dashboards' variables read
    them), every series of ``--watched`` pods (the per-pod dashboard), and the recording rules' series (computed from
    the same pods, as Prometheus would have recorded them; the fleet dashboard reads only those). Every series of
@@ -286,6 +287,10 @@ VLLM: list[Series] = [
     ("vllm:generation_tokens_total", "", lambda p, s: s.tokens),
     ("vllm:prefix_cache_queries_total", "", lambda p, s: s.tokens * 3),
     ("vllm:prefix_cache_hits_total", "", lambda p, s: s.tokens * 1.1),
+    # speculative decoding, 3 draft tokens a step, 2 of them accepted on average
+    ("vllm:spec_decode_num_draft_tokens_total", "", lambda p, s: s.tokens * 0.6),
+    ("vllm:spec_decode_num_accepted_tokens_total", "", lambda p, s: s.tokens * 0.4),
+    ("vllm:spec_decode_num_drafts_total", "", lambda p, s: s.tokens * 0.2),
 ]
 PER_POD = len(SIDECAR) + len(SIDECAR_GPU) + len(VLLM)
 # what the dashboards' variables read, kept for every pod over the whole history
@@ -343,6 +348,7 @@ def records(pods: list[Pod], states: list[list[State]]) -> dict[tuple[str, str],
             math.ceil((r + w) / (c * 0.8)) for r, w, c in zip(running, waiting, per_replica, strict=True)
         ]
         out[(n + "prefix_cache_hit:ratio", lab)] = [1.1 / 3] * steps
+        out[(n + "spec_decode_acceptance:ratio", lab)] = [0.4 / 0.6] * steps
         for basis, values in (("max_model_len", [mml] * steps), ("observed_context", observed), ("slo", [slo] * steps)):
             out[("namespace_model_name_basis:vllm_capacity_max_concurrency:sum", lab + f',basis="{basis}"')] = values
             out[
