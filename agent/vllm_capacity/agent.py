@@ -394,28 +394,27 @@ class Agent:
         for g in gpus:
             over = budgets[g.index].overcommitted_bytes
             if over is not None:
-                self.errors[(SOURCE_NVML, Reason.MEMORY_INCONSISTENT)] += 1
-                if _first_time(self._gpu_failures_logged, ("memory_inconsistent", g.uuid)):
-                    self.logger.warning(
-                        "gpu_memory_inconsistent",
-                        source=SOURCE_NVML,
-                        gpu=g.index,
-                        uuid=g.uuid,
-                        processes_over_used_bytes=over,
-                        hint="NVML's process list holds more memory than the GPU uses: the system share is left out",
-                    )
-            if budgets[g.index].identified_by != "hidden":
-                continue
-            self.errors[(SOURCE_NVML, Reason.PROCESSES_HIDDEN)] += 1
-            if _first_time(self._gpu_failures_logged, ("processes_hidden", g.uuid)):
-                self.logger.warning(
-                    "gpu_processes_hidden",
-                    source=SOURCE_NVML,
-                    gpu=g.index,
-                    uuid=g.uuid,
-                    hint="memory is in use but NVML lists no process: they are in a PID namespace this sidecar "
-                    "cannot see; share the pod's (shareProcessNamespace: true) for vLLM's and other processes' shares",
+                self._gpu_doubt(
+                    g,
+                    Reason.MEMORY_INCONSISTENT,
+                    "gpu_memory_inconsistent",
+                    "NVML's process list holds more memory than the GPU uses: the system share is left out",
+                    processes_over_used_bytes=over,
                 )
+            if budgets[g.index].identified_by == "hidden":
+                self._gpu_doubt(
+                    g,
+                    Reason.PROCESSES_HIDDEN,
+                    "gpu_processes_hidden",
+                    "memory is in use but NVML lists no process: they are in a PID namespace this sidecar cannot "
+                    "see; share the pod's (shareProcessNamespace: true) for vLLM's and other processes' shares",
+                )
+
+    def _gpu_doubt(self, g: GpuReading, reason: Reason, event: str, hint: str, **extra: float) -> None:
+        """A reading the budget cannot take at its word: counted under ``reason``, one warning per GPU."""
+        self.errors[(SOURCE_NVML, reason)] += 1
+        if _first_time(self._gpu_failures_logged, (reason, g.uuid)):
+            self.logger.warning(event, source=SOURCE_NVML, gpu=g.index, uuid=g.uuid, hint=hint, **extra)
 
     async def _fetch_metrics(self, latency: bool) -> tuple[VllmMetrics | SourceError, float]:
         t0 = self.monotonic()
