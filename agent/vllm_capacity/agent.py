@@ -363,7 +363,7 @@ class Agent:
             return {}
         if metrics is None:  # vLLM is down: no memory on the GPUs is vLLM's now
             down = {g.index: gpu_budget(g, vllm_up=False) for g in gpus}
-            self._count_hidden(gpus, down)
+            self._count_doubts(gpus, down)
             return down
         weights = _only(e.weights_bytes for e in engines)
         pool = _only(e.kv_pool_bytes for e in engines)
@@ -385,10 +385,10 @@ class Agent:
                 kv_cache_bytes=pool,
                 gpu_memory_utilization=utilization,
             )
-        self._count_hidden(gpus, budgets)
+        self._count_doubts(gpus, budgets)
         return budgets
 
-    def _count_hidden(self, gpus: list[GpuReading], budgets: dict[str, GpuBudget]) -> None:
+    def _count_doubts(self, gpus: list[GpuReading], budgets: dict[str, GpuBudget]) -> None:
         """A GPU whose memory is in use while NVML lists no process, or whose processes hold more than its used
         memory: counted, and said once per GPU."""
         for g in gpus:

@@ -103,6 +103,14 @@ def driver_version(text: str) -> tuple[int, int] | None:
     return (int(m[1]), int(m[2])) if m else None
 
 
+@dataclass(frozen=True)
+class GpuProcessInfo:
+    """A process as pynvml's friendly objects give it (pid, usedGpuMemory)."""
+
+    pid: int
+    usedGpuMemory: int | None
+
+
 def wide_process_infos(nvml: Any, handle: Any, function: str) -> list[Any]:
     """``function`` (a *_v3 process list) called with the 32-byte structure: what pynvml's own call would read
     wrong on drivers 535.43.02-535.86.x. The same two calls pynvml makes: the count, then the list."""
@@ -123,14 +131,6 @@ def wide_process_infos(nvml: Any, handle: Any, function: str) -> list[Any]:
         GpuProcessInfo(int(i.pid), None if i.usedGpuMemory == unavailable else int(i.usedGpuMemory))
         for i in infos[: count.value]
     ]
-
-
-@dataclass(frozen=True)
-class GpuProcessInfo:
-    """A process as pynvml's friendly objects give it (pid, usedGpuMemory)."""
-
-    pid: int
-    usedGpuMemory: int | None
 
 
 # reasons that lower the clocks without throttling the work: the GPU idles, or its clocks were set so by the
@@ -206,10 +206,6 @@ def _selects(selection: list[str] | None, index: str, uuid: str) -> bool:
     return any(s in (index, uuid) or (s.startswith(("GPU-", "MIG-")) and uuid.startswith(s)) for s in selection)
 
 
-def _is_vllm(cmdline: bytes) -> bool:
-    return b"vllm" in cmdline and b"vllm-capacity" not in cmdline and b"vllm_capacity" not in cmdline
-
-
 def vllm_pids_in_namespace(proc: Path = Path("/proc")) -> set[int]:
     """PIDs of vLLM's processes, as far as this process can see (a shared PID namespace): those whose command line
     mentions vllm (``vllm serve``, ``VLLM::EngineCore``, ``VLLM::Worker_TP1``), and their descendants (workers
@@ -226,10 +222,10 @@ def vllm_pids_in_namespace(proc: Path = Path("/proc")) -> set[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").lower()
         except OSError:
             continue
-        if _is_vllm(cmdline):
-            roots.add(pid)
-        elif b"vllm-capacity" in cmdline or b"vllm_capacity" in cmdline:
+        if b"vllm-capacity" in cmdline or b"vllm_capacity" in cmdline:
             continue  # the sidecar and what it starts are not vLLM's
+        if b"vllm" in cmdline:
+            roots.add(pid)
         with contextlib.suppress(OSError, ValueError, IndexError):
             # /proc/<pid>/stat: "pid (comm) state ppid ...", comm may hold spaces and parentheses
             parents[pid] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])

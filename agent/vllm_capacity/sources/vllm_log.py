@@ -145,15 +145,14 @@ class StartupFigures:
         if not found:
             return
         fig = self.engines.setdefault(engine, EngineFigures())
-        if (worker := _WORKER.search(_ANSI.sub("", line))) and (
-            "weights_gib" in found or "kv_cache_memory_gib" in found
-        ):
+        line = _ANSI.sub("", line)
+        if (worker := _WORKER.search(line)) and ("weights_gib" in found or "kv_cache_memory_gib" in found):
             rank = self.ranks.setdefault(int(worker[1]), RankFigures())
             if found.get("weights_gib"):
                 rank.weights_bytes = found["weights_gib"] * GiB
             if found.get("kv_cache_memory_gib"):
                 rank.kv_cache_memory_bytes = found["kv_cache_memory_gib"] * GiB
-        if device := _DEVICE.search(_ANSI.sub("", line)):
+        if device := _DEVICE.search(line):
             fig.device = device[1]
         for name, value in found.items():
             if name.endswith("_gib"):
