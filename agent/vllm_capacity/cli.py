@@ -30,7 +30,7 @@ ONE_MEMORY_SOURCE = "give one of --kv-cache-memory (as vLLM logs it) or --gpu-me
 KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays open
 
 if TYPE_CHECKING:
-    from vllm_capacity.sizing import MemoryBudget, PlanInputs
+    from vllm_capacity.sizing import MemoryBudget, PlanInputs, Speculation
 
 
 def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
@@ -293,7 +293,27 @@ def _plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | 
         async_scheduling=values.async_scheduling == "on",
         mamba_cache_mode=values.mamba_cache_mode,
         mamba_ssm_cache_dtype=values.mamba_ssm_cache_dtype,
+        speculation=_speculation(values),
     )
+
+
+def _speculation(values: PlanConfig) -> Speculation | None:
+    """vLLM's --speculative-config from --speculative-method, --num-speculative-tokens and --draft-model-config."""
+    from vllm_capacity.sizing import Speculation
+    from vllm_capacity.sources.model_config import load_config
+
+    method, tokens, draft = values.speculative_method, values.num_speculative_tokens, values.draft_model_config_path
+    if method is None:
+        if tokens is not None or draft is not None:
+            raise UsageError("--num-speculative-tokens and --draft-model-config need --speculative-method")
+        return None
+    if tokens is None:
+        raise UsageError(f"--speculative-method {method} needs --num-speculative-tokens")
+    if method == "draft_model" and draft is None:
+        raise UsageError("--speculative-method draft_model needs --draft-model-config (the draft model's config.json)")
+    if method in ("mtp", "ngram") and draft is not None:
+        raise UsageError(f"--speculative-method {method} takes no --draft-model-config")
+    return Speculation(method, tokens, load_config(draft) if draft is not None else None)
 
 
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:

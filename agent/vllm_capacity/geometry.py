@@ -100,6 +100,7 @@ class Geometry:
     sliding_window: int | None = None
     max_position_embeddings: int | None = None  # vLLM's default max_model_len
     state: MambaGeometry | GatedDeltaNetGeometry | None = None  # of the "mamba" / "linear" layers, from their fields
+    mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (num_nextn_predict_layers), 0 if none
 
     @property
     def kv_layers(self) -> int:

@@ -397,6 +397,26 @@ PLAN_OPTIONS = (
         "auto",
         "vLLM's --mamba-ssm-cache-dtype (auto: the config's, else the model's dtype)",
     ),
+    Option(
+        "--speculative-method",
+        _choice("eagle", "eagle3", "mtp", "draft_model", "ngram"),
+        None,
+        "vLLM's --speculative-config method, whose drafter shares the KV pool (default: none)",
+    ),
+    Option(
+        "--num-speculative-tokens",
+        _positive_int,
+        None,
+        "vLLM's num_speculative_tokens (needed with --speculative-method)",
+    ),
+    Option(
+        "--draft-model-config",
+        _path,
+        None,
+        "the drafter's config.json: the draft model's, or the EAGLE head's (default for eagle: one layer shaped "
+        "like the target's)",
+        "draft_model_config_path",
+    ),
     Option("--kv-cache-memory", _memory, None, "KV memory per GPU as vLLM logs it ('Available KV cache memory')"),
     Option("--gpu-memory", _memory, None, "memory of one GPU (e.g. 80GiB), to plan from the whole budget"),
     Option("--gpu-memory-utilization", _fraction, "0.9", "vLLM's --gpu-memory-utilization"),
@@ -474,6 +494,9 @@ class PlanConfig:
     async_scheduling: str
     mamba_cache_mode: str
     mamba_ssm_cache_dtype: str
+    speculative_method: str | None
+    num_speculative_tokens: int | None
+    draft_model_config_path: Path | None
     kv_cache_memory: int | None
     gpu_memory: int | None
     gpu_memory_utilization: float

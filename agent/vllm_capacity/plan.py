@@ -89,7 +89,13 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
         shape = f"{plan.kv_layers_per_rank} layers x latent {geometry.head_dim} x {dtype_bytes} B"
     else:
         growing = sum(g.layers for g in plan.groups if g.kind == "full") if plan.groups else plan.kv_layers_per_rank
-        shape = f"K and V x {growing} layers x {kv_heads} KV heads x {geometry.head_dim} x {dtype_bytes} B"
+        draft = plan.draft_pages
+        shape = (
+            f"K and V x {growing - (draft.layers if draft else 0)} layers x {kv_heads} KV heads x {geometry.head_dim} "
+            f"x {dtype_bytes} B"
+        )
+        if draft:
+            shape += f" + the drafter's {format_bytes(draft.bytes_per_token)} in {draft.layers} layers"
     if not plan.groups:
         return [
             f"  bytes per token    {format_bytes(plan.kv_bytes_per_token):>14}   ({shape})",

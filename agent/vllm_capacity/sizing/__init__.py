@@ -23,7 +23,8 @@ raise :class:`NotModelled` (Llama 4's chunked attention is refused earlier, by t
 
 The package, by concern: :mod:`.versions` (where vLLM changed its rules), :mod:`.inputs` (what a plan is asked for),
 :mod:`.layers` (bytes per token, and each layer kind's spec), :mod:`.dense` (one kind of KV layer),
-:mod:`.hybrid` (vLLM's KV-cache groups), :mod:`.result` (a plan), :mod:`.memory` (the GPU's memory budget).
+:mod:`.hybrid` (vLLM's KV-cache groups), :mod:`.speculative` (a drafter's layers in the same pool),
+:mod:`.result` (a plan), :mod:`.memory` (the GPU's memory budget).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_toke
 from vllm_capacity.sizing.layers import bytes_per_token_per_layer, kv_dtype_bytes, layers_per_rank
 from vllm_capacity.sizing.memory import MemoryBudget
 from vllm_capacity.sizing.result import KvGroup, KvPlan
+from vllm_capacity.sizing.speculative import DraftPages, Speculation, with_drafter
 from vllm_capacity.sizing.versions import HYBRID_GROUPS, NEWEST_RULES, NEWEST_VERSION, parse_version
 from vllm_capacity.units import GiB
 
@@ -51,6 +53,7 @@ __all__ = [
     "MemoryBudget",
     "NotModelled",
     "PlanInputs",
+    "Speculation",
     "bytes_per_token_per_layer",
     "default_max_num_batched_tokens",
     "kv_dtype_bytes",
@@ -68,15 +71,29 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     engine = inputs.resolved_engine
     if inputs.kv_cache_memory_bytes <= 0:
         raise ImpossiblePlan(f"no memory is left for the KV cache ({inputs.kv_cache_memory_bytes / GiB:.2f} GiB)")
-    if geometry.uniform:
-        return plan_dense(geometry, inputs)
     if not set(geometry.layer_kinds) & {"full", "sliding", "mla"}:
         raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
-    if engine == "v1" and inputs.version >= HYBRID_GROUPS:
-        return plan_hybrid(geometry, inputs)
-    flat, note = as_single_group(geometry, engine)
-    result = plan_dense(flat, replace(inputs, engine=engine))
-    result.notes.append(note)
+    draft: DraftPages | None = None
+    notes: list[str] = []
+    if inputs.speculation is not None:
+        geometry, draft, notes = with_drafter(
+            geometry,
+            inputs.speculation,
+            tp=inputs.tp,
+            pp=inputs.pp,
+            kv_dtype_bytes=kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype),
+            engine=engine,
+            version=inputs.version,
+        )
+    if geometry.uniform:
+        result = plan_dense(geometry, inputs, draft)
+    elif engine == "v1" and inputs.version >= HYBRID_GROUPS:
+        result = plan_hybrid(geometry, inputs)
+    else:
+        flat, note = as_single_group(geometry, engine)
+        result = plan_dense(flat, replace(inputs, engine=engine))
+        notes.append(note)
+    result.notes[:0] = notes
     return result
 
 

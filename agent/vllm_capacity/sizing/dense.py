@@ -10,6 +10,7 @@ from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
 from vllm_capacity.sizing.layers import STATE_KINDS, bytes_per_token_per_layer, kv_dtype_bytes, layers_per_rank
 from vllm_capacity.sizing.result import KvPlan
+from vllm_capacity.sizing.speculative import DraftPages
 from vllm_capacity.sizing.versions import TOKENS_FROM_CONCURRENCY, WHOLE_BLOCKS_PER_REQUEST
 from vllm_capacity.units import GiB
 
@@ -27,8 +28,10 @@ def max_concurrency(
     return blocks / math.ceil(max_model_len / block_size)
 
 
-def plan_dense(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
-    """vLLM's blocks, "KV cache size" and "Maximum concurrency" for a model whose KV layers are all of one kind."""
+def plan_dense(geometry: Geometry, inputs: PlanInputs, draft: DraftPages | None = None) -> KvPlan:
+    """vLLM's blocks, "KV cache size" and "Maximum concurrency" for a model whose KV layers are all of one kind;
+    ``draft``: a speculative drafter's layers whose pages differ from the model's, in the same group (a block then
+    costs every layer's page)."""
     engine, version, block_size, max_model_len = (
         inputs.resolved_engine,
         inputs.version,
@@ -40,8 +43,11 @@ def plan_dense(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     per_layer = bytes_per_token_per_layer(geometry, inputs.tp, dtype_bytes)
     layers = layers_per_rank(geometry.kv_layers, inputs.pp)
     page = per_layer * block_size
+    bytes_per_token = per_layer * layers + (draft.bytes_per_token if draft else 0)
     if engine == "v0":
         blocks = int(kv_cache_memory_bytes // (page * layers))
+    elif draft:
+        blocks = int(kv_cache_memory_bytes // (bytes_per_token * block_size))  # UniformTypeKVCacheSpecs' page sum
     else:
         blocks = int(kv_cache_memory_bytes // page // layers)
     blocks_per_request = math.ceil(max_model_len / block_size)
@@ -53,15 +59,15 @@ def plan_dense(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     from_concurrency = engine == "v1" and version >= TOKENS_FROM_CONCURRENCY
     tokens = int(concurrency * max_model_len) if from_concurrency else blocks * block_size
     if blocks < blocks_per_request:
-        needed = blocks_per_request * page * layers
+        needed = blocks_per_request * block_size * bytes_per_token
         raise ImpossiblePlan(
             f"one request of max_model_len {max_model_len:,} tokens needs {needed / GiB:.2f} GiB of KV cache per "
             f"GPU, more than the {kv_cache_memory_bytes / GiB:.2f} GiB available; vLLM would refuse to start. "
             f"Estimated maximum model length: {blocks * block_size:,}"
         )
     return KvPlan(
-        kv_bytes_per_token=per_layer * layers,
-        kv_layers_per_rank=layers,
+        kv_bytes_per_token=bytes_per_token,
+        kv_layers_per_rank=layers + (draft.layers if draft else 0),
         block_size=block_size,
         num_gpu_blocks=blocks,
         kv_cache_tokens=tokens,
@@ -70,6 +76,8 @@ def plan_dense(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         kv_cache_memory_bytes=kv_cache_memory_bytes,
         rules=rules,
         page_bytes=page,
+        lookahead_tokens=inputs.lookahead_tokens,
+        draft_pages=draft,
     )
 
 

@@ -30,7 +30,9 @@ from vllm_capacity.sizing.versions import (
     HYBRID_PREFIX_CACHING,
     IN_FLIGHT_TOKENS,
     MAMBA2_CHECKPOINT,
+    SLIDING_MTP_RETAINED,
     STATE_BLOCK_ALIGNMENT,
+    STATE_SPECULATIVE_BLOCKS,
     TOKENS_FROM_CONCURRENCY,
 )
 from vllm_capacity.units import GiB, MiB
@@ -86,6 +88,13 @@ def _state_layout(
         raise NotModelled(f"{_where(geometry, counts)}: config.json gives no state fields the planner reads ({fields})")
     mode = _resolve_mamba_mode(inputs.mamba_cache_mode, version)
     state_blocks = 1 if mode == "none" else geometry.state.align_blocks(version >= MAMBA2_CHECKPOINT)
+    if inputs.speculation is not None:
+        if version < STATE_SPECULATIVE_BLOCKS:
+            raise NotModelled(
+                f"{_where(geometry, counts)}: speculative decoding beside state layers is planned from vLLM "
+                f"{'.'.join(map(str, STATE_SPECULATIVE_BLOCKS))}, not before"
+            )
+        state_blocks += inputs.speculation.state_blocks
     ssm_name, why = _mamba_ssm_dtype(geometry, inputs.mamba_ssm_cache_dtype)
     conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
     try:
@@ -106,7 +115,8 @@ def _state_layout(
         block_size = needed
     padding = (block_size * per_layer - state) / state * 100
     notes.append(
-        f"Mamba cache mode {mode} ({state_blocks} state block(s) per request and layer group); SSM state "
+        f"Mamba cache mode {mode} ({state_blocks} state block(s) per request and layer group"
+        f"{', one per speculative token included' if inputs.speculation else ''}); SSM state "
         f"{ssm_bytes} B per element{f' ({why})' if why else ''}; {geometry.state.name} page padded by "
         f"{padding:.2f}%"
     )
@@ -132,12 +142,31 @@ def _layer_specs(
     geometry: Geometry, inputs: PlanInputs, block_size: int, state_blocks: int, in_flight: int
 ) -> dict[str, LayerSpec]:
     """Each kind's spec: what a request holds in one of its layers."""
+    lookahead = inputs.lookahead_tokens
+    window = geometry.sliding_window or 0
     return {
-        "full": FullAttentionSpec(block_size, inputs.max_model_len),
-        "sliding": SlidingWindowSpec(block_size, inputs.max_model_len, geometry.sliding_window or 0, in_flight),
+        "full": FullAttentionSpec(block_size, inputs.max_model_len, lookahead),
+        "sliding": SlidingWindowSpec(
+            block_size, inputs.max_model_len, window, in_flight, lookahead, _retained(geometry, inputs)
+        ),
         "mamba": StateSpec("mamba", state_blocks),
         "linear": StateSpec("linear", state_blocks),
     }
+
+
+def _retained(geometry: Geometry, inputs: PlanInputs) -> int:
+    """Tokens a sliding-window layer keeps below its window for a drafter of several MTP layers, which re-prefills
+    the last ``num_speculative_tokens - 1`` (0.32 ``VllmConfig.num_prefill_lookahead_tokens``, applied to every
+    ``SlidingWindowSpec`` in ``get_kv_cache_configs``)."""
+    spec = inputs.speculation
+    if spec is None or spec.method != "mtp" or min(geometry.mtp_layers, spec.num_speculative_tokens) <= 1:
+        return 0
+    if "sliding" in geometry.layer_kinds and inputs.version < SLIDING_MTP_RETAINED:
+        raise NotModelled(
+            f"{geometry.architecture}: sliding-window layers beside a multi-layer MTP drafter are planned from vLLM "
+            f"{'.'.join(map(str, SLIDING_MTP_RETAINED))}, whose sources were read"
+        )
+    return spec.num_speculative_tokens - 1
 
 
 def _groups(counts: Counter[str], group_size: int, specs: dict[str, LayerSpec], notes: list[str]) -> list[KvGroup]:

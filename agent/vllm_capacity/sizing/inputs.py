@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_capacity.sizing.speculative import Speculation
 from vllm_capacity.sizing.versions import NEWEST_RULES, V1_BY_DEFAULT
 from vllm_capacity.units import GiB
 
@@ -12,7 +13,8 @@ from vllm_capacity.units import GiB
 class PlanInputs:
     """One vLLM configuration to size, per GPU rank. ``max_num_batched_tokens`` and ``async_scheduling`` matter only
     for sliding-window layers, the ``mamba_*`` options only for state layers (vLLM's flags of the same names;
-    vLLM's CPU backend turns async scheduling off). ``engine`` None: the version's default engine."""
+    vLLM's CPU backend turns async scheduling off). ``engine`` None: the version's default engine. ``speculation``:
+    vLLM's ``--speculative-config``, whose drafter shares the pool."""
 
     kv_cache_memory_bytes: int
     max_model_len: int
@@ -26,6 +28,7 @@ class PlanInputs:
     mamba_cache_mode: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
     async_scheduling: bool = True
+    speculation: Speculation | None = None
 
     def check(self) -> None:
         """Raise ValueError for inputs no vLLM would accept."""
@@ -33,6 +36,12 @@ class PlanInputs:
             raise ValueError("tp, pp, block_size, max_model_len and max_num_batched_tokens must be positive")
         if self.engine not in (None, "v0", "v1"):
             raise ValueError(f"engine {self.engine!r} is not v0 or v1")
+        if self.speculation is not None:
+            self.speculation.check()
+
+    @property
+    def lookahead_tokens(self) -> int:
+        return self.speculation.lookahead_tokens if self.speculation else 0
 
     @property
     def resolved_engine(self) -> str:

@@ -51,6 +51,7 @@ class FullAttentionSpec:
 
     block_size: int
     max_model_len: int
+    lookahead: int = 0  # slots reserved for speculative drafts (vLLM's num_lookahead_tokens), up to max_model_len
     kind = "full"
 
     @property
@@ -58,7 +59,7 @@ class FullAttentionSpec:
         return math.ceil(self.max_model_len / self.block_size)
 
     def blocks_at(self, context_tokens: int) -> int:
-        return min(self.blocks_per_request, math.ceil(context_tokens / self.block_size))
+        return min(self.blocks_per_request, math.ceil((context_tokens + self.lookahead) / self.block_size))
 
 
 @dataclass(frozen=True)
@@ -70,21 +71,23 @@ class SlidingWindowSpec:
     max_model_len: int
     window: int
     in_flight_tokens: int
+    lookahead: int = 0  # slots reserved for speculative drafts
+    retained: int = 0  # tokens kept below the window for a multi-layer MTP drafter (0.32 ``extra_retained_tokens``)
     kind = "sliding"
 
     @property
     def blocks_per_request(self) -> int:
-        kept = min(self.window - 1 + self.in_flight_tokens, self.max_model_len)
+        kept = min(self.window - 1 + self.retained + self.in_flight_tokens, self.max_model_len)
         return math.ceil(kept / self.block_size) + 1
 
     def blocks_at(self, context_tokens: int) -> int:
-        return min(self.blocks_per_request, math.ceil(context_tokens / self.block_size) + 1)
+        return min(self.blocks_per_request, math.ceil((context_tokens + self.lookahead) / self.block_size) + 1)
 
 
 @dataclass(frozen=True)
 class StateSpec:
     """Mamba-2 or Gated DeltaNet (vLLM's ``MambaSpec``): a fixed number of state blocks per request, whatever its
-    context (1, or 2-3 in the 'align' mode prefix caching uses)."""
+    context (1, or 2-3 in the 'align' mode prefix caching uses; one more per speculative token)."""
 
     kind: str  # "mamba" or "linear"
     blocks: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from vllm_capacity.sizing.layers import LayerSpec
+from vllm_capacity.sizing.speculative import DraftPages
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,12 @@ class KvPlan:
     groups: tuple[KvGroup, ...] = ()  # hybrid models only
     group_size: int = 0  # layers per group, padding included (hybrid models only)
     page_bytes: int = 0  # bytes of one block of one layer
+    lookahead_tokens: int = 0  # slots each request reserves for speculative drafts, up to max_model_len
+    draft_pages: DraftPages | None = None  # a speculative drafter's layers of other pages (in kv_bytes_per_token)
+
+    def _held(self, context_tokens: int) -> int:
+        """Tokens of KV one request of ``context_tokens`` holds in a full-attention layer: its own and the drafts'."""
+        return min(context_tokens + self.lookahead_tokens, max(self.max_model_len, context_tokens))
 
     def blocks_at(self, context_tokens: int) -> int:
         """Blocks one request of ``context_tokens`` holds across the groups of a hybrid model (vLLM's per-group
@@ -48,10 +55,10 @@ class KvPlan:
     def concurrency_at(self, context_tokens: int) -> float:
         if self.groups:
             return self.num_gpu_blocks / self.blocks_at(context_tokens)
-        return self.kv_cache_tokens / context_tokens
+        return self.kv_cache_tokens / self._held(context_tokens)
 
     def request_bytes(self, context_tokens: int) -> int:
         """KV memory per GPU rank one request of ``context_tokens`` holds."""
         if self.groups:
             return self.blocks_at(context_tokens) * self.page_bytes * self.group_size
-        return context_tokens * self.kv_bytes_per_token
+        return self._held(context_tokens) * self.kv_bytes_per_token

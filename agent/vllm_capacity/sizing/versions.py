@@ -26,3 +26,18 @@ def parse_version(text: str) -> tuple[int, int, int]:
     if not m:
         raise ValueError(f"{text!r} is not a vLLM version such as 0.10.2")
     return int(m[1]), int(m[2]), int(m[3] or 0)
+
+
+# Speculative decoding: its drafter's KV layers share the target's pool in V1 (``get_kv_cache_spec`` collects every
+# attention layer of the forward context, the drafter's too). Planned from 0.9.1, the oldest release whose sources
+# were read (EAGLE reached V1 in 0.8.5, issue #15901); the EAGLE log of issue #19996 (0.9.1.dev) fits it exactly.
+SPECULATIVE_RULES = (0, 9, 1)
+# A drafter whose pages differ from the target's (fewer KV heads, another head size) joins one group of per-layer
+# page sizes (``UniformTypeKVCacheSpecs``, PR #25101, first released in 0.11.0); before, vLLM could not start it.
+MIXED_PAGE_SIZES = (0, 11, 0)
+# Mamba / GDN layers keep one state block per speculative token (``MambaSpec.num_speculative_blocks``): it came with
+# MTP for Qwen3-Next (vLLM 0.10.2, PR #24526); speculation beside state layers is refused before.
+STATE_SPECULATIVE_BLOCKS = (0, 10, 2)
+# Sliding-window layers keep num_speculative_tokens - 1 tokens more for a multi-layer MTP drafter
+# (``extra_retained_tokens``): read in 0.32.0; sliding layers beside such a drafter are refused before.
+SLIDING_MTP_RETAINED = (0, 32, 0)

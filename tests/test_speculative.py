@@ -1,0 +1,221 @@
+"""Speculative decoding in the planner: each rule of how a drafter shares vLLM's KV pool, one test each, and what is
+refused. The rules against the real vLLM CPU server are in test_real_vllm_speculative.py; the EAGLE case from a
+public log in test_capacity_model.py."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vllm_capacity.geometry import GeometryError
+from vllm_capacity.sizing import NotModelled, Speculation, plan_kv
+from vllm_capacity.sizing.versions import (
+    MIXED_PAGE_SIZES,
+    SLIDING_MTP_RETAINED,
+    SPECULATIVE_RULES,
+    STATE_SPECULATIVE_BLOCKS,
+)
+from vllm_capacity.sources.model_config import parse_config
+
+GiB, MiB = 2**30, 2**20
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_size": 4096,
+    "torch_dtype": "bfloat16",
+}
+# a Llama-3.2-1B-like draft model: 16 layers of 8 KV heads x 64, so a page half the 8B's
+LLAMA_1B = {**LLAMA_8B, "num_hidden_layers": 16, "head_dim": 64, "hidden_size": 2048}
+# DeepSeek-V3's attention: 61 MLA layers of latent 512 + 64, one MTP layer
+DEEPSEEK_V3 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "num_hidden_layers": 61,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "num_nextn_predict_layers": 1,
+    "torch_dtype": "bfloat16",
+}
+# Qwen3-Next-80B-A3B's layout: 48 layers, every 4th full attention (2 KV heads x 256), the rest Gated DeltaNet
+QWEN3_NEXT = {
+    "architectures": ["Qwen3NextForCausalLM"],
+    "num_hidden_layers": 48,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "hidden_size": 2048,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "num_nextn_predict_layers": 1,
+    "torch_dtype": "bfloat16",
+}
+KW = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 32768}
+
+
+def test_eagle_adds_one_layer_of_the_targets_shape() -> None:
+    target = parse_config(LLAMA_8B)
+    alone = plan_kv(target, **KW)
+    eagle = plan_kv(target, **KW, speculation=Speculation("eagle", 3))
+    assert eagle.kv_layers_per_rank == 33 and eagle.kv_bytes_per_token == alone.kv_bytes_per_token * 33 // 32
+    assert eagle.num_gpu_blocks == 40 * GiB // (33 * 4096 * 16)
+    assert eagle.max_concurrency == eagle.num_gpu_blocks / (32768 / 16)
+    assert "assumed" in eagle.notes[0]  # no --draft-model-config: said, not hidden
+    # the head's own config.json decides: a 2-layer EAGLE-3 head adds two, and says whose they are
+    head = parse_config({**LLAMA_8B, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 2})
+    eagle3 = plan_kv(target, **KW, speculation=Speculation("eagle3", 3, head))
+    assert eagle3.kv_layers_per_rank == 34 and "LlamaForCausalLMEagle3" in eagle3.notes[0]
+
+
+def test_eagle_1_conversions_nest_the_decoder_config() -> None:
+    """vLLM's EAGLE-1 conversions (yuhuili/EAGLE-*) write {"model_type": "eagle", "model": {...the decoder...}}."""
+    nested = parse_config({"model_type": "eagle", "model": {**LLAMA_8B, "num_hidden_layers": 1}})
+    assert (nested.kv_layers, nested.num_kv_heads, nested.head_dim) == (1, 8, 128)
+
+
+def test_ngram_holds_no_cache() -> None:
+    target = parse_config(LLAMA_8B)
+    ngram = plan_kv(target, **KW, speculation=Speculation("ngram", 4))
+    alone = plan_kv(target, **KW)
+    assert (ngram.num_gpu_blocks, ngram.kv_cache_tokens) == (alone.num_gpu_blocks, alone.kv_cache_tokens)
+    assert ngram.lookahead_tokens == 0
+
+
+def test_look_ahead_slots_count_below_max_model_len_only() -> None:
+    """vLLM allocates num_tokens + num_lookahead_tokens, capped at max_model_len (kv_cache_manager.allocate_slots)."""
+    target = parse_config(LLAMA_8B)
+    plan = plan_kv(target, **KW, speculation=Speculation("eagle", 4))
+    assert plan.concurrency_at(32768) == plan.kv_cache_tokens / 32768  # capped
+    assert plan.concurrency_at(4096) == plan.kv_cache_tokens / (4096 + 4)
+    assert plan.request_bytes(4096) == (4096 + 4) * plan.kv_bytes_per_token
+
+
+def test_mtp_layers_are_the_models_own_of_its_kind() -> None:
+    deepseek = parse_config(DEEPSEEK_V3)
+    assert deepseek.mtp_layers == 1
+    plan = plan_kv(deepseek, kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=8,
+                   speculation=Speculation("mtp", 1))  # fmt: skip
+    assert plan.kv_layers_per_rank == 62 and plan.kv_bytes_per_token == 62 * 576 * 2  # MLA: one latent per token
+    with pytest.raises(NotModelled, match="names no MTP layers"):
+        plan_kv(parse_config(LLAMA_8B), **KW, speculation=Speculation("mtp", 1))
+    assert parse_config({**QWEN3_NEXT, "num_nextn_predict_layers": None, "mtp_num_hidden_layers": 2}).mtp_layers == 2
+    with pytest.raises(GeometryError, match="num_nextn_predict_layers"):
+        parse_config({**LLAMA_8B, "num_nextn_predict_layers": -1})
+
+
+def test_mtp_on_a_gated_deltanet_hybrid_adds_a_full_layer_and_state_blocks() -> None:
+    """Qwen3-Next: the MTP layer is full attention (12 full + 1), and every GDN group keeps one state block per
+    speculative token besides its own (MambaSpec.num_speculative_blocks)."""
+    g = parse_config(QWEN3_NEXT)
+    kw = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 32768, "version": (0, 32, 0)}
+    alone, mtp = plan_kv(g, **kw), plan_kv(g, **kw, speculation=Speculation("mtp", 2))
+    full = lambda p: sum(x.layers for x in p.groups if x.kind == "full")  # noqa: E731
+    assert (full(alone), full(mtp)) == (12, 13)
+    state = lambda p: {x.blocks_per_request for x in p.groups if x.kind == "linear"}  # noqa: E731
+    assert state(mtp) == {x + 2 for x in state(alone)}
+    assert any("one per speculative token" in n for n in mtp.notes)
+
+
+def test_where_the_speculative_rules_apply() -> None:
+    """Each release boundary: refused before it, planned from it."""
+    target = parse_config(LLAMA_8B)
+    before = tuple(v - (i == 2) for i, v in enumerate(SPECULATIVE_RULES))
+    with pytest.raises(NotModelled, match=r"planned from vLLM 0\.9\.1"):
+        plan_kv(target, **KW, version=before, speculation=Speculation("eagle", 2))
+    first = plan_kv(target, **KW, version=SPECULATIVE_RULES, speculation=Speculation("eagle", 2))
+    assert first.kv_layers_per_rank == 33
+
+    draft = parse_config(LLAMA_1B)
+    with pytest.raises(NotModelled, match="refused it"):
+        plan_kv(target, **KW, version=(0, 10, 2), speculation=Speculation("draft_model", 2, draft))
+    mixed = plan_kv(target, **KW, version=MIXED_PAGE_SIZES, speculation=Speculation("draft_model", 2, draft))
+    # one group of per-layer pages: a block costs 32 pages of the target's and 16 of the draft's (half the size)
+    per_token = 32 * 2 * 8 * 128 * 2 + 16 * 2 * 8 * 64 * 2
+    assert mixed.kv_bytes_per_token == per_token and mixed.num_gpu_blocks == 40 * GiB // (per_token * 16)
+
+    qwen = parse_config(QWEN3_NEXT)
+    kw = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 32768}
+    with pytest.raises(NotModelled, match="beside state layers"):
+        plan_kv(qwen, **kw, version=(0, 10, 1), speculation=Speculation("mtp", 1))
+    assert plan_kv(qwen, **kw, version=STATE_SPECULATIVE_BLOCKS, speculation=Speculation("mtp", 1)).groups
+
+    # sliding layers keep num_speculative_tokens - 1 more tokens beside a multi-layer MTP drafter
+    layers = ["sliding_attention"] * 8 + ["full_attention"] * 4
+    mimo = parse_config({**LLAMA_8B, "num_hidden_layers": 12, "layer_types": layers, "sliding_window": 128,
+                         "num_nextn_predict_layers": 3})  # fmt: skip
+    kw = {"kv_cache_memory_bytes": 8 * GiB, "max_model_len": 32768, "max_num_batched_tokens": 2048}
+    with pytest.raises(NotModelled, match="multi-layer MTP"):
+        plan_kv(mimo, **kw, version=(0, 31, 0), speculation=Speculation("mtp", 3))
+    plan = plan_kv(mimo, **kw, version=SLIDING_MTP_RETAINED, speculation=Speculation("mtp", 3), async_scheduling=False)
+    sliding = {x.blocks_per_request for x in plan.groups if x.kind == "sliding"}
+    assert sliding == {math.ceil((128 - 1 + 2 + 2048) / 16) + 1}
+    one_token = plan_kv(mimo, **kw, version=SLIDING_MTP_RETAINED, speculation=Speculation("mtp", 1),
+                        async_scheduling=False)  # fmt: skip
+    assert {x.blocks_per_request for x in one_token.groups if x.kind == "sliding"} == {math.ceil(2175 / 16) + 1}
+
+
+def test_what_is_refused_is_named() -> None:
+    target = parse_config(LLAMA_8B)
+    with pytest.raises(NotModelled, match="V0"):
+        plan_kv(target, **KW, version=(0, 9, 1), engine="v0", speculation=Speculation("eagle", 2))
+    with pytest.raises(NotModelled, match="pipeline parallelism"):
+        plan_kv(target, **KW, pp=2, speculation=Speculation("eagle", 2))
+    with pytest.raises(NotModelled, match="a mla drafter beside full"):
+        plan_kv(target, **KW, speculation=Speculation("draft_model", 2, parse_config(DEEPSEEK_V3)))
+    gemma = parse_config({**LLAMA_8B, "num_hidden_layers": 6, "sliding_window": 1024, "sliding_window_pattern": 6})
+    with pytest.raises(NotModelled, match="hybrid layout"):
+        plan_kv(gemma, **KW, speculation=Speculation("draft_model", 2, parse_config(LLAMA_1B)))
+    hybrid_draft = parse_config({**LLAMA_8B, "num_hidden_layers": 6, "sliding_window": 1024})
+    with pytest.raises(NotModelled, match="sliding layers"):
+        plan_kv(target, **KW, speculation=Speculation("draft_model", 2, hybrid_draft))
+    for bad, message in (
+        (Speculation("medusa", 2), "not one of"),
+        (Speculation("eagle", 0), "positive"),
+        (Speculation("draft_model", 2), "needs the draft model"),
+        (Speculation("mtp", 2, target), "no separate drafter"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            plan_kv(target, **KW, speculation=bad)
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_capacity", "plan", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_plan_command_line(tmp_path: Path) -> None:
+    target, draft = tmp_path / "target.json", tmp_path / "draft.json"
+    target.write_text(json.dumps(LLAMA_8B))
+    draft.write_text(json.dumps(LLAMA_1B))
+    base = ("--model-config", str(target), "--kv-cache-memory", "40GiB", "--max-model-len", "32768")
+    done = _plan(*base, "--format", "json", "--speculative-method", "draft_model", "--num-speculative-tokens", "4",
+                 "--draft-model-config", str(draft))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["inputs"]["speculation"]["method"] == "draft_model" and doc["kv_layers_per_rank"] == 48
+    assert any("pages of their own" in n for n in doc["notes"])
+    text = _plan(*base, "--speculative-method", "eagle", "--num-speculative-tokens", "2")
+    assert text.returncode == 0 and "speculative decoding (eagle, 2 token(s))" in text.stdout
+    for args, message in (
+        (("--speculative-method", "eagle"), "needs --num-speculative-tokens"),
+        (("--num-speculative-tokens", "2"), "need --speculative-method"),
+        (("--speculative-method", "draft_model", "--num-speculative-tokens", "2"), "needs --draft-model-config"),
+        (("--speculative-method", "ngram", "--num-speculative-tokens", "2", "--draft-model-config", str(draft)),
+         "takes no --draft-model-config"),
+        (("--speculative-method", "medusa", "--num-speculative-tokens", "2"), "not one of"),
+    ):  # fmt: skip
+        done = _plan(*base, *args)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+    refused = _plan(*base, "--speculative-method", "mtp", "--num-speculative-tokens", "1")
+    assert refused.returncode == 1 and "not modelled" in refused.stderr
