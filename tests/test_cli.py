@@ -582,3 +582,32 @@ def test_documented_option_tables_match_the_code(options: tuple, environment: bo
     text = (Path(__file__).parents[1] / document).read_text().splitlines()
     missing = [_readme_row(opt, environment) for opt in options if _readme_row(opt, environment) not in text]
     assert not missing, f"{document} rows out of date:\n" + "\n".join(missing)
+
+
+def test_the_report_shows_speculative_acceptance_next_to_capacity() -> None:
+    from dataclasses import replace
+
+    from vllm_capacity.derive import derive_engine
+    from vllm_capacity.report import render_json, render_text
+    from vllm_capacity.snapshot import Snapshot
+    from vllm_capacity.sources.vllm_parse import parse_metrics
+
+    (m,) = parse_metrics(fixture_text("v1-0.32.0-cpu-saturated.prom")).engines
+    plain = derive_engine(m, schema="v1-capacity", dp_engines=1, max_model_len=1024)
+    drafted = replace(m, spec_drafts_total=40.0, spec_draft_tokens_total=80.0, spec_accepted_tokens_total=20.0)
+    e = derive_engine(drafted, schema="v1-capacity", dp_engines=1, max_model_len=1024)
+    snap = Snapshot(up=True, timestamp=0, schema="v1-capacity", engines=(e,))
+    out = render_text(snap, "http://vllm")
+    section = out[out.index("Speculative decoding (since vLLM started)") :].splitlines()
+    assert section[1].split()[:3] == ["accepted", "25.0", "%"] and "(20 of 80 draft tokens)" in section[1]
+    assert section[2].split()[:4] == ["tokens", "per", "step", "1.50"]
+    assert out.index("Speculative decoding") > out.index("Load")  # next to capacity and load
+    doc = json.loads(render_json(snap, "http://vllm"))["engines"][0]["spec_decode"]
+    assert doc == {"draft_tokens": 80.0, "accepted_tokens": 20.0, "drafts": 40.0, "acceptance_ratio": 0.25,
+                   "mean_acceptance_length": 1.5}  # fmt: skip
+    plain_out = render_text(Snapshot(up=True, timestamp=0, schema="v1-capacity", engines=(plain,)), "http://vllm")
+    assert "Speculative decoding" not in plain_out
+    v0 = replace(drafted, spec_drafts_total=None)  # V0 counts no drafts: the length is unknown, not made up
+    out0 = render_text(Snapshot(up=True, timestamp=0, schema="v0", engines=(derive_engine(v0, schema="v0",
+                       dp_engines=1, max_model_len=1024),)), "http://vllm")  # fmt: skip
+    assert "tokens per step       unknown" in out0

@@ -190,3 +190,34 @@ def test_older_latency_name_is_recognised_from_help_and_type_alone() -> None:
         'vllm:time_per_output_token_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen2.5-7B-Instruct"} 3.0'
     ]
     assert parse_metrics(text).itl_metric == "vllm:time_per_output_token_seconds"
+
+
+def test_speculative_decoding_counters_v1_and_v0() -> None:
+    """V1 counts drafts, draft and accepted tokens per engine (the real 0.32 server's lines, captured with an EAGLE
+    drafter); V0 (0.6.6) has the token counters under the same names, without drafts or engine."""
+    v1 = fixture_text("v1-0.32.0-cpu-idle.prom") + (
+        "# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.\n"
+        "# TYPE vllm:spec_decode_num_drafts counter\n"
+        'vllm:spec_decode_num_drafts_total{engine="0",model_name="tiny-llama"} 39.0\n'
+        'vllm:spec_decode_num_drafts_created{engine="0",model_name="tiny-llama"} 1.796125880993223e+09\n'
+        "# HELP vllm:spec_decode_num_draft_tokens Number of draft tokens.\n"
+        "# TYPE vllm:spec_decode_num_draft_tokens counter\n"
+        'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="tiny-llama"} 78.0\n'
+        "# HELP vllm:spec_decode_num_accepted_tokens Number of accepted tokens.\n"
+        "# TYPE vllm:spec_decode_num_accepted_tokens counter\n"
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="tiny-llama"} 13.0\n'
+    )
+    (e,) = parse_metrics(v1).engines
+    assert (e.spec_drafts_total, e.spec_draft_tokens_total, e.spec_accepted_tokens_total) == (39.0, 78.0, 13.0)
+    (plain,) = parse_metrics(fixture_text("v1-0.32.0-cpu-idle.prom")).engines
+    assert plain.spec_draft_tokens_total is None  # no speculative decoding: nothing, not zero
+    v0 = fixture_text("v0-0.6.6-multiprocess.prom") + (
+        "# HELP vllm:spec_decode_num_draft_tokens_total Number of draft tokens.\n"
+        "# TYPE vllm:spec_decode_num_draft_tokens_total counter\n"
+        'vllm:spec_decode_num_draft_tokens_total{model_name="meta-llama/Meta-Llama-3-8B"} 400.0\n'
+        "# HELP vllm:spec_decode_num_accepted_tokens_total Number of accepted tokens.\n"
+        "# TYPE vllm:spec_decode_num_accepted_tokens_total counter\n"
+        'vllm:spec_decode_num_accepted_tokens_total{model_name="meta-llama/Meta-Llama-3-8B"} 300.0\n'
+    )
+    (e0,) = parse_metrics(v0).engines
+    assert (e0.engine, e0.spec_drafts_total, e0.spec_accepted_tokens_total) == ("0", None, 300.0)

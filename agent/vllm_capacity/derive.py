@@ -259,12 +259,40 @@ class EngineCapacity:
     concurrency_limit: str | None = None  # one of LIMITS: what limits concurrency now
     waiting_deferred: float | None = None
     asleep: bool | None = None  # vLLM's sleep mode: its KV cache is freed (None: vLLM does not say)
+    spec_decode: SpecDecode | None = None  # speculative decoding's acceptance, when vLLM counts it
 
     def concurrency_at(self, context_tokens: int) -> float | None:
         """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
         if self.max_model_len and context_tokens > self.max_model_len:
             return None
         return max_concurrency_at_context(self.capacity_tokens, context_tokens)
+
+
+@dataclass(frozen=True)
+class SpecDecode:
+    """Speculative decoding's acceptance since vLLM started, from its spec_decode_* counters."""
+
+    draft_tokens: float
+    accepted_tokens: float
+    drafts: float | None  # V1 only
+
+    @property
+    def acceptance_ratio(self) -> float | None:
+        """The share of drafted tokens the target accepted (None before the first draft)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens > 0 else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens each verification step emits on average: the target's own and the accepted drafts (vLLM's
+        "Mean acceptance length": 1 + accepted / drafts)."""
+        return 1 + self.accepted_tokens / self.drafts if self.drafts else None
+
+
+def spec_decode(m: EngineMetrics) -> SpecDecode | None:
+    """The engine's acceptance figures; None when it does not decode speculatively (no counters)."""
+    if m.spec_draft_tokens_total is None or m.spec_accepted_tokens_total is None:
+        return None
+    return SpecDecode(m.spec_draft_tokens_total, m.spec_accepted_tokens_total, m.spec_drafts_total)
 
 
 def model_kv_bytes_per_token(geometry: Geometry | None, cache_dtype: str | None, tp: int, pp: int) -> float | None:
@@ -360,6 +388,7 @@ def derive_engine(
         activation_peak_bytes=startup.activation_peak_bytes if startup is not None else None,
         memory_device=startup.device if startup is not None else None,
         cache_info=dict(cc.labels) if cc else {},
+        spec_decode=spec_decode(m),
     )
 
 

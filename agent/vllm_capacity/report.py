@@ -126,8 +126,26 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
         lines.append(f"  limit now        {e.concurrency_limit:>12}")
     if e.headroom_requests is not None:
         lines.append(f"  headroom         {_n(e.headroom_requests):>12} requests   (bound by {e.headroom_basis})")
+    lines += _spec_decode_lines(e)
     lines += _curve_lines(e)
     return lines
+
+
+def _spec_decode_lines(e: EngineCapacity) -> list[str]:
+    """Speculative decoding's acceptance since vLLM started (its spec_decode_* counters), when it drafts."""
+    sd = e.spec_decode
+    if sd is None:
+        return []
+    length = sd.mean_acceptance_length
+    return [
+        "",
+        "Speculative decoding (since vLLM started)",
+        f"  accepted         {_pct(sd.acceptance_ratio):>12}   ({_n(sd.accepted_tokens)} of {_n(sd.draft_tokens)} "
+        "draft tokens)",
+        f"  tokens per step  {_n(length, 2):>12}   (mean acceptance length: 1 + accepted / drafts)"
+        if length is not None
+        else "  tokens per step       unknown   (vLLM counts no drafts before V1 0.8.5)",
+    ]
 
 
 def _curve_lines(e: EngineCapacity) -> list[str]:
@@ -241,6 +259,12 @@ def render_json(snap: Snapshot, url: str) -> str:
         d["concurrency_at_context"] = {str(c): e.concurrency_at(c) for c in CONTEXTS}
         d["preemptions_total"] = preemptions
         d["cache_config"] = {k: _typed(v) for k, v in cache_info.items()}
+        if e.spec_decode is not None:
+            d["spec_decode"] = {
+                **d["spec_decode"],
+                "acceptance_ratio": e.spec_decode.acceptance_ratio,
+                "mean_acceptance_length": e.spec_decode.mean_acceptance_length,
+            }
         engines.append(d)
     doc = {
         "vllm_url": url,

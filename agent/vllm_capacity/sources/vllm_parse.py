@@ -39,6 +39,10 @@ SWAPPED = "vllm:num_requests_swapped"
 PREEMPTIONS = "vllm:num_preemptions_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 CACHE_CONFIG = "vllm:cache_config_info"
+# Speculative decoding's counters (V0 from 0.4.x, and V1; drafts only in V1 >= 0.8.5), present only when it is on
+SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 PROCESS_START = "process_start_time_seconds"
 # V1 >= 0.11.2: 1 on the series of the engine's state: awake, weights_offloaded (sleep level 1), discard_all (2)
 SLEEP = "vllm:engine_sleep_state"
@@ -70,6 +74,9 @@ WANTED = (
     CACHE_CONFIG,
     PROCESS_START,
     SLEEP,
+    SPEC_DRAFTS,
+    SPEC_DRAFT_TOKENS,
+    SPEC_ACCEPTED_TOKENS,
     *LATENCY_BUCKETS,
 )
 _WANTED_SET = frozenset(WANTED)
@@ -80,7 +87,19 @@ PRESENCE_ONLY = (ITL, TPOT)
 #: Names whose HELP/TYPE lines are read beside those of WANTED: the latency histograms' own (their buckets are
 #: WANTED), so that the buckets are read inside their families as a parse of the whole body reads them.
 META = (ITL, TPOT, TTFT, "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
-_PER_ENGINE = {KV_USAGE, GPU_CACHE_USAGE, RUNNING, WAITING, WAITING_BY_REASON, SWAPPED, PREEMPTIONS, GENERATION_TOKENS}
+_PER_ENGINE = {
+    KV_USAGE,
+    GPU_CACHE_USAGE,
+    RUNNING,
+    WAITING,
+    WAITING_BY_REASON,
+    SWAPPED,
+    PREEMPTIONS,
+    GENERATION_TOKENS,
+    SPEC_DRAFTS,
+    SPEC_DRAFT_TOKENS,
+    SPEC_ACCEPTED_TOKENS,
+}
 # What a value can be and still be right: a usage fraction in [0, 1] (a float's excess aside), counts and sizes not
 # negative and exact in a float (2^53). A value outside is vLLM's error or a corrupted body: it is left out, and the
 # family named in VllmMetrics.implausible.
@@ -202,6 +221,10 @@ class EngineMetrics:
     latency: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     #: vllm:engine_sleep_state's state at 1: awake, weights_offloaded, discard_all (None: not reported)
     sleep_state: str | None = None
+    #: speculative decoding's counters since vLLM started: drafts proposed (V1), draft tokens, accepted tokens
+    spec_drafts_total: float | None = None
+    spec_draft_tokens_total: float | None = None
+    spec_accepted_tokens_total: float | None = None
 
     @property
     def waiting_for_capacity(self) -> float | None:
@@ -400,6 +423,9 @@ class _Scan:
                 cache_config=self.cache_configs.get(engine, shared_config),
                 latency=self._latency((model_name, engine)),
                 sleep_state=self.sleep.get((model_name, engine)),
+                spec_drafts_total=slot.get(SPEC_DRAFTS),
+                spec_draft_tokens_total=slot.get(SPEC_DRAFT_TOKENS),
+                spec_accepted_tokens_total=slot.get(SPEC_ACCEPTED_TOKENS),
             )
             for (model_name, engine), slot in sorted(self.values.items())
         )
