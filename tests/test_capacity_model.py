@@ -535,8 +535,9 @@ def test_what_the_hybrid_planner_does_not_model_is_named() -> None:
     for engine in ("v0", "v1"):
         with pytest.raises(NotModelled, match="no attention layer"):
             plan_kv(attention_free, kv_cache_memory_bytes=GiB, max_model_len=4096, engine=engine)
-    with pytest.raises(GeometryError) as err:
-        parse_config({**_hf_config("meta-llama/Llama-3.1-8B-Instruct"), "attention_chunk_size": 8192})
+    with pytest.raises(GeometryError, match="beside other layer kinds") as err:  # a chunk and a sliding window
+        parse_config({**_hf_config("meta-llama/Llama-3.1-8B-Instruct"), "attention_chunk_size": 8192,
+                      "sliding_window": 4096})  # fmt: skip
     assert err.value.field == "attention_chunk_size"
     with pytest.raises(ImpossiblePlan, match="needs 2,182 blocks"):
         plan_kv(parse_config(_gemma3_27b()), kv_cache_memory_bytes=GiB, max_model_len=16384, version=(0, 10, 2))
@@ -640,3 +641,75 @@ def test_hybrid_configs_that_contradict_themselves_are_named() -> None:
     odd_dtype = parse_config({**GRANITE_4_H_1B, "mamba_ssm_cache_dtype": "fp33"})
     with pytest.raises(ValueError, match=r"SSM state dtype 'fp33' \(the SSM state dtype comes from config.json\)"):
         plan_kv(odd_dtype, kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 19, 0))
+
+
+# -- Llama 4's chunked local attention ---------------------------------------------------------------------------
+
+# meta-llama/Llama-4-Scout-17B-16E-Instruct's text_config as Hugging Face writes it (no layer_types): 48 layers of
+# 8 KV heads x 128, chunks of 8192 tokens, every 4th layer global (NoPE)
+LLAMA4_SCOUT = {
+    "architectures": ["Llama4ForConditionalGeneration"],
+    "text_config": {
+        "model_type": "llama4_text",
+        "num_hidden_layers": 48,
+        "num_attention_heads": 40,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "hidden_size": 5120,
+        "attention_chunk_size": 8192,
+        "no_rope_layers": [],
+        "max_position_embeddings": 10485760,
+        "torch_dtype": "bfloat16",
+    },
+}
+
+
+def test_llama4_chunked_layers_from_the_config() -> None:
+    g = parse_config(LLAMA4_SCOUT)
+    assert g.layer_kinds == ("chunked", "chunked", "chunked", "full") * 12 and g.attention_chunk_size == 8192
+    flags = [1, 0] * 24  # an explicit no_rope_layers: 0 = NoPE (global)
+    explicit = parse_config({**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"], "no_rope_layers": flags}})
+    assert explicit.layer_kinds == ("chunked", "full") * 24
+    typed = parse_config({**_hf_config("meta-llama/Llama-3.1-8B-Instruct", num_hidden_layers=2), "attention_chunk_size":
+                          64, "layer_types": ["chunked_attention", "full_attention"]})  # fmt: skip
+    assert typed.layer_kinds == ("chunked", "full")
+    for bad, field in (
+        ({"no_rope_layers": [2] * 48}, "no_rope_layers"),
+        ({"attention_chunk_size": None, "layer_types": ["chunked_attention"] * 48}, "attention_chunk_size"),
+    ):
+        with pytest.raises(GeometryError) as err:
+            parse_config({**LLAMA4_SCOUT, "text_config": {**LLAMA4_SCOUT["text_config"], **bad}})
+        assert err.value.field == field
+
+
+def test_llama4_chunked_groups_and_where_vllm_changed_them() -> None:
+    """0.32: 36 chunked layers in 3 groups of 12 beside the 12 full ones (PR #21761's "(FullAttention x 12)
+    (ChunkedLocalAttention x 12) x 3"), each chunked group holding chunk + in-flight tokens per request."""
+    from vllm_capacity.sizing.versions import CHUNKED_LOCAL_DEFAULT_ON, CHUNKED_LOCAL_GROUPS
+
+    g = parse_config(LLAMA4_SCOUT)
+    kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 131072, "tp": 4, "max_num_batched_tokens": 8192}
+    plan = plan_kv(g, **kw, version=CHUNKED_LOCAL_DEFAULT_ON)
+    assert (plan.group_size, [x.kind for x in plan.groups]) == (12, ["chunked"] * 3 + ["full"])
+    chunked = math.ceil((8192 + 2 * 8192) / 16)  # chunk + two batches in flight (async scheduling)
+    assert [x.blocks_per_request for x in plan.groups] == [chunked] * 3 + [131072 // 16]
+    page = 2 * 2 * 128 * 2 * 16  # 8 KV heads / TP 4 = 2 per rank
+    assert plan.num_gpu_blocks == 20 * GiB // (page * 12)
+    assert plan.max_concurrency == plan.num_gpu_blocks / (3 * chunked + 8192)
+    # sized like full attention: before 0.10.0, when told so, and with an EAGLE-family drafter
+    as_full = [
+        plan_kv(g, **kw, version=(0, 9, 2)),  # hybrid groups, but no chunked spec yet
+        plan_kv(g, **kw, chunked_local_hybrid="off"),
+        plan_kv(g, **kw, speculation=Speculation("eagle", 2)),
+    ]
+    for p in as_full:
+        assert not p.groups and p.kv_layers_per_rank >= 48
+        assert any("chunked local attention layers are sized like full attention" in n for n in p.notes)
+    assert as_full[0].max_concurrency < plan.max_concurrency / 2
+    # between 0.10.1 and 0.32 the default of VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is not known: asked
+    with pytest.raises(NotModelled, match="--chunked-local-hybrid on or off"):
+        plan_kv(g, **kw, version=(0, 20, 0))
+    told = plan_kv(g, **kw, version=CHUNKED_LOCAL_GROUPS, chunked_local_hybrid="on")
+    assert len(told.groups) == 4
+    with pytest.raises(NotModelled, match="PR #19351"):
+        plan_kv(g, **kw, version=(0, 9, 2), chunked_local_hybrid="on")

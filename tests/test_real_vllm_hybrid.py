@@ -6,6 +6,8 @@
 * tiny-granite-hybrid: 3 Mamba-2 layers and 1 attention layer: the Mamba page padded to the attention page, and the
   'align' Mamba cache mode that prefix caching selects (3 blocks per request and Mamba-2 group).
 * tiny-qwen3-next: 3 Gated DeltaNet layers and 1 attention layer (2 blocks per request and GDN group in 'align').
+* tiny-llama4: 3 chunked local attention layers (chunks of 256) and 1 global layer: 4 groups of 1 layer, each chunked
+  group holding chunk + in-flight tokens per request, fewer blocks than the full group.
 
 `vllm-capacity plan`, given the server's model directory and the settings vLLM reports, must give the server's own
 block count, KV cache size in tokens and maximum concurrency, exactly, and the same padding vLLM logs.
@@ -30,6 +32,7 @@ CASES = {
     "tiny-gemma3": (2048, ("--max-num-batched-tokens", "256"), r"Add (\d+) padding layers"),
     "tiny-granite-hybrid": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
     "tiny-qwen3-next": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
+    "tiny-llama4": (2048, ("--max-num-batched-tokens", "256"), None),
 }
 
 
@@ -67,9 +70,16 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path
     assert plan["max_concurrency"] == pytest.approx(float(cc["kv_cache_max_concurrency"]), rel=1e-12)
     assert f"{plan['max_concurrency']:.2f}" == f"{logged['max_concurrency']:.2f}"
     assert len(plan["groups"]) > 1  # a hybrid layout, not the single group of a dense model
+    notes = " ".join(plan["notes"])
+    if padding_line is None:  # tiny-llama4: no padding, and chunked groups bounded by chunk + in-flight tokens
+        assert not re.search(r"Add \d+ padding layers", server.log_text()) and "padding" not in notes
+        by_kind = {g["kind"]: g["blocks_per_request"] for g in plan["groups"]}
+        block = int(cc["block_size"])
+        assert by_kind == {"chunked": -(-(256 + 256) // block), "full": max_model_len // block}
+        assert "chunked local attention layers have KV-cache groups of their own" in notes
+        return
     # the padding vLLM logs is the padding the plan explains
     (padding,) = re.findall(padding_line, server.log_text())
-    notes = " ".join(plan["notes"])
     if model == "tiny-gemma3":
         assert f"{padding} padding layer(s) for the sliding layers" in notes
         # the sliding groups stop at window - 1 + max_num_batched_tokens: fewer blocks than a full group

@@ -294,6 +294,7 @@ def _plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | 
         mamba_cache_mode=values.mamba_cache_mode,
         mamba_ssm_cache_dtype=values.mamba_ssm_cache_dtype,
         speculation=_speculation(values),
+        chunked_local_hybrid=values.chunked_local_hybrid,
     )
 
 

@@ -2,7 +2,8 @@
 window, and the per-request state shape of Mamba-2 / Gated DeltaNet layers. Plain data and shape maths, no I/O:
 :mod:`vllm_capacity.sources.model_config` reads it from a ``config.json``.
 
-Layer kinds: ``full`` (full attention), ``sliding`` (sliding-window attention), ``mla`` (multi-head latent
+Layer kinds: ``full`` (full attention), ``sliding`` (sliding-window attention), ``chunked`` (Llama 4's chunked local
+attention: a token attends within its chunk of ``attention_chunk_size``), ``mla`` (multi-head latent
 attention: one latent vector per token), ``mamba`` / ``linear`` (per-request state instead of per-token KV),
 ``shared`` (reuses an earlier layer's KV), ``none`` (no cache, e.g. an MLP-only layer of a hybrid pattern).
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-KV_KINDS = ("full", "sliding", "mla")  # kinds that hold per-token KV of their own
+KV_KINDS = ("full", "sliding", "chunked", "mla")  # kinds that hold per-token KV of their own
 
 
 def _per_rank(what: str, value: int, tp: int) -> int:
@@ -101,6 +102,7 @@ class Geometry:
     max_position_embeddings: int | None = None  # vLLM's default max_model_len
     state: MambaGeometry | GatedDeltaNetGeometry | None = None  # of the "mamba" / "linear" layers, from their fields
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (num_nextn_predict_layers), 0 if none
+    attention_chunk_size: int | None = None  # of the "chunked" layers (Llama 4)
 
     @property
     def kv_layers(self) -> int:

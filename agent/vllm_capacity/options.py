@@ -398,6 +398,13 @@ PLAN_OPTIONS = (
         "vLLM's --mamba-ssm-cache-dtype (auto: the config's, else the model's dtype)",
     ),
     Option(
+        "--chunked-local-hybrid",
+        _choice("auto", "on", "off"),
+        "auto",
+        "for Llama 4's chunked attention: vLLM's VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE (auto: its "
+        "default, known from 0.32; off sizes those layers like full attention)",
+    ),
+    Option(
         "--speculative-method",
         _choice("eagle", "eagle3", "mtp", "draft_model", "ngram"),
         None,
@@ -494,6 +501,7 @@ class PlanConfig:
     async_scheduling: str
     mamba_cache_mode: str
     mamba_ssm_cache_dtype: str
+    chunked_local_hybrid: str
     speculative_method: str | None
     num_speculative_tokens: int | None
     draft_model_config_path: Path | None

@@ -1,7 +1,7 @@
 """Build three tiny random-weight hybrid models beside the tiny Llama, sharing its tokenizer (no hub access needed).
 
-usage: make_tiny_hybrids.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-gemma3, tiny-granite-hybrid and
-                                        tiny-qwen3-next, each with a .complete marker)
+usage: make_tiny_hybrids.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-gemma3, tiny-granite-hybrid,
+                                        tiny-qwen3-next and tiny-llama4, each with a .complete marker)
 
 They exercise vLLM's hybrid KV-cache groups on the real CPU server, for the planner's tests:
 
@@ -12,6 +12,9 @@ They exercise vLLM's hybrid KV-cache groups on the real CPU server, for the plan
   attention page.
 * tiny-qwen3-next: Qwen3-Next shape, 4 layers (3 Gated DeltaNet, 1 attention), 2 KV heads x 32, bf16, a tiny MoE;
   GDN state: 2 key / 4 value heads of 32, 4-tap conv.
+* tiny-llama4: Llama 4 text model, 4 layers (3 chunked local attention of 256 tokens, 1 global NoPE layer), 2 KV
+  heads x 32, bf16, a tiny MoE every other layer. The chunk is a multiple of the CPU backend's 128-token block, which
+  its chunked attention requires.
 """
 
 import json
@@ -25,6 +28,8 @@ from transformers import (
     Gemma3TextConfig,
     GraniteMoeHybridConfig,
     GraniteMoeHybridForCausalLM,
+    Llama4ForCausalLM,
+    Llama4TextConfig,
     Qwen3NextConfig,
     Qwen3NextForCausalLM,
 )
@@ -94,3 +99,17 @@ qwen3_next = Qwen3NextConfig(
     shared_expert_intermediate_size=64,
 )
 save("tiny-qwen3-next", Qwen3NextForCausalLM(qwen3_next))
+llama4 = Llama4TextConfig(
+    **tokens,
+    **attention,
+    intermediate_size_mlp=256,
+    head_dim=32,
+    num_hidden_layers=4,
+    max_position_embeddings=4096,
+    num_local_experts=2,
+    num_experts_per_tok=1,
+    interleave_moe_layer_step=2,
+    attention_chunk_size=256,
+    no_rope_layers=[1, 1, 1, 0],
+)
+save("tiny-llama4", Llama4ForCausalLM(llama4))

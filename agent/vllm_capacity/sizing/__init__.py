@@ -18,8 +18,10 @@ group, ``ceil(min(window - 1 + in-flight tokens, max_model_len) / block_size) + 
 'align' mode) per Mamba group. For Mamba the attention block size is raised until a page holds one Mamba state, and
 the Mamba page is padded to it (Gated DeltaNet layers likewise, with 2 blocks in 'align' mode). Before 0.9.1 (and in
 V0) sliding layers are sized like full ones and V0 keeps the Mamba state outside the KV budget. Shared-KV layers hold
-nothing of their own. Mamba-1 state, attention-free models, MLA mixed with other kinds and hybrid layouts under PP
-raise :class:`NotModelled` (Llama 4's chunked attention is refused earlier, by the geometry parser).
+nothing of their own. Llama 4's chunked local attention layers hold ``ceil(min(chunk + in-flight tokens,
+max_model_len) / block_size)`` blocks per request in groups of their own (from 0.10.0, when vLLM's hybrid manager
+takes them; else they are sized like full attention). Mamba-1 state, attention-free models, MLA mixed with other
+kinds and hybrid layouts under PP raise :class:`NotModelled`.
 
 The package, by concern: :mod:`.versions` (where vLLM changed its rules), :mod:`.inputs` (what a plan is asked for),
 :mod:`.layers` (bytes per token, and each layer kind's spec), :mod:`.dense` (one kind of KV layer),
@@ -35,7 +37,7 @@ from typing import Any
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing.dense import as_single_group, max_concurrency, plan_dense
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
-from vllm_capacity.sizing.hybrid import plan_hybrid
+from vllm_capacity.sizing.hybrid import chunked_local_groups, plan_hybrid
 from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens
 from vllm_capacity.sizing.layers import bytes_per_token_per_layer, kv_dtype_bytes, layers_per_rank
 from vllm_capacity.sizing.memory import MemoryBudget
@@ -85,6 +87,12 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
             engine=engine,
             version=inputs.version,
         )
+    if "chunked" in geometry.layer_kinds and engine == "v1" and inputs.version >= HYBRID_GROUPS:
+        hybrid, why = chunked_local_groups(inputs)
+        if not hybrid:
+            kinds = tuple("full" if k == "chunked" else k for k in geometry.layer_kinds)
+            geometry = replace(geometry, layer_kinds=kinds)
+        notes.append(why)
     if geometry.uniform:
         result = plan_dense(geometry, inputs, draft)
     elif engine == "v1" and inputs.version >= HYBRID_GROUPS:

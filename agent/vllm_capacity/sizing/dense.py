@@ -93,8 +93,12 @@ def as_single_group(geometry: Geometry, engine: str) -> tuple[Geometry, str]:
         raise NotModelled(f"{geometry.architecture}: V0 never served linear-attention (Gated DeltaNet) layers")
     if "mla" in kinds:
         raise NotModelled(f"{geometry.architecture} mixes MLA with other layer kinds {sorted(kinds)}")
-    flat = tuple("full" if k == "sliding" else "none" if k in ("mamba", "shared") else k for k in geometry.layer_kinds)
-    note = f"{engine} before 0.9.1 sizes sliding-window layers like full attention"
+    flat = tuple(
+        "full" if k in ("sliding", "chunked") else "none" if k in ("mamba", "shared") else k
+        for k in geometry.layer_kinds
+    )
+    which = "sliding-window and chunked" if "chunked" in kinds else "sliding-window"
+    note = f"{engine} before 0.9.1 sizes {which} layers like full attention"
     if "mamba" in kinds:
         note += "; V0 keeps the Mamba state outside the KV-cache budget, so only attention layers count"
     return replace(geometry, layer_kinds=flat), note

@@ -17,6 +17,7 @@ from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
 from vllm_capacity.sizing.layers import (
     STATE_KINDS,
+    ChunkedLocalSpec,
     FullAttentionSpec,
     LayerSpec,
     SlidingWindowSpec,
@@ -26,6 +27,8 @@ from vllm_capacity.sizing.layers import (
 )
 from vllm_capacity.sizing.result import KvGroup, KvPlan
 from vllm_capacity.sizing.versions import (
+    CHUNKED_LOCAL_DEFAULT_ON,
+    CHUNKED_LOCAL_GROUPS,
     GROUP_RATIOS,
     HYBRID_PREFIX_CACHING,
     IN_FLIGHT_TOKENS,
@@ -48,12 +51,18 @@ def plan_hybrid(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     in_flight = _in_flight_tokens(inputs)
     specs = _layer_specs(geometry, inputs, block_size, state_blocks, in_flight)
     groups = _groups(counts, group_size, specs, notes)
+    batches = f"max_num_batched_tokens {inputs.max_num_batched_tokens:,}" + (
+        " x 2 batches under async scheduling" if in_flight != inputs.max_num_batched_tokens else ""
+    )
     if "sliding" in counts:
-        batched = inputs.max_num_batched_tokens
         notes.append(
             f"sliding-window layers hold at most window {geometry.sliding_window} - 1 + {in_flight:,} in-flight tokens "
-            f"per request (max_num_batched_tokens {batched:,}"
-            f"{' x 2 batches under async scheduling' if in_flight != batched else ''})"
+            f"per request ({batches})"
+        )
+    if "chunked" in counts:
+        notes.append(
+            f"chunked local attention layers hold at most chunk {geometry.attention_chunk_size:,} + {in_flight:,} "
+            f"in-flight tokens per request ({batches})"
         )
     return _pool(counts, groups, group_size, block_size * per_layer, per_layer, block_size, inputs, notes)
 
@@ -149,6 +158,9 @@ def _layer_specs(
         "sliding": SlidingWindowSpec(
             block_size, inputs.max_model_len, window, in_flight, lookahead, _retained(geometry, inputs)
         ),
+        "chunked": ChunkedLocalSpec(
+            block_size, inputs.max_model_len, geometry.attention_chunk_size or 0, in_flight, lookahead
+        ),
         "mamba": StateSpec("mamba", state_blocks),
         "linear": StateSpec("linear", state_blocks),
     }
@@ -226,6 +238,37 @@ def _pool(
         group_size=group_size,
         page_bytes=page,
     )
+
+
+def chunked_local_groups(inputs: PlanInputs) -> tuple[bool, str]:
+    """Whether vLLM sizes chunked local attention layers in groups of their own (else like full attention), and why:
+    the hybrid KV-cache manager is off for them with an EAGLE-family drafter (0.32 ``VllmConfig``), and otherwise
+    follows VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, whose default changed."""
+    version, mode, spec = inputs.version, inputs.chunked_local_hybrid, inputs.speculation
+    as_full = "chunked local attention layers are sized like full attention"
+    if spec is not None and spec.method in ("eagle", "eagle3", "mtp"):
+        return False, f"{as_full}: vLLM turns the hybrid KV-cache manager off for them with an EAGLE-family drafter"
+    if version < CHUNKED_LOCAL_GROUPS or mode == "off":
+        if mode == "on":
+            raise NotModelled(
+                f"chunked local attention has groups of its own from vLLM {_dotted(CHUNKED_LOCAL_GROUPS)} (PR #19351)"
+            )
+        reason = "before 0.10.0 (PR #19351)" if version < CHUNKED_LOCAL_GROUPS else "--chunked-local-hybrid off"
+        return False, f"{as_full} ({reason})"
+    if mode == "auto" and version < CHUNKED_LOCAL_DEFAULT_ON:
+        raise NotModelled(
+            "whether vLLM gives chunked local attention groups of its own depends on "
+            "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, whose default was off from 0.10.1 (PR #21761) and "
+            f"is on in {_dotted(CHUNKED_LOCAL_DEFAULT_ON)}: pass --chunked-local-hybrid on or off as your server runs"
+        )
+    how = "--chunked-local-hybrid on"
+    if mode == "auto":
+        how = "the default of VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
+    return True, f"chunked local attention layers have KV-cache groups of their own ({how})"
+
+
+def _dotted(version: tuple[int, int, int]) -> str:
+    return ".".join(map(str, version))
 
 
 def _resolve_mamba_mode(mode: str, version: tuple[int, int, int]) -> str:

@@ -29,6 +29,7 @@ class PlanInputs:
     mamba_ssm_cache_dtype: str = "auto"
     async_scheduling: bool = True
     speculation: Speculation | None = None
+    chunked_local_hybrid: str = "auto"  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: on, off, or the default
 
     def check(self) -> None:
         """Raise ValueError for inputs no vLLM would accept."""
@@ -38,6 +39,8 @@ class PlanInputs:
             raise ValueError(f"engine {self.engine!r} is not v0 or v1")
         if self.speculation is not None:
             self.speculation.check()
+        if self.chunked_local_hybrid not in ("auto", "on", "off"):
+            raise ValueError(f"chunked_local_hybrid {self.chunked_local_hybrid!r} is not auto, on or off")
 
     @property
     def lookahead_tokens(self) -> int:

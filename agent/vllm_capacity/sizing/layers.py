@@ -85,6 +85,27 @@ class SlidingWindowSpec:
 
 
 @dataclass(frozen=True)
+class ChunkedLocalSpec:
+    """Chunked local attention (Llama 4): a request holds its current chunk and the in-flight tokens, never more than
+    ``max_model_len`` (0.32 ``ChunkedLocalAttentionSpec.max_admission_blocks_per_request``; no straddling block: a
+    chunk starts on a block boundary)."""
+
+    block_size: int
+    max_model_len: int
+    chunk: int
+    in_flight_tokens: int
+    lookahead: int = 0
+    kind = "chunked"
+
+    @property
+    def blocks_per_request(self) -> int:
+        return math.ceil(min(self.chunk + self.in_flight_tokens, self.max_model_len) / self.block_size)
+
+    def blocks_at(self, context_tokens: int) -> int:
+        return min(self.blocks_per_request, math.ceil((context_tokens + self.lookahead) / self.block_size))
+
+
+@dataclass(frozen=True)
 class StateSpec:
     """Mamba-2 or Gated DeltaNet (vLLM's ``MambaSpec``): a fixed number of state blocks per request, whatever its
     context (1, or 2-3 in the 'align' mode prefix caching uses; one more per speculative token)."""
@@ -100,4 +121,4 @@ class StateSpec:
         return self.blocks
 
 
-LayerSpec = FullAttentionSpec | SlidingWindowSpec | StateSpec
+LayerSpec = FullAttentionSpec | SlidingWindowSpec | ChunkedLocalSpec | StateSpec

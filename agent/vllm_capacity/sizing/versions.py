@@ -41,3 +41,9 @@ STATE_SPECULATIVE_BLOCKS = (0, 10, 2)
 # Sliding-window layers keep num_speculative_tokens - 1 tokens more for a multi-layer MTP drafter
 # (``extra_retained_tokens``): read in 0.32.0; sliding layers beside such a drafter are refused before.
 SLIDING_MTP_RETAINED = (0, 32, 0)
+# Chunked local attention (Llama 4) has its own spec in the hybrid groups from 0.10.0 (PR #19351); before, vLLM sized
+# those layers like full attention.
+CHUNKED_LOCAL_GROUPS = (0, 10, 0)
+# Whether it uses them is VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: off by default from 0.10.1 (PR #21761),
+# on again after PR #29627, on in 0.32.0 (read). Between 0.10.1 and 0.32 the plan asks (--chunked-local-hybrid).
+CHUNKED_LOCAL_DEFAULT_ON = (0, 32, 0)

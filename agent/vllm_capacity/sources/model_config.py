@@ -24,6 +24,7 @@ _LAYER_TYPE_NAMES = {
     "sliding_attention": "sliding",
     "sliding_window": "sliding",
     "local": "sliding",
+    "chunked_attention": "chunked",
     "linear_attention": "linear",
     "mamba": "mamba",
     "mamba2": "mamba",
@@ -169,10 +170,6 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             mtp_layers=_mtp_layers(cfg),
         )
 
-    if cfg.get("attention_chunk_size") is not None:  # Llama 4: RoPE layers attend within chunks
-        raise GeometryError(
-            "attention_chunk_size", "chunked local attention (Llama 4) is sized by rules the planner does not model"
-        )
     heads = _int(cfg, "num_attention_heads")
     kv_heads = _positive_int_field(cfg, "num_key_value_heads") or heads
     head_dim = _positive_int_field(cfg, "head_dim")
@@ -182,6 +179,11 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             raise GeometryError("head_dim", f"missing, and hidden_size {hidden} is not a multiple of {heads} heads")
         head_dim = hidden // heads
     kinds, window = _layer_kinds(cfg, num_layers)
+    chunk = _positive_int_field(cfg, "attention_chunk_size")
+    if chunk is not None and "chunked" not in kinds:
+        kinds = _llama4_chunked(cfg, kinds, num_layers)
+    if "chunked" in kinds and chunk is None:
+        raise GeometryError("attention_chunk_size", "layer_types has chunked-attention layers, but no chunk size")
     shared = cfg.get("num_kv_shared_layers") or 0
     if shared:  # Gemma 3n / 4: the last layers reuse earlier layers' KV
         if not isinstance(shared, int) or shared >= num_layers:
@@ -199,7 +201,23 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         _max_pos(cfg),
         state,
         _mtp_layers(cfg),
+        chunk if "chunked" in kinds else None,
     )
+
+
+def _llama4_chunked(cfg: dict[str, Any], kinds: list[str], num_layers: int) -> list[str]:
+    """Llama 4 without ``layer_types``: the RoPE layers attend within chunks, the NoPE ones (``no_rope_layers[i]``
+    0; else every ``no_rope_layer_interval``-th, 4 by default) globally, as vLLM's ``llama4.py`` and transformers'
+    ``Llama4TextConfig`` read them."""
+    if kinds != ["full"] * num_layers:
+        raise GeometryError("attention_chunk_size", "chunked attention beside other layer kinds is not modelled")
+    flags = cfg.get("no_rope_layers")
+    if flags:
+        if not isinstance(flags, list) or len(flags) != num_layers or set(flags) - {0, 1}:
+            raise GeometryError("no_rope_layers", f"expected {num_layers} flags of 0 (NoPE, global) or 1 (RoPE)")
+        return ["chunked" if f else "full" for f in flags]
+    interval = _positive_int_field(cfg, "no_rope_layer_interval") or 4
+    return ["full" if (i + 1) % interval == 0 else "chunked" for i in range(num_layers)]
 
 
 def _mtp_layers(cfg: dict[str, Any]) -> int:
