@@ -713,3 +713,61 @@ def test_llama4_chunked_groups_and_where_vllm_changed_them() -> None:
     assert len(told.groups) == 4
     with pytest.raises(NotModelled, match="PR #19351"):
         plan_kv(g, **kw, version=(0, 9, 2), chunked_local_hybrid="on")
+
+
+# -- Mamba-1 (Jamba) ---------------------------------------------------------------------------------------------
+
+# ai21labs/Jamba-v0.1's config.json (no layers_block_type: attention every 8th layer from the 4th)
+JAMBA = {
+    "architectures": ["JambaForCausalLM"],
+    "model_type": "jamba",
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "attn_layer_period": 8,
+    "attn_layer_offset": 4,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_jamba_mamba1_state_and_groups() -> None:
+    """vLLM's mamba1_state_shape: conv (d_conv - 1) x inner / TP, SSM inner / TP x d_state; 28 Mamba-1 and 4
+    attention layers in 0.32: groups of 4, 'align' keeps 2 state blocks (no prefill checkpoint, unlike Mamba-2)."""
+    from vllm_capacity.geometry import Mamba1Geometry
+
+    g = parse_config(JAMBA)
+    assert g.layer_kinds.count("full") == 4 and g.layer_kinds[4] == "full" and g.layer_kinds[12] == "full"
+    assert g.state == Mamba1Geometry(intermediate_size=8192, d_state=16, conv_kernel=4)
+    assert g.state.state_bytes(2, 2, 2) == 3 * 4096 * 2 + 4096 * 16 * 2
+    plan = plan_kv(g, kv_cache_memory_bytes=20 * GiB, max_model_len=32768, tp=2, version=(0, 32, 0))
+    state = 3 * 4096 * 2 + 4096 * 16 * 2  # per layer and request on one of 2 ranks: 155,648 bytes
+    per_token = 2 * 4 * 128 * 2  # attention: 8 KV heads / TP 2
+    block = 16 * math.ceil(state / (16 * per_token))  # the attention block grows until a page holds a state
+    assert plan.block_size == block and plan.group_size == 4
+    assert {x.blocks_per_request for x in plan.groups if x.kind == "mamba"} == {2}
+    assert any("Mamba-1 page padded" in n for n in plan.notes)
+    none = plan_kv(g, kv_cache_memory_bytes=20 * GiB, max_model_len=32768, tp=2, version=(0, 27, 0))
+    assert {x.blocks_per_request for x in none.groups if x.kind == "mamba"} == {1}  # before 0.28: no prefix caching
+
+
+def test_where_vllm_changed_its_mamba1_rules() -> None:
+    from vllm_capacity.sizing.versions import MAMBA1_PREFIX_CACHING, MAMBA1_V1
+
+    g = parse_config(JAMBA)
+    kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 32768}
+    with pytest.raises(NotModelled, match=r"Mamba-1 layers in V1 are planned from vLLM 0\.10\.2"):
+        plan_kv(g, **kw, version=(0, 10, 1))
+    assert plan_kv(g, **kw, version=MAMBA1_V1).groups
+    with pytest.raises(NotModelled, match="--mamba-cache-mode none or align"):
+        plan_kv(g, **kw, version=(0, 30, 0))
+    assert plan_kv(g, **kw, version=(0, 30, 0), mamba_cache_mode="align").groups
+    assert plan_kv(g, **kw, version=MAMBA1_PREFIX_CACHING).groups
+    v0 = plan_kv(g, **kw, version=(0, 7, 0))  # V0: the state lives outside the KV budget
+    assert v0.kv_layers_per_rank == 4 and "outside the KV-cache budget" in v0.notes[-1]
+    with pytest.raises(GeometryError) as err:
+        parse_config({**JAMBA, "attn_layer_offset": 8})
+    assert err.value.field == "attn_layer_offset"

@@ -6,6 +6,8 @@
 * tiny-granite-hybrid: 3 Mamba-2 layers and 1 attention layer: the Mamba page padded to the attention page, and the
   'align' Mamba cache mode that prefix caching selects (3 blocks per request and Mamba-2 group).
 * tiny-qwen3-next: 3 Gated DeltaNet layers and 1 attention layer (2 blocks per request and GDN group in 'align').
+* tiny-jamba: 3 Mamba-1 layers and 1 attention layer (2 blocks per request and Mamba-1 group in 'align'); vLLM's
+  CPU wheel cannot run Mamba-1, so the test reads the server's start-up only.
 * tiny-llama4: 3 chunked local attention layers (chunks of 256) and 1 global layer: 4 groups of 1 layer, each chunked
   group holding chunk + in-flight tokens per request, fewer blocks than the full group.
 
@@ -33,6 +35,7 @@ CASES = {
     "tiny-granite-hybrid": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
     "tiny-qwen3-next": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
     "tiny-llama4": (2048, ("--max-num-batched-tokens", "256"), None),
+    "tiny-jamba": (2048, (), r"Padding mamba page size by ([\d.]+)%"),
 }
 
 

@@ -9,6 +9,7 @@ attention: one latent vector per token), ``mamba`` / ``linear`` (per-request sta
 
 State layers carry their per-request state shape: Mamba-2 (``mamba``) in :class:`MambaGeometry` (the fields vLLM's
 ``MambaStateShapeCalculator.mamba2_state_shape`` reads: Granite-4.0-H / Bamba ``mamba_*`` names and Nemotron-H's),
+Mamba-1 (Jamba's ``mamba``) in :class:`Mamba1Geometry`,
 Gated DeltaNet (``linear``, Qwen3-Next / Qwen3.5) in :class:`GatedDeltaNetGeometry` (``linear_*`` fields).
 """
 
@@ -52,6 +53,27 @@ class MambaGeometry:
         conv = (self.conv_kernel - 1) * conv_dim * conv_dtype_bytes
         ssm = heads * self.head_dim * self.d_state * ssm_dtype_bytes
         return conv + ssm
+
+
+@dataclass(frozen=True)
+class Mamba1Geometry:
+    """A Mamba-1 layer's per-request state (Jamba; vLLM's ``mamba1_state_shape``): a conv state of
+    ``conv_kernel - 1`` steps over the inner channels and an SSM state of ``d_state`` per inner channel."""
+
+    intermediate_size: int  # mamba_expand x hidden_size
+    d_state: int
+    conv_kernel: int
+    ssm_cache_dtype: str | None = None
+    name = "Mamba-1"
+
+    @staticmethod
+    def align_blocks(checkpoint: bool) -> int:
+        """Blocks per request in vLLM's 'align' mode: 2 states (only Mamba-2 keeps a prefill checkpoint)."""
+        return 2
+
+    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
+        inner = _per_rank("mamba inner size", self.intermediate_size, tp)
+        return (self.conv_kernel - 1) * inner * conv_dtype_bytes + inner * self.d_state * ssm_dtype_bytes
 
 
 @dataclass(frozen=True)
@@ -100,7 +122,7 @@ class Geometry:
     layer_kinds: tuple[str, ...]
     sliding_window: int | None = None
     max_position_embeddings: int | None = None  # vLLM's default max_model_len
-    state: MambaGeometry | GatedDeltaNetGeometry | None = None  # of the "mamba" / "linear" layers, from their fields
+    state: MambaGeometry | Mamba1Geometry | GatedDeltaNetGeometry | None = None  # of the "mamba" / "linear" layers
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (num_nextn_predict_layers), 0 if none
     attention_chunk_size: int | None = None  # of the "chunked" layers (Llama 4)
 

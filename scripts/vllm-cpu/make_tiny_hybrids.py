@@ -1,7 +1,7 @@
 """Build three tiny random-weight hybrid models beside the tiny Llama, sharing its tokenizer (no hub access needed).
 
 usage: make_tiny_hybrids.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-gemma3, tiny-granite-hybrid,
-                                        tiny-qwen3-next and tiny-llama4, each with a .complete marker)
+                                        tiny-qwen3-next, tiny-llama4 and tiny-jamba, each with a .complete marker)
 
 They exercise vLLM's hybrid KV-cache groups on the real CPU server, for the planner's tests:
 
@@ -15,6 +15,9 @@ They exercise vLLM's hybrid KV-cache groups on the real CPU server, for the plan
 * tiny-llama4: Llama 4 text model, 4 layers (3 chunked local attention of 256 tokens, 1 global NoPE layer), 2 KV
   heads x 32, bf16, a tiny MoE every other layer. The chunk is a multiple of the CPU backend's 128-token block, which
   its chunked attention requires.
+* tiny-jamba: Jamba shape, 4 layers (3 Mamba-1, layer 3 attention), 2 KV heads x 32, bf16, Mamba-1 state: 256 inner
+  channels x 16 (SSM) and a 4-tap conv. vLLM's CPU wheel has no Mamba-1 kernel (selective_scan_fwd): it starts and
+  sizes its cache, which is what the planner's test reads, but cannot serve a request.
 """
 
 import json
@@ -28,6 +31,8 @@ from transformers import (
     Gemma3TextConfig,
     GraniteMoeHybridConfig,
     GraniteMoeHybridForCausalLM,
+    JambaConfig,
+    JambaForCausalLM,
     Llama4ForCausalLM,
     Llama4TextConfig,
     Qwen3NextConfig,
@@ -113,3 +118,20 @@ llama4 = Llama4TextConfig(
     no_rope_layers=[1, 1, 1, 0],
 )
 save("tiny-llama4", Llama4ForCausalLM(llama4))
+jamba = JambaConfig(
+    **tokens,
+    **attention,
+    num_hidden_layers=4,
+    attn_layer_period=4,
+    attn_layer_offset=3,
+    num_experts=2,
+    num_experts_per_tok=1,
+    expert_layer_period=2,
+    expert_layer_offset=1,
+    mamba_d_state=16,
+    mamba_d_conv=4,
+    mamba_expand=2,
+    mamba_dt_rank=8,
+    max_position_embeddings=4096,
+)
+save("tiny-jamba", JambaForCausalLM(jamba))

@@ -20,8 +20,9 @@ the Mamba page is padded to it (Gated DeltaNet layers likewise, with 2 blocks in
 V0) sliding layers are sized like full ones and V0 keeps the Mamba state outside the KV budget. Shared-KV layers hold
 nothing of their own. Llama 4's chunked local attention layers hold ``ceil(min(chunk + in-flight tokens,
 max_model_len) / block_size)`` blocks per request in groups of their own (from 0.10.0, when vLLM's hybrid manager
-takes them; else they are sized like full attention). Mamba-1 state, attention-free models, MLA mixed with other
-kinds and hybrid layouts under PP raise :class:`NotModelled`.
+takes them; else they are sized like full attention). Attention-free models, MLA mixed with other
+kinds and hybrid layouts under PP raise :class:`NotModelled`. Mamba-1 (Jamba) state is sized like Mamba-2's
+(its shape: ``(d_conv - 1) x inner + inner x d_state`` per rank), from 0.10.2.
 
 The package, by concern: :mod:`.versions` (where vLLM changed its rules), :mod:`.inputs` (what a plan is asked for),
 :mod:`.layers` (bytes per token, and each layer kind's spec), :mod:`.dense` (one kind of KV layer),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from vllm_capacity.geometry import Geometry
+from vllm_capacity.geometry import Geometry, Mamba1Geometry
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
 from vllm_capacity.sizing.layers import (
@@ -32,6 +32,8 @@ from vllm_capacity.sizing.versions import (
     GROUP_RATIOS,
     HYBRID_PREFIX_CACHING,
     IN_FLIGHT_TOKENS,
+    MAMBA1_PREFIX_CACHING,
+    MAMBA1_V1,
     MAMBA2_CHECKPOINT,
     SLIDING_MTP_RETAINED,
     STATE_BLOCK_ALIGNMENT,
@@ -95,6 +97,8 @@ def _state_layout(
     if len(state_kinds) > 1 or geometry.state is None:
         fields = "mamba_n_heads, mamba_d_state..." if "mamba" in counts else "linear_num_value_heads..."
         raise NotModelled(f"{_where(geometry, counts)}: config.json gives no state fields the planner reads ({fields})")
+    if isinstance(geometry.state, Mamba1Geometry):
+        _check_mamba1(inputs, counts, geometry)
     mode = _resolve_mamba_mode(inputs.mamba_cache_mode, version)
     state_blocks = 1 if mode == "none" else geometry.state.align_blocks(version >= MAMBA2_CHECKPOINT)
     if inputs.speculation is not None:
@@ -130,6 +134,21 @@ def _state_layout(
         f"{padding:.2f}%"
     )
     return block_size, state_blocks
+
+
+def _check_mamba1(inputs: PlanInputs, counts: Counter[str], geometry: Geometry) -> None:
+    """Mamba-1 (Jamba) is planned where vLLM's rules for it were read."""
+    if inputs.version < MAMBA1_V1:
+        raise NotModelled(
+            f"{_where(geometry, counts)}: Mamba-1 layers in V1 are planned from vLLM {_dotted(MAMBA1_V1)} "
+            "(V0 kept their state outside the KV budget: pass --engine v0 for an older server)"
+        )
+    if inputs.mamba_cache_mode == "auto" and HYBRID_PREFIX_CACHING <= inputs.version < MAMBA1_PREFIX_CACHING:
+        raise NotModelled(
+            f"{_where(geometry, counts)}: whether vLLM {_dotted(inputs.version)} keeps Jamba's Mamba-1 state in "
+            "'align' mode by default is not known: pass --mamba-cache-mode none or align (vllm:cache_config_info's "
+            "mamba_cache_mode says which)"
+        )
 
 
 def _group_size(counts: Counter[str], version: tuple[int, int, int]) -> int:

@@ -47,3 +47,8 @@ CHUNKED_LOCAL_GROUPS = (0, 10, 0)
 # Whether it uses them is VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: off by default from 0.10.1 (PR #21761),
 # on again after PR #29627, on in 0.32.0 (read). Between 0.10.1 and 0.32 the plan asks (--chunked-local-hybrid).
 CHUNKED_LOCAL_DEFAULT_ON = (0, 32, 0)
+# Mamba-1 layers (Jamba) in V1's hybrid groups: PR #21249 (merged July 2025); planned from 0.10.2, refused before.
+MAMBA1_V1 = (0, 10, 2)
+# Jamba's Mamba-1 state in 'align' mode by default (prefix caching on): read in 0.32.0. Between 0.28 (prefix caching
+# on for hybrids) and 0.32 whether Jamba took it is not known: the plan asks for --mamba-cache-mode.
+MAMBA1_PREFIX_CACHING = (0, 32, 0)

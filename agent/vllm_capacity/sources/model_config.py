@@ -14,7 +14,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from vllm_capacity.geometry import GatedDeltaNetGeometry, Geometry, GeometryError, MambaGeometry
+from vllm_capacity.geometry import GatedDeltaNetGeometry, Geometry, GeometryError, Mamba1Geometry, MambaGeometry
 from vllm_capacity.units import MiB
 
 _LAYER_TYPE_NAMES = {
@@ -82,6 +82,19 @@ def _mamba2(cfg: dict[str, Any]) -> MambaGeometry | None:
     return None
 
 
+def _mamba1(cfg: dict[str, Any]) -> Mamba1Geometry | None:
+    """Mamba-1 state geometry of Jamba (the fields vLLM's ``JambaForCausalLM.get_mamba_state_shape_from_config``
+    reads: ``mamba_expand x hidden_size`` inner channels, ``mamba_d_state``, ``mamba_d_conv``)."""
+    if cfg.get("model_type") != "jamba" and not str((cfg.get("architectures") or [""])[0]).startswith("Jamba"):
+        return None
+    return Mamba1Geometry(
+        intermediate_size=_int(cfg, "mamba_expand") * _int(cfg, "hidden_size"),
+        d_state=_int(cfg, "mamba_d_state"),
+        conv_kernel=_positive_int_field(cfg, "mamba_d_conv") or 4,
+        ssm_cache_dtype=cfg.get("mamba_ssm_cache_dtype"),
+    )
+
+
 def _gated_delta_net(cfg: dict[str, Any]) -> GatedDeltaNetGeometry | None:
     """Gated DeltaNet state geometry (Qwen3-Next, Qwen3.5): the ``linear_*`` fields vLLM's Qwen GDN layer reads."""
     if cfg.get("linear_num_value_heads") is None:
@@ -128,6 +141,11 @@ def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int |
         if not isinstance(types, list) or len(types) != num_layers or set(types) - {"mamba", "attention"}:
             raise GeometryError("layers_block_type", f"expected {num_layers} of 'mamba' / 'attention'")
         return [_LAYER_TYPE_NAMES[t] for t in types], window
+    if cfg.get("attn_layer_period") is not None:  # Jamba: layer i is attention when i % period == offset
+        period, offset = _int(cfg, "attn_layer_period"), cfg.get("attn_layer_offset", 0)
+        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < period:
+            raise GeometryError("attn_layer_offset", f"{offset!r} is not a layer offset below {period}")
+        return ["full" if i % period == offset else "mamba" for i in range(num_layers)], window
     if cfg.get("full_attention_interval") is not None:  # Qwen3-Next / 3.5: every k-th layer is full attention
         k = _int(cfg, "full_attention_interval")
         return ["full" if (i + 1) % k == 0 else "linear" for i in range(num_layers)], window
@@ -189,7 +207,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         if not isinstance(shared, int) or shared >= num_layers:
             raise GeometryError("num_kv_shared_layers", f"{shared!r} is not a count below {num_layers}")
         kinds = kinds[: num_layers - shared] + ["shared"] * shared
-    state = _mamba2(cfg) if "mamba" in kinds else _gated_delta_net(cfg) if "linear" in kinds else None
+    state = (_mamba2(cfg) or _mamba1(cfg)) if "mamba" in kinds else _gated_delta_net(cfg) if "linear" in kinds else None
     return Geometry(
         str(architecture),
         num_layers,
