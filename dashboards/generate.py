@@ -484,6 +484,23 @@ def capacity_dashboard(c) -> Dashboard:
                 "the model accepted on average (each step then yields that many more tokens).",
             )
         )
+        .with_panel(
+            series(
+                "Why this concurrency: blocks a max_model_len request holds, by layer kind",
+                "short",
+                query(
+                    f"sum by (pod, group_kind) (vllm_capacity_kv_cache_blocks_per_request{{{sel}}})",
+                    "{{pod}} {{group_kind}}",
+                ),
+                stacked=True,
+                span=24,
+                description="Only with the sidecar's --model-config: vLLM's KV-cache groups as the planner lays them "
+                "out for the server's own budget. Max concurrency at max_model_len is the blocks divided by this "
+                "stack: a Gemma 3's sliding-window groups or a Qwen3-Next's state groups can hold more blocks per "
+                "request than its few full-attention layers suggest. vllm_capacity_kv_cache_plan_mismatch says "
+                "when vLLM's own capacity disagrees with the plan.",
+            )
+        )
     )
     g = pod_sel
     d = (

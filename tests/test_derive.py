@@ -191,3 +191,42 @@ def test_what_limits_concurrency_now(state: dict, limit: str | None) -> None:
         **state,
     }
     assert derive.concurrency_limit(**args) == limit
+
+
+def test_the_planned_layout_beside_vllms_own_capacity() -> None:
+    """With --model-config the agent lays out vLLM's groups for vLLM's own budget (cache_config_info's
+    kv_cache_memory_bytes, block size, dtype, Mamba mode): the blocks a max_model_len request holds by layer kind
+    (why a Gemma 3 serves only ~2 requests of 32K), and whether vLLM's capacity agrees within a block per group."""
+    from vllm_capacity.sources.vllm_parse import CacheConfig
+
+    gemma = parse_config(
+        {"num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
+         "sliding_window": 1024, "sliding_window_pattern": 6, "torch_dtype": "bfloat16"}
+    )  # fmt: skip
+    memory = 21 * 2**30
+    plan = plan_kv(gemma, kv_cache_memory_bytes=memory, max_model_len=32768, max_num_batched_tokens=8192)
+    cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
+    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 33, 0)), "tp": 1, "pp": 1}
+    layout = derive.planned_layout(gemma, cc, capacity_tokens=plan.kv_cache_tokens, max_num_batched_tokens=8192,
+                                   device="GPU", **kw)  # fmt: skip
+    assert layout is not None and layout.mismatch is False
+    assert layout.groups == {"sliding": 6, "full": 1}
+    assert layout.blocks_per_request == {"sliding": 6 * (-(-(1023 + 16384) // 16) + 1), "full": 2048}
+    assert sum(layout.blocks_per_request.values()) == round(plan.num_gpu_blocks / plan.max_concurrency)
+    # vLLM's capacity off by more than a block per group (7 groups x 16 tokens): flagged, with what was assumed
+    off = derive.planned_layout(gemma, cc, capacity_tokens=plan.kv_cache_tokens + 7 * 16 + 1,
+                                max_num_batched_tokens=None, device="CPU", **kw)  # fmt: skip
+    assert off is not None and off.mismatch is True
+    assert off.assumed == "max_num_batched_tokens 2048 (assumed), async scheduling off (CPU backend)"
+    within = derive.planned_layout(gemma, cc, capacity_tokens=plan.kv_cache_tokens + 7 * 16,
+                                   max_num_batched_tokens=8192, device="GPU", **kw)  # fmt: skip
+    assert within is not None and within.mismatch is False
+    # a dense model: one group; nothing without a config, a budget, or where the planner refuses
+    llama = parse_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                          "head_dim": 128, "torch_dtype": "bfloat16"})  # fmt: skip
+    dense = derive.planned_layout(llama, cc, capacity_tokens=None, max_num_batched_tokens=None, device=None, **kw)
+    assert dense is not None and (dense.groups, dense.blocks_per_request, dense.mismatch) == (
+        {"full": 1}, {"full": 2048}, None)  # fmt: skip
+    assert derive.planned_layout(None, cc, capacity_tokens=1, max_num_batched_tokens=None, device=None, **kw) is None
+    tiny = {**kw, "pool_bytes": 2**20}  # one request of 32K does not fit: the planner refuses, no layout
+    assert derive.planned_layout(llama, cc, capacity_tokens=1, max_num_batched_tokens=None, device=None, **tiny) is None

@@ -40,6 +40,8 @@ NO_DATA_HERE = {
     "vllm_capacity_gpu_": "no GPU here: NVML has no library, so no GPU series exist",
     "namespace_component:vllm_capacity_gpu_memory_bytes:sum": "no GPU here",
     "vllm:spec_decode_": "the test server runs no speculative decoding: vLLM exports no spec_decode_* counters",
+    "vllm_capacity_kv_cache_blocks_per_request": "the e2e agents run without --model-config (test_real_vllm_hybrid "
+    "checks the layout against real servers)",
 }
 
 

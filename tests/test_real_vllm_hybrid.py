@@ -12,12 +12,16 @@
   group holding chunk + in-flight tokens per request, fewer blocks than the full group.
 
 `vllm-capacity plan`, given the server's model directory and the settings vLLM reports, must give the server's own
-block count, KV cache size in tokens and maximum concurrency, exactly, and the same padding vLLM logs.
+block count, KV cache size in tokens and maximum concurrency, exactly, and the same padding vLLM logs. The agent,
+given the model's config.json and vLLM's log, lays out the same groups live and finds vLLM's capacity in agreement.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -54,6 +58,11 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path
         server.wait_ready()
         raw = httpx.get(server.url + "/metrics").text
         version = httpx.get(server.url + "/version").json()["version"]
+        report = subprocess.run(
+            [sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", server.url, "--format", "json",
+             "--model-config", str(server.cache / model / "config.json"), "--vllm-log", str(server.log_path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
     finally:
         server.stop()
     (cc,) = [dict(labels) for name, labels in samples(raw) if name == "vllm:cache_config_info"]
@@ -73,6 +82,17 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path
     assert plan["max_concurrency"] == pytest.approx(float(cc["kv_cache_max_concurrency"]), rel=1e-12)
     assert f"{plan['max_concurrency']:.2f}" == f"{logged['max_concurrency']:.2f}"
     assert len(plan["groups"]) > 1  # a hybrid layout, not the single group of a dense model
+    # live: the agent's layout is the plan's, and it finds vLLM in agreement
+    assert report.returncode == 0, report.stderr
+    (engine,) = json.loads(report.stdout)["engines"]
+    groups: dict[str, int] = {}
+    per_request: dict[str, int] = {}
+    for g in plan["groups"]:
+        groups[g["kind"]] = groups.get(g["kind"], 0) + 1
+        per_request[g["kind"]] = per_request.get(g["kind"], 0) + g["blocks_per_request"]
+    layout = engine["layout"]
+    assert (layout["groups"], layout["blocks_per_request"]) == (groups, per_request), layout
+    assert layout["mismatch"] is False and layout["planned_tokens"] == int(cc["kv_cache_size_tokens"])
     notes = " ".join(plan["notes"])
     if padding_line is None:  # tiny-llama4: no padding, and chunked groups bounded by chunk + in-flight tokens
         assert not re.search(r"Add \d+ padding layers", server.log_text()) and "padding" not in notes

@@ -184,3 +184,16 @@ def test_each_workers_figures_are_kept_by_its_pid() -> None:
     assert s.ranks[2081].kv_cache_memory_bytes == pytest.approx(10.65 * GiB)
     assert s.ranks[77].weights_bytes == pytest.approx(7.10 * GiB)
     assert figures("(APIServer pid=1) INFO 10-03 non-default args: {}\n").ranks == {}
+
+
+def test_max_num_batched_tokens_from_the_scheduler_line() -> None:
+    """The scheduler logs its resolved batch budget, whatever set it (0.32 scheduler.py, as the real CPU server
+    printed it); a new start forgets the old one."""
+    figures = StartupFigures()
+    figures.feed(
+        "(APIServer pid=22594) INFO 12-01 12:00:48 [scheduler.py:307] Chunked prefill is enabled with "
+        "max_num_batched_tokens=256."
+    )
+    assert figures.max_num_batched_tokens == 256
+    figures.feed("(APIServer pid=1) INFO 12-01 12:05:00 [api_utils.py:286] non-default args: {'model': 'x'}")
+    assert figures.max_num_batched_tokens is None

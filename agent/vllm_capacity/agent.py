@@ -135,6 +135,7 @@ class Agent:
         self.geometry, self.tp, self.pp = geometry, tp, pp
         self.figures = StartupFigures()
         self._disagreements_logged: set[tuple[str, str]] = set()
+        self._plans_logged: set[tuple[str, str]] = set()
         if vllm_log is not None:
             self.sources[SOURCE_LOG] = SourceStatus()
         self.nvml, self.nvml_required, self.vllm_pids = nvml, nvml_required, vllm_pids
@@ -427,6 +428,16 @@ class Agent:
 
     def _check_agreement(self, engines: tuple[EngineCapacity, ...]) -> None:
         for e in engines:
+            if e.layout is not None and e.layout.mismatch and _first_time(self._plans_logged, (e.model_name, e.engine)):
+                self.logger.warning(
+                    "plan_disagrees",
+                    engine=f"{e.model_name}/{e.engine}",
+                    vllm_tokens=e.capacity_tokens,
+                    planned_tokens=e.layout.planned_tokens,
+                    assumed=e.layout.assumed,
+                    hint="--model-config, --tp/--pp or the assumed settings may not match the server (--vllm-log "
+                    "gives the scheduler's max_num_batched_tokens), or a speculative drafter shares the pool",
+                )
             model, logged = e.kv_bytes_per_token_model_config, e.kv_bytes_per_token_startup_log
             if model is None or logged is None or abs(model - logged) <= DISAGREEMENT * model:
                 continue
@@ -489,6 +500,7 @@ class Agent:
                 latency=self._latency_views,
                 preempted=self._preempted,
                 max_num_seqs=self.max_num_seqs or self.figures.max_num_seqs,
+                max_num_batched_tokens=self.figures.max_num_batched_tokens,
             )
         )
         self._check_agreement(engines)

@@ -34,6 +34,8 @@ max_model_len come from the startup log.
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -45,6 +47,7 @@ from vllm_capacity.sources.vllm_parse import (
     SCHEMA_V1,
     SCHEMA_V1_CAPACITY,
     SCHEMA_V1_LEGACY,
+    CacheConfig,
     EngineMetrics,
     VllmMetrics,
 )
@@ -260,6 +263,7 @@ class EngineCapacity:
     waiting_deferred: float | None = None
     asleep: bool | None = None  # vLLM's sleep mode: its KV cache is freed (None: vLLM does not say)
     spec_decode: SpecDecode | None = None  # speculative decoding's acceptance, when vLLM counts it
+    layout: PlannedLayout | None = None  # the KV-cache groups planned from --model-config for vLLM's own budget
 
     def concurrency_at(self, context_tokens: int) -> float | None:
         """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
@@ -286,6 +290,82 @@ class SpecDecode:
         """Tokens each verification step emits on average: the target's own and the accepted drafts (vLLM's
         "Mean acceptance length": 1 + accepted / drafts)."""
         return 1 + self.accepted_tokens / self.drafts if self.drafts else None
+
+
+@dataclass(frozen=True)
+class PlannedLayout:
+    """vLLM's KV-cache groups as the planner lays them out for this engine's own KV memory and settings: by layer
+    kind, the groups and the blocks a request of max_model_len holds in them; and whether vLLM's own capacity
+    agrees (within one block per group)."""
+
+    groups: Mapping[str, int]  # layer kind -> KV-cache groups of that kind
+    blocks_per_request: Mapping[str, int]  # layer kind -> blocks a max_model_len request holds in its groups
+    planned_tokens: int
+    mismatch: bool | None  # None: vLLM reports no token capacity to compare
+    assumed: str  # the settings the plan took that vLLM does not report
+
+
+def planned_layout(
+    geometry: Geometry | None,
+    cc: CacheConfig | None,
+    *,
+    max_model_len: int | None,
+    capacity_tokens: int | None,
+    pool_bytes: float | None,
+    rules: tuple[str, tuple[int, int, int]],
+    tp: int,
+    pp: int,
+    max_num_batched_tokens: int | None,
+    device: str | None,
+) -> PlannedLayout | None:
+    """The planner's layout for vLLM's own budget (``kv_cache_memory_bytes``, else the log's KV memory), block size,
+    dtype and Mamba settings; None without --model-config, a budget or max_model_len, or where the planner does not
+    model the server. vLLM does not report its max_num_batched_tokens or async scheduling: the log's
+    "Chunked prefill is enabled with max_num_batched_tokens=N" (else 2048) and async off only on the CPU backend."""
+    if geometry is None or cc is None or not max_model_len or not pool_bytes or cc.block_size is None:
+        return None
+    batched = max_num_batched_tokens or 2048
+    inputs = sizing.PlanInputs(
+        kv_cache_memory_bytes=int(pool_bytes),
+        max_model_len=max_model_len,
+        tp=tp,
+        pp=pp,
+        kv_cache_dtype=cc.cache_dtype or "auto",
+        block_size=cc.block_size,
+        version=rules[1],
+        engine=rules[0],
+        max_num_batched_tokens=batched,
+        mamba_cache_mode=cc.labels.get("mamba_cache_mode", "auto"),
+        mamba_ssm_cache_dtype=cc.labels.get("mamba_ssm_cache_dtype", "auto"),
+        async_scheduling=device != "CPU",
+    )
+    plan = _plan(geometry, inputs)
+    if plan is None:
+        return None
+    groups: dict[str, int] = {}
+    per_request: dict[str, int] = {}
+    if plan.groups:
+        for g in plan.groups:
+            groups[g.kind] = groups.get(g.kind, 0) + 1
+            per_request[g.kind] = per_request.get(g.kind, 0) + g.blocks_per_request
+    else:  # one kind of KV layer: vLLM's single group
+        kind = "mla" if "mla" in geometry.layer_kinds else "full"
+        groups[kind], per_request[kind] = 1, math.ceil(max_model_len / plan.block_size)
+    mismatch = None
+    if capacity_tokens is not None:
+        mismatch = abs(capacity_tokens - plan.kv_cache_tokens) > plan.block_size * sum(groups.values())
+    assumed = f"max_num_batched_tokens {batched}{'' if max_num_batched_tokens else ' (assumed)'}, async scheduling "
+    assumed += "off (CPU backend)" if device == "CPU" else "on"
+    return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(geometry: Geometry, inputs: sizing.PlanInputs) -> sizing.KvPlan | None:
+    """One plan per distinct server setting (the scrape loop asks every cycle); None where the planner refuses."""
+    try:
+        return sizing.plan(geometry, inputs)
+    except ValueError:  # NotModelled, ImpossiblePlan, a dtype it does not know: no layout, never a wrong one
+        return None
 
 
 def spec_decode(m: EngineMetrics) -> SpecDecode | None:
@@ -322,6 +402,7 @@ def derive_engine(
     latency: LatencyView | None = None,
     preempted: bool = False,
     max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> EngineCapacity:
     """One engine's figures. ``rules``: the engine and release whose sizing rules apply (:func:`sizing_rules`;
     None: the metric generation's); ``preemptions_total``: vLLM's counter as the agent carries it over restarts."""
@@ -389,6 +470,18 @@ def derive_engine(
         memory_device=startup.device if startup is not None else None,
         cache_info=dict(cc.labels) if cc else {},
         spec_decode=spec_decode(m),
+        layout=planned_layout(
+            geometry,
+            cc,
+            max_model_len=max_model_len,
+            capacity_tokens=None if overridden else cap,  # blocks forced by an override: nothing to compare
+            pool_bytes=cc.kv_cache_memory_bytes if cc and not overridden and cc.kv_cache_memory_bytes else pool,
+            rules=rules,
+            tp=tp,
+            pp=pp,
+            max_num_batched_tokens=max_num_batched_tokens,
+            device=startup.device if startup is not None else None,
+        ),
     )
 
 
@@ -446,6 +539,7 @@ def derive_all(
     latency: Mapping[tuple[str, str], LatencyView] | None = None,
     preempted: frozenset[tuple[str, str]] = frozenset(),
     max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> list[EngineCapacity]:
     """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``startup`` engine -> its
     startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation);
@@ -478,6 +572,7 @@ def derive_all(
                 latency=(latency or {}).get((m.model_name, m.engine)),
                 preempted=(m.model_name, m.engine) in preempted,
                 max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
             )
         )
     return out

@@ -88,6 +88,15 @@ def _limit(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
             yield (limit,), 1.0 if limit == e.concurrency_limit else 0.0
 
 
+def _layout(what: str) -> EngineRows:
+    def rows(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
+        if e.layout is not None:
+            for kind, n in getattr(e.layout, what).items():
+                yield (kind,), float(n)
+
+    return rows
+
+
 def _headroom(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
     if e.headroom_requests is not None and e.headroom_basis is not None:
         yield (e.headroom_basis,), e.headroom_requests
@@ -151,6 +160,30 @@ SPECS: tuple[MetricSpec, ...] = (
             ("startup_log", lambda e: e.kv_bytes_per_token_startup_log),
             ("model_config", lambda e: e.kv_bytes_per_token_model_config),
         ),
+    ),
+    _m(
+        "kv_cache_groups",
+        "gauge",
+        (*E, "group_kind"),
+        "vLLM's KV-cache groups by layer kind (full, sliding, chunked, mla, mamba, linear), as the planner lays them "
+        "out from --model-config for vLLM's own KV memory, block size and version. Absent without --model-config.",
+        rows=_layout("groups"),
+    ),
+    _m(
+        "kv_cache_blocks_per_request",
+        "gauge",
+        (*E, "group_kind"),
+        "KV-cache blocks one request of max_model_len holds in the groups of a layer kind (their sum is what "
+        "max_concurrency{basis=max_model_len} divides the blocks by): the planner's layout from --model-config.",
+        rows=_layout("blocks_per_request"),
+    ),
+    _m(
+        "kv_cache_plan_mismatch",
+        "gauge",
+        E,
+        "1 when vLLM's capacity in tokens differs from the planner's (--model-config, vLLM's own KV memory and "
+        "settings) by more than one block per group, 0 when they agree. Absent without --model-config.",
+        value=lambda e: None if e.layout is None or e.layout.mismatch is None else float(e.layout.mismatch),
     ),
     _m(
         "kv_cache_pool_bytes",

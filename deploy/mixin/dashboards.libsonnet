@@ -1330,21 +1330,67 @@
           },
         },
         {
+          "type": "timeseries",
+          "id": 29,
+          "targets": [
+            {
+              "expr": std.format("sum by (pod, group_kind) (vllm_capacity_kv_cache_blocks_per_request{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
+              "refId": "A",
+              "legendFormat": "{{pod}} {{group_kind}}",
+            },
+          ],
+          "title": "Why this concurrency: blocks a max_model_len request holds, by layer kind",
+          "description": "Only with the sidecar's --model-config: vLLM's KV-cache groups as the planner lays them out for the server's own budget. Max concurrency at max_model_len is the blocks divided by this stack: a Gemma 3's sliding-window groups or a Qwen3-Next's state groups can hold more blocks per request than its few full-attention layers suggest. vllm_capacity_kv_cache_plan_mismatch says when vLLM's own capacity disagrees with the plan.",
+          "transparent": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 24,
+            "x": 0,
+            "y": 97,
+          },
+          "repeatDirection": "h",
+          "fieldConfig": {
+            "defaults": {
+              "unit": "short",
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "value": null,
+                    "color": "green",
+                  },
+                ],
+              },
+              "custom": {
+                "fillOpacity": 60,
+                "stacking": {
+                  "mode": "normal",
+                },
+              },
+            },
+            "overrides": [],
+          },
+        },
+        {
           "type": "row",
           "collapsed": false,
-          "id": 29,
+          "id": 30,
           "panels": [],
           "title": "GPU",
           "gridPos": {
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 97,
+            "y": 105,
           },
         },
         {
           "type": "timeseries",
-          "id": 30,
+          "id": 31,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1367,7 +1413,7 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 98,
+            "y": 106,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1390,7 +1436,7 @@
         },
         {
           "type": "timeseries",
-          "id": 31,
+          "id": 32,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_power_watts{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1413,7 +1459,7 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 98,
+            "y": 106,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1434,7 +1480,7 @@
         },
         {
           "type": "timeseries",
-          "id": 32,
+          "id": 33,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_temperature_celsius{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1457,7 +1503,7 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 98,
+            "y": 106,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1499,7 +1545,7 @@
         },
         {
           "type": "timeseries",
-          "id": 33,
+          "id": 34,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_throttled{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"} == 1", [$._config.clusterLabel]),
@@ -1517,7 +1563,7 @@
             "h": 8,
             "w": 24,
             "x": 0,
-            "y": 106,
+            "y": 114,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1539,19 +1585,19 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 34,
+          "id": 35,
           "panels": [],
           "title": "Sidecar health",
           "gridPos": {
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 114,
+            "y": 122,
           },
         },
         {
           "type": "timeseries",
-          "id": 35,
+          "id": 36,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_up{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1569,7 +1615,7 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 115,
+            "y": 123,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1596,7 +1642,7 @@
         },
         {
           "type": "timeseries",
-          "id": 36,
+          "id": 37,
           "targets": [
             {
               "expr": std.format("sum by (source, reason) (rate(vllm_capacity_source_errors_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}[$__rate_interval]))", [$._config.clusterLabel]),
@@ -1614,7 +1660,7 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 115,
+            "y": 123,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1635,7 +1681,7 @@
         },
         {
           "type": "timeseries",
-          "id": 37,
+          "id": 38,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_duration_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1653,7 +1699,7 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 115,
+            "y": 123,
           },
           "repeatDirection": "h",
           "fieldConfig": {

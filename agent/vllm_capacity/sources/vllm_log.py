@@ -50,6 +50,8 @@ _DEVICE = re.compile(r"\b(GPU|CPU|XPU|TPU|HPU|NPU) KV cache size:")
 _NEW_START = re.compile(r"non-default args:|vLLM API server version")
 # in the "non-default args: {...}" line: the --max-num-seqs the server was started with
 _MAX_NUM_SEQS = re.compile(r"'max_num_seqs': (\d+)")
+# the scheduler's resolved batch budget, whatever set it (scheduler.py): it bounds sliding and chunked layers' blocks
+_BATCHED_TOKENS = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
 
 
 def _number(text: str) -> float:
@@ -132,6 +134,8 @@ class StartupFigures:
     starts: int = 0
     #: --max-num-seqs, when the start's "non-default args" line gives it (None: vLLM's default, or no such line)
     max_num_seqs: int | None = None
+    #: the scheduler's max_num_batched_tokens, from "Chunked prefill is enabled with max_num_batched_tokens=N"
+    max_num_batched_tokens: int | None = None
 
     def feed(self, line: str) -> None:
         if _NEW_START.search(line):
@@ -140,6 +144,10 @@ class StartupFigures:
             self.starts += 1
             seqs = _MAX_NUM_SEQS.search(line)
             self.max_num_seqs = int(seqs[1]) if seqs else None
+            self.max_num_batched_tokens = None
+            return
+        if batched := _BATCHED_TOKENS.search(line):
+            self.max_num_batched_tokens = int(batched[1])
             return
         engine, found = parse_line(line)
         if not found:
