@@ -244,6 +244,9 @@ async def test_disagreeing_bytes_per_token_is_logged_once(fake_vllm: FakeVllm) -
             "torch_dtype": "bfloat16",
         }
     )  # twice the layers the server has
+    # the server's 4,096 tokens from a 2 MiB budget (no block override), as the demo's server reports them
+    for old, new in (('num_gpu_blocks_override="32"', '"None"'), ('kv_cache_memory_bytes="1073741824"', '"2097152"')):
+        fake_vllm.metrics = fake_vllm.metrics.replace(old, old.split("=")[0] + "=" + new)
     vllm = VllmClient(fake_vllm.url, timeout=10)
     agent = Agent(vllm, interval=0.1, geometry=wrong, vllm_log=LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log"))
     with structlog.testing.capture_logs() as logs:
@@ -252,6 +255,11 @@ async def test_disagreeing_bytes_per_token_is_logged_once(fake_vllm: FakeVllm) -
     warnings = [e for e in logs if e["event"] == "bytes_per_token_disagree"]
     assert len(warnings) == 1
     assert (warnings[0]["model_config"], warnings[0]["startup_log"]) == (1024, 512)
+    # the planned layout disagrees with vLLM's capacity too: flagged on the engine, logged once with the assumptions
+    (e,) = agent.snapshot.engines
+    assert e.layout is not None and e.layout.mismatch is True and e.layout.planned_tokens < e.capacity_tokens
+    (plan_warning,) = [w for w in logs if w["event"] == "plan_disagrees"]
+    assert plan_warning["vllm_tokens"] == e.capacity_tokens and "async scheduling off" in plan_warning["assumed"]
     await vllm.aclose()
 
 
