@@ -86,7 +86,7 @@ NOT_REPRODUCED = {
 
 
 # Cases reproduced from a config.json written here, because the geometry table has none for the model.
-REPRODUCED_OWN_CONFIG = {"granite-4.0-h-1b-gmu0.6"}
+REPRODUCED_OWN_CONFIG = {"granite-4.0-h-1b-gmu0.6", "vllm-pr10927-deepseek-v2-lite-before-mla"}
 
 
 def test_every_case_is_accounted_for() -> None:
@@ -771,3 +771,38 @@ def test_where_vllm_changed_its_mamba1_rules() -> None:
     with pytest.raises(GeometryError) as err:
         parse_config({**JAMBA, "attn_layer_offset": 8})
     assert err.value.field == "attn_layer_offset"
+
+
+# -- MLA per vLLM version ----------------------------------------------------------------------------------------
+
+# deepseek-ai/DeepSeek-V2-Lite-Chat's attention (config.json): 27 layers, 16 heads, latent 512 + rope 64
+DEEPSEEK_V2_LITE = {
+    "architectures": ["DeepseekV2ForCausalLM"],
+    "num_hidden_layers": 27,
+    "num_attention_heads": 16,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_mla_before_0_7_1_was_cached_as_padded_multi_head_attention() -> None:
+    """vLLM PR #10927 (Dec 2024, V0, before MLA): DeepSeek-V2-Lite-Chat in fp16, 'kv_cache_size=35.42GiB',
+    '# GPU blocks: 5373', 'Maximum concurrency for 8192 tokens per request: 10.49x': 16 heads x 256 for K and V in 27
+    layers (442,368 B per token) fit it; one latent of 576 would give 14x the blocks."""
+    from vllm_capacity.sizing.versions import MLA_LATENT_CACHE
+
+    case = CASES["vllm-pr10927-deepseek-v2-lite-before-mla"]
+    g = parse_config(DEEPSEEK_V2_LITE)
+    kw = {"kv_cache_memory_bytes": int(case["kv_cache_memory_gib"] * GiB), "max_model_len": 8192,
+          "kv_cache_dtype": "float16"}  # fmt: skip
+    old = plan_kv(g, **kw, version=(0, 6, 4), engine="v0")
+    assert old.kv_bytes_per_token == case["bytes_per_token_formula"] == 27 * 2 * 16 * 256 * 2
+    assert old.num_gpu_blocks == case["num_gpu_blocks"] and f"{old.max_concurrency:.2f}" == f"{case['max_concurrency']}"
+    assert "multi-head attention" in old.notes[0]
+    new = plan_kv(g, **kw, version=MLA_LATENT_CACHE, engine="v0")
+    assert new.kv_bytes_per_token == 27 * 576 * 2 and new.num_gpu_blocks > 14 * old.num_gpu_blocks
+    with pytest.raises(NotModelled, match="num_attention_heads"):
+        plan_kv(parse_config({**DEEPSEEK_V2_LITE, "num_attention_heads": None}), **kw, version=(0, 6, 4))

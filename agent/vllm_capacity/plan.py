@@ -9,6 +9,7 @@ from pathlib import Path
 from vllm_capacity import sizing
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing import KvPlan, MemoryBudget, PlanInputs, kv_dtype_bytes
+from vllm_capacity.sizing.versions import MLA_LATENT_CACHE
 from vllm_capacity.sources.model_config import model_dir_weights_bytes
 from vllm_capacity.units import CONTEXTS, format_bytes
 
@@ -121,6 +122,8 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
 
 
 def render_text(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> str:
+    if "mla" in geometry.layer_kinds and inputs.version < MLA_LATENT_CACHE:
+        geometry = sizing.as_multi_head(geometry)[0]  # the shape vLLM cached it in, as the plan's note says
     kv_heads = 1 if "mla" in geometry.layer_kinds else max(1, geometry.num_kv_heads // inputs.tp)
     lines = [
         f"Plan for {geometry.architecture}: TP {inputs.tp}, PP {inputs.pp}, KV dtype {inputs.kv_cache_dtype}"

@@ -4,7 +4,8 @@ Pure functions over plain data, after vLLM's ``vllm/v1/core/kv_cache_utils.py`` 
 (V1) and ``vllm/worker/cache_engine.py`` (V0); the rules per version are explained in ``docs/planning.md``:
 
 * bytes per token per GPU rank, per KV layer: ``2 x max(1, kv_heads // tp) x head_dim x kv_dtype_bytes``
-  (MLA: ``1 x latent x kv_dtype_bytes``); pipeline parallelism splits the layers over stages.
+  (MLA: ``1 x latent x kv_dtype_bytes``; before 0.7.1 ``2 x heads // tp x 256``); pipeline parallelism splits the
+  layers over stages.
 * blocks: V0 ``int(kv_memory // (block_size x bytes_per_token))``; V1 ``int(kv_memory // page // layers)``.
 * "KV cache size" tokens: ``blocks x block_size`` (V1 0.8 - 0.19); ``int(max_concurrency x max_model_len)`` (>= 0.20).
 * "Maximum concurrency": V0 and V1 <= 0.9.0 ``blocks x block_size / max_model_len``; V1 >= 0.9.1
@@ -44,7 +45,14 @@ from vllm_capacity.sizing.layers import bytes_per_token_per_layer, kv_dtype_byte
 from vllm_capacity.sizing.memory import MemoryBudget
 from vllm_capacity.sizing.result import KvGroup, KvPlan
 from vllm_capacity.sizing.speculative import DraftPages, Speculation, with_drafter
-from vllm_capacity.sizing.versions import HYBRID_GROUPS, NEWEST_RULES, NEWEST_VERSION, parse_version
+from vllm_capacity.sizing.versions import (
+    HYBRID_GROUPS,
+    MLA_LATENT_CACHE,
+    MLA_MHA_HEAD_SIZE,
+    NEWEST_RULES,
+    NEWEST_VERSION,
+    parse_version,
+)
 from vllm_capacity.units import GiB
 
 __all__ = [
@@ -94,6 +102,9 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
             kinds = tuple("full" if k == "chunked" else k for k in geometry.layer_kinds)
             geometry = replace(geometry, layer_kinds=kinds)
         notes.append(why)
+    if "mla" in geometry.layer_kinds and inputs.version < MLA_LATENT_CACHE:
+        geometry, note = as_multi_head(geometry)
+        notes.append(note)
     if geometry.uniform:
         result = plan_dense(geometry, inputs, draft)
     elif engine == "v1" and inputs.version >= HYBRID_GROUPS:
@@ -104,6 +115,21 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         notes.append(note)
     result.notes[:0] = notes
     return result
+
+
+def as_multi_head(geometry: Geometry) -> tuple[Geometry, str]:
+    """An MLA model as vLLM before 0.7.1 cached it: full multi-head attention, K and V of every head padded to 256."""
+    if geometry.mla_heads is None:
+        raise NotModelled(
+            f"{geometry.architecture}: vLLM before 0.7.1 cached MLA models per attention head, and config.json "
+            "gives no num_attention_heads"
+        )
+    kinds = tuple("full" if k == "mla" else k for k in geometry.layer_kinds)
+    note = (
+        f"vLLM before 0.7.1 cached this MLA model as multi-head attention: K and V of {geometry.mla_heads} heads "
+        f"x {MLA_MHA_HEAD_SIZE} (padded) per layer, not one latent of {geometry.head_dim}"
+    )
+    return replace(geometry, layer_kinds=kinds, num_kv_heads=geometry.mla_heads, head_dim=MLA_MHA_HEAD_SIZE), note
 
 
 def plan_kv(geometry: Geometry, **inputs: Any) -> KvPlan:

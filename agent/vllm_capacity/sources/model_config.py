@@ -186,6 +186,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             None,
             _max_pos(cfg),
             mtp_layers=_mtp_layers(cfg),
+            mla_heads=_positive_int_field(cfg, "num_attention_heads"),
         )
 
     heads = _int(cfg, "num_attention_heads")
