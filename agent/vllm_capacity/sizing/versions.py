@@ -52,8 +52,9 @@ MAMBA1_V1 = (0, 10, 2)
 # Jamba's Mamba-1 state in 'align' mode by default (prefix caching on): read in 0.32.0. Between 0.28 (prefix caching
 # on for hybrids) and 0.32 whether Jamba took it is not known: the plan asks for --mamba-cache-mode.
 MAMBA1_PREFIX_CACHING = (0, 32, 0)
-# MLA models (DeepSeek V2/V3) cache one latent vector per token from 0.7.1 (the release's "~10x the memory capacity
-# for tokens"; PR #12601); before, vLLM's deepseek_v2.py ran them as multi-head attention with K and V of every
-# head padded to a head size of 256 (192 is not a supported size), as the PR #10927 log shows.
+# MLA models (DeepSeek V2/V3) cache one latent vector per token from 0.7.1 (its release notes: "~10x the memory
+# capacity for tokens", github.com/vllm-project/vllm/releases/tag/v0.7.1); before, vLLM's deepseek_v2.py ran them
+# as multi-head attention with K and V of every head padded to a head size of 256 (192 is not a supported size), as
+# the PR #10927 log shows.
 MLA_LATENT_CACHE = (0, 7, 1)
 MLA_MHA_HEAD_SIZE = 256
