@@ -36,7 +36,8 @@ SPECULATIVE_RULES = (0, 9, 1)
 # page sizes (``UniformTypeKVCacheSpecs``, PR #25101, first released in 0.11.0); before, vLLM could not start it.
 MIXED_PAGE_SIZES = (0, 11, 0)
 # Mamba / GDN layers keep one state block per speculative token (``MambaSpec.num_speculative_blocks``): it came with
-# MTP for Qwen3-Next (vLLM 0.10.2, PR #24526); speculation beside state layers is refused before.
+# MTP for Qwen3-Next, first served by vLLM 0.10.2 (the model card's qwen3_next_mtp recipe); speculation beside state
+# layers is refused before.
 STATE_SPECULATIVE_BLOCKS = (0, 10, 2)
 # Sliding-window layers keep num_speculative_tokens - 1 tokens more for a multi-layer MTP drafter
 # (``extra_retained_tokens``): read in 0.32.0; sliding layers beside such a drafter are refused before.
