@@ -806,3 +806,16 @@ def test_mla_before_0_7_1_was_cached_as_padded_multi_head_attention() -> None:
     assert new.kv_bytes_per_token == 27 * 576 * 2 and new.num_gpu_blocks > 14 * old.num_gpu_blocks
     with pytest.raises(NotModelled, match="num_attention_heads"):
         plan_kv(parse_config({**DEEPSEEK_V2_LITE, "num_attention_heads": None}), **kw, version=(0, 6, 4))
+
+
+def test_deepseek_sparse_attention_indexer_is_named_not_guessed() -> None:
+    """DeepSeek-V3.2's indexer keeps a cache of its own beside the latent (vLLM 0.32 DeepseekV32IndexerCache); with no
+    start-up log giving its KV memory to check a formula against, the plan refuses it by name, and the live agent
+    gives no model_config bytes per token, rather than a latent-only figure that would be too large a capacity."""
+    from vllm_capacity.derive import model_kv_bytes_per_token
+
+    v32 = parse_config({**DEEPSEEK_V2_LITE, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64})
+    with pytest.raises(NotModelled, match="indexer cache"):
+        plan_kv(v32, kv_cache_memory_bytes=40 * GiB, max_model_len=163840)
+    assert model_kv_bytes_per_token(v32, "auto", 8, 1) is None
+    assert model_kv_bytes_per_token(parse_config(DEEPSEEK_V2_LITE), "auto", 8, 1) == 27 * 576 * 2

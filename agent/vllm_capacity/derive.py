@@ -377,7 +377,7 @@ def spec_decode(m: EngineMetrics) -> SpecDecode | None:
 
 def model_kv_bytes_per_token(geometry: Geometry | None, cache_dtype: str | None, tp: int, pp: int) -> float | None:
     """Bytes per token per GPU rank from the model's geometry; None where the planner does not model it."""
-    if geometry is None or not geometry.uniform:
+    if geometry is None or not geometry.uniform or geometry.unmodelled_cache:
         return None
     try:
         dtype_bytes = sizing.kv_dtype_bytes(cache_dtype or "auto", geometry.dtype)

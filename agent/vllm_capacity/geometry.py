@@ -126,6 +126,7 @@ class Geometry:
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (num_nextn_predict_layers), 0 if none
     attention_chunk_size: int | None = None  # of the "chunked" layers (Llama 4)
     mla_heads: int | None = None  # an MLA model's attention heads (num_attention_heads), which vLLM < 0.7.1 cached
+    unmodelled_cache: str | None = None  # a per-token cache beside K/V / the latent that the planner does not size
 
     @property
     def kv_layers(self) -> int:

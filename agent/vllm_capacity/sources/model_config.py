@@ -187,6 +187,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             _max_pos(cfg),
             mtp_layers=_mtp_layers(cfg),
             mla_heads=_positive_int_field(cfg, "num_attention_heads"),
+            unmodelled_cache=_sparse_indexer(cfg),
         )
 
     heads = _int(cfg, "num_attention_heads")
@@ -237,6 +238,16 @@ def _llama4_chunked(cfg: dict[str, Any], kinds: list[str], num_layers: int) -> l
         return ["chunked" if f else "full" for f in flags]
     interval = _positive_int_field(cfg, "no_rope_layer_interval") or 4
     return ["full" if (i + 1) % interval == 0 else "chunked" for i in range(num_layers)]
+
+
+def _sparse_indexer(cfg: dict[str, Any]) -> str | None:
+    """DeepSeek sparse attention (V3.2, GLM-5): vLLM 0.32 keeps an indexer cache of its own per layer beside the MLA
+    latent (``DeepseekV32IndexerCache``: index_head_dim fp8 values and their scales), in the same group."""
+    if cfg.get("index_topk") is None and cfg.get("index_head_dim") is None:
+        return None
+    return (
+        f"DeepSeek sparse attention's indexer cache (index_head_dim {cfg.get('index_head_dim')}) beside the MLA latent"
+    )
 
 
 def _mtp_layers(cfg: dict[str, Any]) -> int:
