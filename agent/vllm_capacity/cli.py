@@ -295,6 +295,7 @@ def _plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | 
         mamba_ssm_cache_dtype=values.mamba_ssm_cache_dtype,
         speculation=_speculation(values),
         chunked_local_hybrid=values.chunked_local_hybrid,
+        kv_offloading_bytes=values.kv_offloading_size,
     )
 
 

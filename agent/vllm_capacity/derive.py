@@ -263,6 +263,7 @@ class EngineCapacity:
     waiting_deferred: float | None = None
     asleep: bool | None = None  # vLLM's sleep mode: its KV cache is freed (None: vLLM does not say)
     spec_decode: SpecDecode | None = None  # speculative decoding's acceptance, when vLLM counts it
+    cpu_capacity_tokens: int | None = None  # the CPU tier: V0 swap space, V1 KV offloading
     layout: PlannedLayout | None = None  # the KV-cache groups planned from --model-config for vLLM's own budget
 
     def concurrency_at(self, context_tokens: int) -> float | None:
@@ -303,6 +304,7 @@ class PlannedLayout:
     planned_tokens: int
     mismatch: bool | None  # None: vLLM reports no token capacity to compare
     assumed: str  # the settings the plan took that vLLM does not report
+    worker_bytes_per_block: int = 0  # bytes of one block on one rank, over every layer
 
 
 def planned_layout(
@@ -356,7 +358,42 @@ def planned_layout(
         mismatch = abs(capacity_tokens - plan.kv_cache_tokens) > plan.block_size * sum(groups.values())
     assumed = f"max_num_batched_tokens {batched}{'' if max_num_batched_tokens else ' (assumed)'}, async scheduling "
     assumed += "off (CPU backend)" if device == "CPU" else "on"
-    return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed)
+    return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block)
+
+
+def cpu_capacity_tokens(
+    cc: CacheConfig | None, schema: str, layout: PlannedLayout | None, *, world_size: int, version: tuple[int, int, int]
+) -> int | None:
+    """The CPU tier in tokens: V0's swap space (cache_config_info num_cpu_blocks x block_size), or V1's native KV
+    offloading (kv_offloading_size GiB, from 0.32) sized from the planned bytes per block; None when there is none
+    or it cannot be sized (offloading without --model-config, another backend, a release not read)."""
+    if cc is None or cc.block_size is None:
+        return None
+    if schema == SCHEMA_V0:
+        cpu_blocks = _label_count(cc.labels.get("num_cpu_blocks"))
+        return cpu_blocks * cc.block_size if cpu_blocks is not None else None
+    size = cc.labels.get("kv_offloading_size")
+    if size is None or layout is None or cc.labels.get("kv_offloading_backend", "native") != "native":
+        return None
+    try:
+        gib = float(size)
+        return sizing.cpu_tier_tokens(
+            offloading_bytes=int(gib * (1 << 30)),
+            worker_bytes_per_block=layout.worker_bytes_per_block,
+            world_size=world_size,
+            block_size=cc.block_size,
+            version=version,
+        )
+    except ValueError:  # not a number, or a release whose tier was not read (NotModelled)
+        return None
+
+
+def _label_count(text: str | None) -> int | None:
+    try:
+        value = int(text) if text is not None else None
+    except ValueError:
+        return None
+    return value if value is not None and value >= 0 else None
 
 
 @functools.lru_cache(maxsize=64)
@@ -430,6 +467,18 @@ def derive_engine(
         slo_max_concurrency=slo,
     )
     asleep = None if m.sleep_state is None else m.sleep_state != "awake"
+    layout = planned_layout(
+        geometry,
+        cc,
+        max_model_len=max_model_len,
+        capacity_tokens=None if overridden else cap,  # blocks forced by an override: nothing to compare
+        pool_bytes=cc.kv_cache_memory_bytes if cc and not overridden and cc.kv_cache_memory_bytes else pool,
+        rules=rules,
+        tp=tp,
+        pp=pp,
+        max_num_batched_tokens=max_num_batched_tokens,
+        device=startup.device if startup is not None else None,
+    )
     if asleep:  # sleep mode freed the KV cache: none of it is there to serve, and no limit or headroom applies
         limit, room, binding = None, None, None
     return EngineCapacity(
@@ -470,18 +519,8 @@ def derive_engine(
         memory_device=startup.device if startup is not None else None,
         cache_info=dict(cc.labels) if cc else {},
         spec_decode=spec_decode(m),
-        layout=planned_layout(
-            geometry,
-            cc,
-            max_model_len=max_model_len,
-            capacity_tokens=None if overridden else cap,  # blocks forced by an override: nothing to compare
-            pool_bytes=cc.kv_cache_memory_bytes if cc and not overridden and cc.kv_cache_memory_bytes else pool,
-            rules=rules,
-            tp=tp,
-            pp=pp,
-            max_num_batched_tokens=max_num_batched_tokens,
-            device=startup.device if startup is not None else None,
-        ),
+        layout=layout,
+        cpu_capacity_tokens=cpu_capacity_tokens(cc, schema, layout, world_size=tp * pp, version=rules[1]),
     )
 
 

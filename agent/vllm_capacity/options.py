@@ -424,6 +424,12 @@ PLAN_OPTIONS = (
         "like the target's)",
         "draft_model_config_path",
     ),
+    Option(
+        "--kv-offloading-size",
+        _memory,
+        None,
+        "vLLM's --kv-offloading-size (e.g. 64GiB, over all TP ranks): plan the CPU tier of native KV offloading",
+    ),
     Option("--kv-cache-memory", _memory, None, "KV memory per GPU as vLLM logs it ('Available KV cache memory')"),
     Option("--gpu-memory", _memory, None, "memory of one GPU (e.g. 80GiB), to plan from the whole budget"),
     Option("--gpu-memory-utilization", _fraction, "0.9", "vLLM's --gpu-memory-utilization"),
@@ -505,6 +511,7 @@ class PlanConfig:
     speculative_method: str | None
     num_speculative_tokens: int | None
     draft_model_config_path: Path | None
+    kv_offloading_size: int | None
     kv_cache_memory: int | None
     gpu_memory: int | None
     gpu_memory_utilization: float

@@ -139,6 +139,11 @@ def render_text(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
         *_layout_lines(plan, geometry, kv_heads, dtype_bytes),
         f"  capacity           {plan.kv_cache_tokens:>14,} tokens",
         f"  max concurrency    {plan.max_concurrency:>13.2f}x   at max_model_len {plan.max_model_len:,}",
+        *(
+            [f"  CPU tier           {plan.cpu_tier_tokens:>14,} tokens   (--kv-offloading-size, for prefix reuse)"]
+            if plan.cpu_tier_tokens is not None
+            else []
+        ),
         "",
         "Concurrency at other context lengths",
     ]
@@ -161,6 +166,7 @@ def render_json(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
         "max_model_len": plan.max_model_len,
         "block_size": plan.block_size,
         "kv_layers_per_rank": plan.kv_layers_per_rank,
+        "cpu_tier_tokens": plan.cpu_tier_tokens,
         "rules": plan.rules,
         "notes": plan.notes,
         "groups": [

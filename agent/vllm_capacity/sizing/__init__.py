@@ -43,6 +43,7 @@ from vllm_capacity.sizing.hybrid import chunked_local_groups, plan_hybrid
 from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens
 from vllm_capacity.sizing.layers import bytes_per_token_per_layer, kv_dtype_bytes, layers_per_rank
 from vllm_capacity.sizing.memory import MemoryBudget
+from vllm_capacity.sizing.offload import cpu_tier_tokens
 from vllm_capacity.sizing.result import KvGroup, KvPlan
 from vllm_capacity.sizing.speculative import DraftPages, Speculation, with_drafter
 from vllm_capacity.sizing.versions import (
@@ -66,6 +67,7 @@ __all__ = [
     "PlanInputs",
     "Speculation",
     "bytes_per_token_per_layer",
+    "cpu_tier_tokens",
     "default_max_num_batched_tokens",
     "kv_dtype_bytes",
     "layers_per_rank",
@@ -119,7 +121,31 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         result = plan_dense(flat, replace(inputs, engine=engine))
         notes.append(note)
     result.notes[:0] = notes
+    if inputs.kv_offloading_bytes:
+        result = _with_cpu_tier(result, geometry, inputs)
     return result
+
+
+def _with_cpu_tier(result: KvPlan, geometry: Geometry, inputs: PlanInputs) -> KvPlan:
+    """The plan with the CPU tier of ``--kv-offloading-size`` (V1's native offloading)."""
+    if inputs.resolved_engine != "v1":
+        raise NotModelled("KV offloading (--kv-offloading-size) is a V1 feature; V0's CPU tier is its swap space")
+    if "mla" in geometry.layer_kinds and inputs.tp > 1:
+        raise NotModelled("the CPU tier of an MLA model under TP may keep one copy of the latent: not modelled")
+    assert inputs.kv_offloading_bytes is not None
+    tokens = cpu_tier_tokens(
+        offloading_bytes=inputs.kv_offloading_bytes,
+        worker_bytes_per_block=result.worker_bytes_per_block,
+        world_size=inputs.tp * inputs.pp,
+        block_size=result.block_size,
+        version=inputs.version,
+    )
+    note = (
+        f"CPU tier: {inputs.kv_offloading_bytes / GiB:g} GiB over {inputs.tp * inputs.pp} rank(s) in chunks of one "
+        f"block ({result.worker_bytes_per_block:,} bytes per rank, page-aligned): {tokens:,} tokens more, which vLLM "
+        "reloads to the GPU to reuse a prefix; they do not add concurrency"
+    )
+    return replace(result, cpu_tier_tokens=tokens, notes=[*result.notes, note])
 
 
 def as_multi_head(geometry: Geometry) -> tuple[Geometry, str]:

@@ -30,6 +30,7 @@ class PlanInputs:
     async_scheduling: bool = True
     speculation: Speculation | None = None
     chunked_local_hybrid: str = "auto"  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: on, off, or the default
+    kv_offloading_bytes: int | None = None  # --kv-offloading-size: the CPU tier's buffer over all TP ranks
 
     def check(self) -> None:
         """Raise ValueError for inputs no vLLM would accept."""

@@ -42,6 +42,14 @@ class KvPlan:
     page_bytes: int = 0  # bytes of one block of one layer
     lookahead_tokens: int = 0  # slots each request reserves for speculative drafts, up to max_model_len
     draft_pages: DraftPages | None = None  # a speculative drafter's layers of other pages (in kv_bytes_per_token)
+    cpu_tier_tokens: int | None = None  # the CPU tier of KV offloading (--kv-offloading-size), in tokens
+
+    @property
+    def worker_bytes_per_block(self) -> int:
+        """Bytes one block takes on one GPU rank, over every layer (vLLM's ``total_gpu_kv_bytes // num_blocks``)."""
+        if self.groups:
+            return self.page_bytes * self.group_size
+        return self.kv_bytes_per_token * self.block_size
 
     def _held(self, context_tokens: int) -> int:
         """Tokens of KV one request of ``context_tokens`` holds in a full-attention layer: its own and the drafts'."""

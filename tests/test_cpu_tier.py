@@ -1,0 +1,73 @@
+"""The CPU tier of vLLM's KV cache: V1's native offloading (planned from vLLM 0.32's spec: page-aligned chunks of
+every rank's block bytes) and V0's swap space (vLLM's own num_cpu_blocks)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import fixture_text
+from vllm_capacity import derive
+from vllm_capacity.sizing import NotModelled, cpu_tier_tokens, plan_kv
+from vllm_capacity.sizing.offload import HOST_PAGE_BYTES, OFFLOAD_RULES
+from vllm_capacity.sources.model_config import parse_config
+from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1_CAPACITY, CacheConfig, parse_metrics
+
+GiB = 2**30
+LLAMA_8B = parse_config(
+    {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+     "torch_dtype": "bfloat16"}
+)  # fmt: skip
+
+
+def test_chunks_of_every_ranks_block_bytes_page_aligned() -> None:
+    # Llama-3.1-8B, TP 2: a block is 32 layers x 4 heads x 128 x 2 (K, V) x 2 B x 16 tokens = 1 MiB per rank
+    per_rank = 32 * 4 * 128 * 2 * 2 * 16
+    tokens = cpu_tier_tokens(offloading_bytes=64 * GiB, worker_bytes_per_block=per_rank, world_size=2, block_size=16,
+                             version=OFFLOAD_RULES)  # fmt: skip
+    assert tokens == 64 * GiB // (2 * per_rank) * 16
+    # a chunk that is not a whole number of host pages is rounded up to one
+    odd = cpu_tier_tokens(offloading_bytes=10 * HOST_PAGE_BYTES, worker_bytes_per_block=HOST_PAGE_BYTES + 1,
+                          world_size=1, block_size=16, version=OFFLOAD_RULES)  # fmt: skip
+    assert odd == 5 * 16
+    with pytest.raises(NotModelled, match=r"0\.32\.0"):
+        cpu_tier_tokens(offloading_bytes=GiB, worker_bytes_per_block=per_rank, world_size=1, block_size=16,
+                        version=(0, 31, 0))  # fmt: skip
+
+
+def test_plan_shows_the_cpu_tier_and_refuses_what_it_does_not_model() -> None:
+    plan = plan_kv(LLAMA_8B, kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=2, kv_offloading_bytes=64 * GiB)
+    assert plan.worker_bytes_per_block == plan.kv_bytes_per_token * 16 == 32 * 4 * 128 * 2 * 2 * 16
+    assert plan.cpu_tier_tokens == 64 * GiB // (2 * plan.worker_bytes_per_block) * 16
+    assert "do not add concurrency" in plan.notes[-1]
+    same = plan_kv(LLAMA_8B, kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=2)
+    assert (same.num_gpu_blocks, same.cpu_tier_tokens) == (plan.num_gpu_blocks, None)  # the GPU side is unchanged
+    with pytest.raises(NotModelled, match="V1 feature"):
+        plan_kv(LLAMA_8B, kv_cache_memory_bytes=GiB, max_model_len=4096, engine="v0", version=(0, 9, 2),
+                kv_offloading_bytes=GiB)  # fmt: skip
+    mla = parse_config({"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"})
+    with pytest.raises(NotModelled, match="one copy"):
+        plan_kv(mla, kv_cache_memory_bytes=GiB, max_model_len=4096, tp=2, kv_offloading_bytes=GiB)
+
+
+def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:
+    (v0,) = derive.derive_all(parse_metrics(fixture_text("v0-0.6.6-multiprocess.prom")), {}, 8192)
+    assert v0.cpu_capacity_tokens == 2048 * 16  # num_cpu_blocks="2048" of 16 tokens: V0's swap space
+    (plain,) = derive.derive_all(parse_metrics(fixture_text("v1-0.24-seed.prom")), {"gemma-12b": 32768}, None)
+    assert plain.cpu_capacity_tokens is None  # V1 without offloading: no CPU tier, not zero
+    labels = {"block_size": "16", "kv_cache_memory_bytes": str(40 * GiB), "kv_offloading_size": "64.0",
+              "kv_offloading_backend": "native"}  # fmt: skip
+    cc = CacheConfig(labels)
+    layout = derive.planned_layout(
+        LLAMA_8B, cc, max_model_len=32768, capacity_tokens=None, pool_bytes=40 * GiB, rules=("v1", (0, 32, 0)),
+        tp=2, pp=1, max_num_batched_tokens=None, device=None,
+    )  # fmt: skip
+    assert layout is not None
+    tokens = derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, world_size=2, version=(0, 32, 0))
+    assert tokens == 64 * GiB // (2 * 32 * 4 * 128 * 2 * 2 * 16) * 16
+    assert derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, None, world_size=2, version=(0, 32, 0)) is None
+    lmcache = CacheConfig({**labels, "kv_offloading_backend": "lmcache"})  # sized by LMCache's own server
+    assert derive.cpu_capacity_tokens(lmcache, SCHEMA_V1_CAPACITY, layout, world_size=2, version=(0, 32, 0)) is None
+    older = derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, world_size=2, version=(0, 28, 0))
+    assert older is None  # a release whose tier was not read
+    assert derive.cpu_capacity_tokens(CacheConfig({"block_size": "16", "num_cpu_blocks": "x"}), SCHEMA_V0, None,
+                                      world_size=1, version=(0, 6, 6)) is None  # fmt: skip
