@@ -87,19 +87,9 @@ PRESENCE_ONLY = (ITL, TPOT)
 #: Names whose HELP/TYPE lines are read beside those of WANTED: the latency histograms' own (their buckets are
 #: WANTED), so that the buckets are read inside their families as a parse of the whole body reads them.
 META = (ITL, TPOT, TTFT, "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
-_PER_ENGINE = {
-    KV_USAGE,
-    GPU_CACHE_USAGE,
-    RUNNING,
-    WAITING,
-    WAITING_BY_REASON,
-    SWAPPED,
-    PREEMPTIONS,
-    GENERATION_TOKENS,
-    SPEC_DRAFTS,
-    SPEC_DRAFT_TOKENS,
-    SPEC_ACCEPTED_TOKENS,
-}
+#: The per-engine values: every wanted family but the cache config, the process start and the sleep state (read
+#: apart) and the latency buckets.
+_PER_ENGINE = frozenset(WANTED_WITHOUT_LATENCY) - {CACHE_CONFIG, PROCESS_START, SLEEP}
 # What a value can be and still be right: a usage fraction in [0, 1] (a float's excess aside), counts and sizes not
 # negative and exact in a float (2^53). A value outside is vLLM's error or a corrupted body: it is left out, and the
 # family named in VllmMetrics.implausible.
