@@ -562,6 +562,7 @@ def test_report_with_the_startup_log_and_model_config(fake_vllm_thread: str) -> 
     assert re.search(r"KV cache pool +2\.00 MiB", out)
     assert "Host memory of the CPU server (from vLLM's log)" in out and "GPU" not in out
     assert "max_model_len 1,024" in out and "512.00 KiB" in out  # KV per request of max_model_len tokens
+    assert re.search(r"per request +8 blocks   \(full 1 x 8: groups x blocks\)", out)  # the planned layout
     doc = json.loads(
         _main("report", "--vllm-url", fake_vllm_thread, "--model-dir", str(TINY), "--format", "json").stdout
     )

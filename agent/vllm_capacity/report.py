@@ -34,6 +34,27 @@ def _bytes_per_token_lines(e: EngineCapacity) -> list[str]:
     return [f"  bytes per token  {format_bytes(v):>12}   ({how})" for _, v, how in known]
 
 
+def _layout_lines(e: EngineCapacity) -> list[str]:
+    """The planned groups (--model-config): the blocks a max_model_len request holds by layer kind, and whether
+    vLLM's capacity agrees with the plan; a CPU tier when there is one."""
+    lines = []
+    if e.layout is not None:
+        kinds = ", ".join(
+            f"{kind} {e.layout.groups[kind]} x {blocks // e.layout.groups[kind]:,}"
+            for kind, blocks in e.layout.blocks_per_request.items()
+        )
+        lines.append(
+            f"  per request  {sum(e.layout.blocks_per_request.values()):>12,} blocks   ({kinds}: groups x blocks)"
+        )
+        if e.layout.mismatch:
+            lines.append(
+                f"  plan disagrees: {e.layout.planned_tokens:,} tokens planned from config.json ({e.layout.assumed})"
+            )
+    if e.cpu_capacity_tokens is not None:
+        lines.append(f"  CPU tier     {e.cpu_capacity_tokens:>12,} tokens   (for prefix reuse, not concurrency)")
+    return lines
+
+
 def _memory_heading(device: str | None) -> str:
     if device == "CPU":  # the CPU backend: the figures are host memory, and there is no GPU rank
         return "Host memory of the CPU server (from vLLM's log)"
@@ -82,6 +103,7 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
         f"  capacity         {_n(e.capacity_tokens):>12} tokens"
         + (f"   ({e.blocks:,} blocks x {e.block_size} tokens)" if e.blocks and e.block_size else ""),
         *_bytes_per_token_lines(e),
+        *_layout_lines(e),
         f"  used             {_n(e.used_tokens):>12} tokens   {_pct(e.usage_ratio)}",
         f"  free             {_n(e.free_tokens):>12} tokens",
         *_memory_lines(e),

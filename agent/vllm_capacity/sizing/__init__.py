@@ -89,7 +89,7 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
             f"{geometry.architecture}: {geometry.unmodelled_cache} is a per-token cache the planner does not size "
             "(no published start-up log with its KV memory to check a formula against)"
         )
-    if not set(geometry.layer_kinds) & {"full", "sliding", "mla"}:
+    if not set(geometry.layer_kinds) & {"full", "sliding", "chunked", "mla"}:
         raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
     draft: DraftPages | None = None
     notes: list[str] = []
