@@ -8,6 +8,8 @@
   page sizes, as the plan's draft_model rule says.
 * the tiny Gemma 3 (3 sliding + 2 full layers) with the EAGLE head: the drafter's full layer changes vLLM's group
   layout from 3 groups of 2 to 2 groups of 3.
+* a tiny DeepSeek-V3 (2 MLA layers) with its own MTP layer (--speculative-config.method mtp): one MLA layer more in
+  the pool, on vLLM's CPU MLA backend.
 """
 
 from __future__ import annotations
@@ -24,14 +26,15 @@ import lab
 from conftest import run_plan, samples
 
 pytestmark = pytest.mark.realvllm
-KV_BYTES = str(4 * 2**20)
 TOKENS = 2
 
 CASES = {
-    # name: (target, drafter, method, max_model_len, vLLM's extra arguments, the plan's group layout or None)
-    "llama-eagle": ("tiny-llama", "tiny-llama-eagle", "eagle", 1024, (), None),
-    "llama-draft-model": ("tiny-llama", "tiny-llama-draft", "draft_model", 1024, (), None),
-    "gemma3-eagle": ("tiny-gemma3", "tiny-llama-eagle", "eagle", 2048, ("--max-num-batched-tokens", "256"), (3, 2)),
+    # name: (target, drafter (None: the model's own MTP layers), method, max_model_len, KV MiB, vLLM's extra
+    #        arguments, the plan's group size with and without the drafter, or None)
+    "llama-eagle": ("tiny-llama", "tiny-llama-eagle", "eagle", 1024, 4, (), None),
+    "llama-draft-model": ("tiny-llama", "tiny-llama-draft", "draft_model", 1024, 4, (), None),
+    "gemma3-eagle": ("tiny-gemma3", "tiny-llama-eagle", "eagle", 2048, 4, ("--max-num-batched-tokens", "256"), (3, 2)),
+    "deepseek-mtp": ("tiny-deepseek-mtp", None, "mtp", 2048, 16, (), None),
 }
 
 
@@ -49,15 +52,17 @@ def _report(url: str) -> dict:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_and_report_agree_with_a_real_speculative_server(case: str, tmp_path: Path) -> None:
     lab.install()
-    target, drafter, method, max_model_len, extra_args, layout = CASES[case]
+    target, drafter, method, max_model_len, kv_mib, extra_args, layout = CASES[case]
+    spec = {"method": method, "num_speculative_tokens": TOKENS}
+    if drafter is not None:
+        spec["model"] = str(lab.cache_dir() / drafter)
     server = lab.VllmServer(
         log_path=tmp_path / "vllm.log",
         model=target,
         max_model_len=max_model_len,
         extra_args=(
-            *("--kv-cache-memory-bytes", KV_BYTES, *extra_args),
-            "--speculative-config",
-            json.dumps({"method": method, "model": str(lab.cache_dir() / drafter), "num_speculative_tokens": TOKENS}),
+            *("--kv-cache-memory-bytes", str(kv_mib * 2**20), *extra_args),
+            *("--speculative-config", json.dumps(spec)),
         ),
     )
     server.start()
@@ -75,12 +80,15 @@ def test_plan_and_report_agree_with_a_real_speculative_server(case: str, tmp_pat
         server.stop()
     (cc,) = [dict(labels) for (name, labels) in samples(raw) if name == "vllm:cache_config_info"]
     logged = server.startup_figures()
-    drafter_dir = lab.cache_dir() / drafter
     plan_args = ["--async-scheduling", "off", "--speculative-method", method, "--num-speculative-tokens", str(TOKENS)]
     plan_args += list(extra_args)
-    with_config = run_plan(server.cache / target, cc, max_model_len, version, *plan_args, "--draft-model-config",
-                           str(drafter_dir / "config.json"))  # fmt: skip
-    plans = [with_config]
+    if drafter is not None:
+        draft_config = str(lab.cache_dir() / drafter / "config.json")
+        plans = [run_plan(server.cache / target, cc, max_model_len, version, *plan_args, "--draft-model-config",
+                          draft_config)]  # fmt: skip
+    else:  # MTP: the target's own layers
+        plans = [run_plan(server.cache / target, cc, max_model_len, version, *plan_args)]
+        assert plans[0]["kv_layers_per_rank"] == 3  # 2 MLA layers and the MTP layer
     if method == "eagle":  # the default rule (one layer of the target's shape) gives the same, and says it assumed
         assumed = run_plan(server.cache / target, cc, max_model_len, version, *plan_args)
         assert any("assumed" in n for n in assumed["notes"])

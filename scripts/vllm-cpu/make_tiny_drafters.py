@@ -1,7 +1,7 @@
 """Build two tiny random-weight speculative-decoding drafters for the tiny Llama, sharing its tokenizer (no hub access).
 
-usage: make_tiny_drafters.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-llama-eagle and tiny-llama-draft,
-                                         each with a .complete marker)
+usage: make_tiny_drafters.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-llama-eagle, tiny-llama-draft and
+                                         tiny-deepseek-mtp, each with a .complete marker)
 
 They exercise how vLLM sizes the KV cache when a drafter's layers share the target's pool, for the planner's tests:
 
@@ -10,16 +10,21 @@ They exercise how vLLM sizes the KV cache when a drafter's layers share the targ
   Its layer adds one page of the target's size to every block.
 * tiny-llama-draft: a separate, smaller draft model (``--speculative-config.method draft_model``): a Llama of 3
   layers with 1 KV head x 32, so its pages are half the target's: vLLM keeps one group of per-layer page sizes.
+* tiny-deepseek-mtp: a DeepSeek-V3 of 2 MLA layers (latent 512 + rope 64, the CPU MLA kernel's size, bf16) and one
+  multi-token-prediction layer (``num_nextn_predict_layers`` 1) stored as DeepSeek ships it: ``model.layers.2``
+  with its ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head`` (``--speculative-config.method mtp``).
 """
 
+import glob
 import json
 import os
 import shutil
 import sys
+import tempfile
 
 import torch
-from safetensors.torch import save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from safetensors.torch import load_file, save_file
+from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
 
 cache = sys.argv[1]
 src = os.path.join(cache, "tiny-llama")
@@ -62,5 +67,36 @@ draft_cfg = LlamaConfig(**common, num_hidden_layers=3, num_attention_heads=4, nu
 out = os.path.join(cache, "tiny-llama-draft")
 copy_tokenizer(out)
 LlamaForCausalLM(draft_cfg).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+open(os.path.join(out, ".complete"), "w").close()
+print("tiny drafter written to", out)
+
+torch.manual_seed(2)
+deepseek = dict(
+    **{k: base[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_size")},
+    intermediate_size=256, moe_intermediate_size=64, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=512,
+    q_lora_rank=None, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32, n_routed_experts=4,
+    num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+    max_position_embeddings=4096, topk_method="noaux_tc",
+)  # fmt: skip
+# three decoder layers saved in the checkpoint layout; the third becomes the MTP layer's block
+model = DeepseekV3ForCausalLM(DeepseekV3Config(**deepseek, num_hidden_layers=3)).to(torch.bfloat16)
+with tempfile.TemporaryDirectory() as tmp:
+    model.save_pretrained(tmp, safe_serialization=True)
+    tensors = {}
+    for f in sorted(glob.glob(os.path.join(tmp, "*.safetensors"))):
+        tensors.update(load_file(f))
+hidden, mtp = base["hidden_size"], "model.layers.2."
+for norm in ("enorm", "hnorm", "shared_head.norm"):
+    tensors[mtp + norm + ".weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+tensors[mtp + "eh_proj.weight"] = (torch.randn(hidden, 2 * hidden) * 0.02).to(torch.bfloat16)
+tensors[mtp + "shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+out = os.path.join(cache, "tiny-deepseek-mtp")
+copy_tokenizer(out)
+save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+config = DeepseekV3Config(**deepseek, num_hidden_layers=2, num_nextn_predict_layers=1).to_diff_dict()
+config.update(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3", dtype="bfloat16")
+config.update(num_nextn_predict_layers=1)
+with open(os.path.join(out, "config.json"), "w") as f:
+    json.dump(config, f, indent=2)
 open(os.path.join(out, ".complete"), "w").close()
 print("tiny drafter written to", out)
