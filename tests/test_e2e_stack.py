@@ -341,6 +341,12 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     # while vLLM is up, or a quick page-and-resolve can leave the fleet dashboard's queries without any data
     _wait_for_data(prom, "namespace_model_name:vllm_capacity_replicas:count", timeout=60)
     _wait_for_data(stack["other_prom"], 'namespace_model_name:vllm_capacity_replicas:count{k8s_cluster="east"}', 60)
+    # and one evaluation after the load: the prefix-cache hit ratio is a ratio of rates, NaN (no data to a dashboard)
+    # until the queries counter has moved in its window; an evaluation only before the load leaves it so
+    _wait_for_data(prom, "namespace_model_name:vllm_capacity_prefix_cache_hit:ratio >= 0", timeout=60)
+    _wait_for_data(
+        stack["other_prom"], 'namespace_model_name:vllm_capacity_prefix_cache_hit:ratio{k8s_cluster="east"} >= 0', 60
+    )
 
     killed_at = time.monotonic()
     vllm.stop(signal.SIGKILL)
