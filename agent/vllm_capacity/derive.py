@@ -370,13 +370,11 @@ def cpu_capacity_tokens(
     if cc is None or cc.block_size is None:
         return None
     if schema == SCHEMA_V0:
-        cpu_blocks = _label_count(cc.labels.get("num_cpu_blocks"))
-        return cpu_blocks * cc.block_size if cpu_blocks is not None else None
-    size = cc.labels.get("kv_offloading_size")
-    if size is None or layout is None or cc.labels.get("kv_offloading_backend", "native") != "native":
+        return cc.num_cpu_blocks * cc.block_size if cc.num_cpu_blocks is not None else None
+    gib = cc.kv_offloading_size_gib
+    if gib is None or layout is None or cc.labels.get("kv_offloading_backend", "native") != "native":
         return None
     try:
-        gib = float(size)
         return sizing.cpu_tier_tokens(
             offloading_bytes=int(gib * (1 << 30)),
             worker_bytes_per_block=layout.worker_bytes_per_block,
@@ -384,16 +382,8 @@ def cpu_capacity_tokens(
             block_size=cc.block_size,
             version=version,
         )
-    except ValueError:  # not a number, or a release whose tier was not read (NotModelled)
+    except ValueError:  # a release whose tier was not read (NotModelled), or a size below zero
         return None
-
-
-def _label_count(text: str | None) -> int | None:
-    try:
-        value = int(text) if text is not None else None
-    except ValueError:
-        return None
-    return value if value is not None and value >= 0 else None
 
 
 @functools.lru_cache(maxsize=64)

@@ -39,6 +39,7 @@ from vllm_capacity.sizing.versions import (
     STATE_BLOCK_ALIGNMENT,
     STATE_SPECULATIVE_BLOCKS,
     TOKENS_FROM_CONCURRENCY,
+    dotted,
 )
 from vllm_capacity.units import GiB, MiB
 
@@ -105,7 +106,7 @@ def _state_layout(
         if version < STATE_SPECULATIVE_BLOCKS:
             raise NotModelled(
                 f"{_where(geometry, counts)}: speculative decoding beside state layers is planned from vLLM "
-                f"{'.'.join(map(str, STATE_SPECULATIVE_BLOCKS))}, not before"
+                f"{dotted(STATE_SPECULATIVE_BLOCKS)}, not before"
             )
         state_blocks += inputs.speculation.state_blocks
     ssm_name, why = _mamba_ssm_dtype(geometry, inputs.mamba_ssm_cache_dtype)
@@ -140,12 +141,12 @@ def _check_mamba1(inputs: PlanInputs, counts: Counter[str], geometry: Geometry) 
     """Mamba-1 (Jamba) is planned where vLLM's rules for it were read."""
     if inputs.version < MAMBA1_V1:
         raise NotModelled(
-            f"{_where(geometry, counts)}: Mamba-1 layers in V1 are planned from vLLM {_dotted(MAMBA1_V1)} "
+            f"{_where(geometry, counts)}: Mamba-1 layers in V1 are planned from vLLM {dotted(MAMBA1_V1)} "
             "(V0 kept their state outside the KV budget: pass --engine v0 for an older server)"
         )
     if inputs.mamba_cache_mode == "auto" and HYBRID_PREFIX_CACHING <= inputs.version < MAMBA1_PREFIX_CACHING:
         raise NotModelled(
-            f"{_where(geometry, counts)}: whether vLLM {_dotted(inputs.version)} keeps Jamba's Mamba-1 state in "
+            f"{_where(geometry, counts)}: whether vLLM {dotted(inputs.version)} keeps Jamba's Mamba-1 state in "
             "'align' mode by default is not known: pass --mamba-cache-mode none or align (vllm:cache_config_info's "
             "mamba_cache_mode says which)"
         )
@@ -195,7 +196,7 @@ def _retained(geometry: Geometry, inputs: PlanInputs) -> int:
     if "sliding" in geometry.layer_kinds and inputs.version < SLIDING_MTP_RETAINED:
         raise NotModelled(
             f"{geometry.architecture}: sliding-window layers beside a multi-layer MTP drafter are planned from vLLM "
-            f"{'.'.join(map(str, SLIDING_MTP_RETAINED))}, whose sources were read"
+            f"{dotted(SLIDING_MTP_RETAINED)}, whose sources were read"
         )
     return spec.num_speculative_tokens - 1
 
@@ -270,7 +271,7 @@ def chunked_local_groups(inputs: PlanInputs) -> tuple[bool, str]:
     if version < CHUNKED_LOCAL_GROUPS or mode == "off":
         if mode == "on":
             raise NotModelled(
-                f"chunked local attention has groups of its own from vLLM {_dotted(CHUNKED_LOCAL_GROUPS)} (PR #19351)"
+                f"chunked local attention has groups of its own from vLLM {dotted(CHUNKED_LOCAL_GROUPS)} (PR #19351)"
             )
         reason = "before 0.10.0 (PR #19351)" if version < CHUNKED_LOCAL_GROUPS else "--chunked-local-hybrid off"
         return False, f"{as_full} ({reason})"
@@ -278,16 +279,12 @@ def chunked_local_groups(inputs: PlanInputs) -> tuple[bool, str]:
         raise NotModelled(
             "whether vLLM gives chunked local attention groups of its own depends on "
             "VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE, whose default was off from 0.10.1 (PR #21761) and "
-            f"is on in {_dotted(CHUNKED_LOCAL_DEFAULT_ON)}: pass --chunked-local-hybrid on or off as your server runs"
+            f"is on in {dotted(CHUNKED_LOCAL_DEFAULT_ON)}: pass --chunked-local-hybrid on or off as your server runs"
         )
     how = "--chunked-local-hybrid on"
     if mode == "auto":
         how = "the default of VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
     return True, f"chunked local attention layers have KV-cache groups of their own ({how})"
-
-
-def _dotted(version: tuple[int, int, int]) -> str:
-    return ".".join(map(str, version))
 
 
 def _resolve_mamba_mode(mode: str, version: tuple[int, int, int]) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from vllm_capacity.sizing.errors import NotModelled
+from vllm_capacity.sizing.versions import dotted
 
 HOST_PAGE_BYTES = 4096  # mmap.PAGESIZE on x86-64 Linux: SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT
 OFFLOAD_RULES = (0, 32, 0)  # the release whose CPU-tier sizing was read; the plan refuses --kv-offloading-size before
@@ -31,7 +32,7 @@ def cpu_tier_tokens(
     """Tokens the CPU tier of ``offloading_bytes`` holds (0.32's native CPU offloading)."""
     if version < OFFLOAD_RULES:
         raise NotModelled(
-            f"the CPU tier of KV offloading is planned as vLLM {'.'.join(map(str, OFFLOAD_RULES))} sizes it; "
+            f"the CPU tier of KV offloading is planned as vLLM {dotted(OFFLOAD_RULES)} sizes it; "
             "earlier releases were not read"
         )
     if min(worker_bytes_per_block, world_size, block_size, blocks_per_chunk) < 1 or offloading_bytes < 0:

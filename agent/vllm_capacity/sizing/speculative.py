@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.layers import bytes_per_token_per_layer
-from vllm_capacity.sizing.versions import MIXED_PAGE_SIZES, SPECULATIVE_RULES
+from vllm_capacity.sizing.versions import MIXED_PAGE_SIZES, SPECULATIVE_RULES, dotted
 
 Version = tuple[int, int, int]
 
@@ -123,7 +123,7 @@ def with_drafter(
     if engine != "v1":
         raise NotModelled(f"{name} under V0: its draft worker kept a cache of its own, which is not modelled")
     if version < SPECULATIVE_RULES:
-        raise NotModelled(f"{name} is planned from vLLM {'.'.join(map(str, SPECULATIVE_RULES))}, not before")
+        raise NotModelled(f"{name} is planned from vLLM {dotted(SPECULATIVE_RULES)}, not before")
     if pp > 1:
         raise NotModelled(f"{name} under pipeline parallelism: where the drafter's layers go is not modelled")
     notes = []
@@ -154,7 +154,7 @@ def with_drafter(
     if version < MIXED_PAGE_SIZES:
         raise NotModelled(
             f"{name}: a drafter whose pages differ from the target's needs vLLM "
-            f"{'.'.join(map(str, MIXED_PAGE_SIZES))} (one group of per-layer page sizes); before, vLLM refused it"
+            f"{dotted(MIXED_PAGE_SIZES)} (one group of per-layer page sizes); before, vLLM refused it"
         )
     pages = DraftPages(draft_per_layer * found.layers, found.layers)
     note = (

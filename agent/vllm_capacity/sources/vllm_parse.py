@@ -188,6 +188,17 @@ class CacheConfig:
         return _label_float(self.labels, "gpu_memory_utilization")
 
     @functools.cached_property
+    def num_cpu_blocks(self) -> int | None:
+        """V0's swap space in blocks (V1 reports "None")."""
+        value = _label_int(self.labels, "num_cpu_blocks")
+        return value if value is not None and value >= 0 else None
+
+    @functools.cached_property
+    def kv_offloading_size_gib(self) -> float | None:
+        """--kv-offloading-size (V1), in GiB over all TP ranks."""
+        return _label_float(self.labels, "kv_offloading_size")
+
+    @functools.cached_property
     def cache_dtype(self) -> str | None:
         return self.labels.get("cache_dtype")
 
