@@ -31,6 +31,7 @@ KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays o
 
 if TYPE_CHECKING:
     from vllm_capacity.sizing import MemoryBudget, PlanInputs, Speculation
+    from vllm_capacity.sizing.lora import Lora
 
 
 def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
@@ -231,7 +232,7 @@ def _plan(values: PlanConfig) -> int:
         raise UsageError(ONE_MEMORY_SOURCE)
     try:
         geometry = load_config(config_path)
-        budget = _plan_budget(values)
+        budget = _plan_budget(values, geometry)
         inputs = _plan_inputs(values, geometry, budget)
         result = sizing.plan(geometry, inputs)
     except (GeometryError, sizing.NotModelled, sizing.ImpossiblePlan, ValueError) as err:
@@ -247,13 +248,16 @@ def _plan(values: PlanConfig) -> int:
     return 0
 
 
-def _plan_budget(values: PlanConfig) -> MemoryBudget | None:
-    """The GPU's memory budget with --gpu-memory; None when the KV memory is given directly."""
+def _plan_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
+    """The GPU's memory budget with --gpu-memory; None when the KV memory is given directly (LoRA slots and the
+    encoder cache are then inside vLLM's figure, but the options are still checked against the model)."""
     from vllm_capacity import plan as planning
 
-    if values.gpu_memory is None:
-        return None
+    lora = planning.lora_bytes(geometry, _lora(values), tp=values.tp, pp=values.pp, version=values.vllm_version)
     try:
+        encoder = planning.encoder_bytes(geometry, values.encoder_cache_tokens, budgeted=values.gpu_memory is not None)
+        if values.gpu_memory is None:
+            return None
         return planning.memory_budget(
             gpu_memory_bytes=values.gpu_memory,
             gpu_memory_utilization=values.gpu_memory_utilization,
@@ -263,6 +267,8 @@ def _plan_budget(values: PlanConfig) -> MemoryBudget | None:
             model_dir=values.model_dir_path,
             tp=values.tp,
             pp=values.pp,
+            lora_bytes=lora,
+            encoder_cache_bytes=encoder,
         )
     except planning.MissingInput as err:
         raise UsageError(str(err)) from None
@@ -296,7 +302,18 @@ def _plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | 
         speculation=_speculation(values),
         chunked_local_hybrid=values.chunked_local_hybrid,
         kv_offloading_bytes=values.kv_offloading_size,
+        lora=_lora(values),
+        encoder_cache_tokens=values.encoder_cache_tokens,
     )
+
+
+def _lora(values: PlanConfig) -> Lora | None:
+    """vLLM's --enable-lora with --max-loras and --max-lora-rank (either turns it on; vLLM's defaults 1 and 16)."""
+    from vllm_capacity.sizing.lora import Lora
+
+    if values.max_loras is None and values.max_lora_rank is None:
+        return None
+    return Lora(max_loras=values.max_loras or 1, max_rank=values.max_lora_rank or 16)
 
 
 def _speculation(values: PlanConfig) -> Speculation | None:

@@ -104,6 +104,19 @@ class GatedDeltaNetGeometry:
         return conv + recurrent
 
 
+@dataclass(frozen=True)
+class LinearShapes:
+    """The sizes of a decoder's linear layers and embeddings (config.json's ``hidden_size``, ``intermediate_size``,
+    ``num_attention_heads``, ``vocab_size``): what vLLM's LoRA adapter slots are shaped after. ``experts``: the
+    routed experts of a mixture-of-experts model (0 for a dense one)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    vocab_size: int
+    experts: int = 0
+
+
 class GeometryError(ValueError):
     """The config says something the planner does not understand; ``field`` names it."""
 
@@ -127,6 +140,9 @@ class Geometry:
     attention_chunk_size: int | None = None  # of the "chunked" layers (Llama 4)
     mla_heads: int | None = None  # an MLA model's attention heads (num_attention_heads), which vLLM < 0.7.1 cached
     unmodelled_cache: str | None = None  # a per-token cache beside K/V / the latent that the planner does not size
+    linear: LinearShapes | None = None  # the linear layers' sizes (LoRA slots), when config.json gives them all
+    encoder_width: int | None = None  # a multimodal model's encoder output per token (the decoder's hidden size)
+    multimodal: str | None = None  # the config's encoder section (vision_config, audio_config), None for text only
 
     @property
     def kv_layers(self) -> int:

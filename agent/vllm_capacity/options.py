@@ -344,6 +344,21 @@ def _version(text: str) -> tuple[int, int, int]:
     return parse_version(text)
 
 
+def _count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise ValueError(f"{text!r} is not a whole number")
+    return int(text)
+
+
+def _lora_rank(text: str) -> int:
+    from vllm_capacity.sizing.lora import LORA_RANKS
+
+    rank = _positive_int(text)
+    if rank not in LORA_RANKS:
+        raise ValueError(f"{text!r} is not a rank vLLM accepts ({', '.join(map(str, LORA_RANKS))})")
+    return rank
+
+
 def _path(text: str) -> Path:
     path = Path(text)
     if not path.exists():
@@ -430,6 +445,20 @@ PLAN_OPTIONS = (
         None,
         "vLLM's --kv-offloading-size (e.g. 64GiB, over all TP ranks): plan the CPU tier of native KV offloading",
     ),
+    Option(
+        "--max-loras",
+        _positive_int,
+        None,
+        "vLLM's --max-loras with --enable-lora: adapter slots preallocated beside the weights (default: no LoRA)",
+    ),
+    Option("--max-lora-rank", _lora_rank, None, "vLLM's --max-lora-rank (default 16 when --max-loras is given)"),
+    Option(
+        "--encoder-cache-tokens",
+        _count,
+        None,
+        "a multimodal model's encoder cache, from vLLM's log 'Encoder cache will be initialized with a budget of N "
+        "tokens' (needed with --gpu-memory for a multimodal config.json)",
+    ),
     Option("--kv-cache-memory", _memory, None, "KV memory per GPU as vLLM logs it ('Available KV cache memory')"),
     Option("--gpu-memory", _memory, None, "memory of one GPU (e.g. 80GiB), to plan from the whole budget"),
     Option("--gpu-memory-utilization", _fraction, "0.9", "vLLM's --gpu-memory-utilization"),
@@ -512,6 +541,9 @@ class PlanConfig:
     num_speculative_tokens: int | None
     draft_model_config_path: Path | None
     kv_offloading_size: int | None
+    max_loras: int | None
+    max_lora_rank: int | None
+    encoder_cache_tokens: int | None
     kv_cache_memory: int | None
     gpu_memory: int | None
     gpu_memory_utilization: float

@@ -9,6 +9,8 @@ from pathlib import Path
 from vllm_capacity import sizing
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing import KvPlan, MemoryBudget, PlanInputs, kv_dtype_bytes
+from vllm_capacity.sizing.lora import EMBEDDING_SLOTS, Lora, lora_slots
+from vllm_capacity.sizing.memory import encoder_cache_bytes
 from vllm_capacity.sizing.versions import MLA_LATENT_CACHE
 from vllm_capacity.sources.model_config import model_dir_weights_bytes
 from vllm_capacity.units import CONTEXTS, format_bytes
@@ -16,6 +18,34 @@ from vllm_capacity.units import CONTEXTS, format_bytes
 
 class MissingInput(ValueError):
     """The plan needs a figure that was neither given nor can be read: the message says which option gives it."""
+
+
+def lora_bytes(geometry: Geometry, lora: Lora | None, *, tp: int, pp: int, version: tuple[int, int, int]) -> int:
+    """The LoRA adapter slots on the fullest GPU rank (0 without LoRA); NotModelled where they cannot be sized."""
+    if lora is None:
+        return 0
+    dtype_bytes = kv_dtype_bytes("auto", geometry.dtype)
+    return lora_slots(geometry, lora, tp=tp, pp=pp, dtype_bytes=dtype_bytes, version=version).total_bytes
+
+
+def encoder_bytes(geometry: Geometry, tokens: int | None, *, budgeted: bool) -> int:
+    """A multimodal model's encoder cache held by vLLM's memory profile. ``budgeted``: planning from the GPU's
+    memory, where a multimodal model without the figure would give a KV cache vLLM does not have."""
+    if geometry.multimodal is None:
+        if tokens is not None:
+            raise MissingInput("--encoder-cache-tokens: config.json has no vision_config or audio_config")
+        return 0
+    if tokens is None:
+        if budgeted:
+            raise MissingInput(
+                f"config.json is multimodal ({geometry.multimodal}): vLLM's memory profile holds the encoder's "
+                "outputs, so --gpu-memory needs --encoder-cache-tokens N, from vLLM's log line 'Encoder cache will "
+                "be initialized with a budget of N tokens' (0 with --skip-mm-profiling or --limit-mm-per-prompt of 0)"
+            )
+        return 0
+    if geometry.encoder_width is None:
+        raise MissingInput("--encoder-cache-tokens needs config.json's hidden_size")
+    return encoder_cache_bytes(tokens, geometry.encoder_width, kv_dtype_bytes("auto", geometry.dtype))
 
 
 def memory_budget(
@@ -28,6 +58,8 @@ def memory_budget(
     model_dir: Path | None,
     tp: int,
     pp: int,
+    lora_bytes: int = 0,
+    encoder_cache_bytes: int = 0,
 ) -> MemoryBudget:
     """vLLM's budget on one GPU rank; the weights, when not given, from the model directory's safetensors headers,
     divided over the TP x PP ranks. Raises ImpossiblePlan when nothing is left for the KV cache."""
@@ -35,16 +67,54 @@ def memory_budget(
         if model_dir is None:
             raise MissingInput("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
         weights_bytes = model_dir_weights_bytes(model_dir) // (tp * pp)
-    budget = MemoryBudget(gpu_memory_bytes, gpu_memory_utilization, weights_bytes, activation_bytes, cuda_graph_bytes)
+    budget = MemoryBudget(
+        gpu_memory_bytes,
+        gpu_memory_utilization,
+        weights_bytes,
+        activation_bytes,
+        cuda_graph_bytes,
+        lora_bytes=lora_bytes,
+        encoder_cache_bytes=encoder_cache_bytes,
+    )
     budget.check()
     return budget
+
+
+def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> list[str]:
+    """The figures beside the KV cache that the plan took from vLLM's options, each with where it comes from."""
+    notes = []
+    if inputs.lora is not None:
+        size = lora_bytes(geometry, inputs.lora, tp=inputs.tp, pp=inputs.pp, version=inputs.version)
+        where = (
+            "in the budget on top of the weights (give --weights-memory as the weights alone)"
+            if budget is not None
+            else "already outside the KV memory given: vLLM's figure is what is left after them"
+        )
+        slots = f"{inputs.lora.max_loras} adapter slot{'s' if inputs.lora.max_loras > 1 else ''}"
+        notes.append(
+            f"LoRA: {slots} of rank {inputs.lora.max_rank} in {geometry.dtype} on "
+            f"every linear layer{' and the embeddings' if EMBEDDING_SLOTS.get(geometry.architecture) else ''}: "
+            f"{format_bytes(size)} per GPU, preallocated when vLLM loads the model (counted in its 'Model loading "
+            f"took' figure); {where}"
+        )
+    if inputs.encoder_cache_tokens is not None and geometry.multimodal is not None:
+        size = encoder_bytes(geometry, inputs.encoder_cache_tokens, budgeted=False)
+        notes.append(
+            f"Multimodal encoder cache: {inputs.encoder_cache_tokens:,} tokens (vLLM's logged budget) x "
+            f"{geometry.encoder_width} per token x {kv_dtype_bytes('auto', geometry.dtype)} B = "
+            f"{format_bytes(size)}, held while vLLM profiles its memory (its dummy items fill the budget to within "
+            "one item); the encoder's own activations are part of --activation-memory"
+        )
+    return notes
 
 
 def budget_picture(budget: MemoryBudget, kv_bytes: int, width: int = 46) -> list[str]:
     """The GPU's memory as a stack of what it holds, with the part outside vLLM's budget."""
     rows = [
         ("Model weights", budget.weights_bytes),
+        ("LoRA slots", budget.lora_bytes),
         ("Activation peak", budget.activation_bytes),
+        ("Encoder cache", budget.encoder_cache_bytes),
         ("CUDA graphs", budget.cuda_graph_bytes),
         ("KV cache", kv_bytes),
     ]
@@ -152,8 +222,9 @@ def render_text(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
             each = format_bytes(plan.request_bytes(ctx))
             lines.append(f"  {ctx:>8,} tokens   {plan.concurrency_at(ctx):>9.2f}x   {each:>12} each")
     lines += ["", "What would change it", *what_if(plan, geometry, inputs, budget)]
-    if plan.notes:
-        lines += ["", "How vLLM sizes this model", *(f"  - {note}" for note in plan.notes)]
+    notes = [*plan.notes, *memory_notes(geometry, inputs, budget)]
+    if notes:
+        lines += ["", "How vLLM sizes this model", *(f"  - {note}" for note in notes)]
     return "\n".join(lines) + "\n"
 
 
@@ -168,7 +239,7 @@ def render_json(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
         "kv_layers_per_rank": plan.kv_layers_per_rank,
         "cpu_tier_tokens": plan.cpu_tier_tokens,
         "rules": plan.rules,
-        "notes": plan.notes,
+        "notes": [*plan.notes, *memory_notes(geometry, inputs, budget)],
         "groups": [
             {"kind": g.kind, "layers": g.layers, "blocks_per_request": g.blocks_per_request} for g in plan.groups
         ],
@@ -182,6 +253,8 @@ def render_json(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
             "weights_bytes": budget.weights_bytes if budget else None,
             "activation_bytes": budget.activation_bytes if budget else None,
             "cuda_graph_bytes": budget.cuda_graph_bytes if budget else None,
+            "lora_bytes": budget.lora_bytes if budget else None,
+            "encoder_cache_bytes": budget.encoder_cache_bytes if budget else None,
             "kv_cache_bytes": plan.kv_cache_memory_bytes,
         },
         "geometry": asdict(geometry),

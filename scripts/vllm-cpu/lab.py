@@ -47,6 +47,18 @@ def install() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def vllm_env(cache: Path) -> dict[str, str]:
+    """The environment vLLM runs in here: offline, no usage reports, its runtime cache under ``cache``."""
+    return dict(
+        os.environ,
+        VLLM_CACHE_ROOT=str(cache / "vllm-runtime-cache"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+    )
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,14 +109,7 @@ class VllmServer:
         ]
 
     def start(self) -> VllmServer:
-        env = dict(
-            os.environ,
-            VLLM_CACHE_ROOT=str(self.cache / "vllm-runtime-cache"),
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            VLLM_NO_USAGE_STATS="1",
-            DO_NOT_TRACK="1",
-        )
+        env = vllm_env(self.cache)
         if "--kv-cache-memory-bytes" not in self.extra_args:
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the CPU backend's default would take a share of RAM
         self.log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ kinds and hybrid layouts under PP raise :class:`NotModelled`. Mamba-1 (Jamba) st
 The package, by concern: :mod:`.versions` (where vLLM changed its rules), :mod:`.inputs` (what a plan is asked for),
 :mod:`.layers` (bytes per token, and each layer kind's spec), :mod:`.dense` (one kind of KV layer),
 :mod:`.hybrid` (vLLM's KV-cache groups), :mod:`.speculative` (a drafter's layers in the same pool),
-:mod:`.result` (a plan), :mod:`.memory` (the GPU's memory budget).
+:mod:`.result` (a plan), :mod:`.memory` (the GPU's memory budget), :mod:`.lora` (LoRA adapter slots in it).
 """
 
 from __future__ import annotations

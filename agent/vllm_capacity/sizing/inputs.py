@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vllm_capacity.sizing.lora import Lora
 from vllm_capacity.sizing.speculative import Speculation
 from vllm_capacity.sizing.versions import NEWEST_RULES, V1_BY_DEFAULT
 from vllm_capacity.units import GiB
@@ -31,6 +32,8 @@ class PlanInputs:
     speculation: Speculation | None = None
     chunked_local_hybrid: str = "auto"  # VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: on, off, or the default
     kv_offloading_bytes: int | None = None  # --kv-offloading-size: the CPU tier's buffer over all TP ranks
+    lora: Lora | None = None  # --enable-lora's --max-loras and --max-lora-rank: slots taken from the budget
+    encoder_cache_tokens: int | None = None  # a multimodal model's encoder cache budget, as vLLM logs it
 
     def check(self) -> None:
         """Raise ValueError for inputs no vLLM would accept."""
@@ -40,6 +43,10 @@ class PlanInputs:
             raise ValueError(f"engine {self.engine!r} is not v0 or v1")
         if self.speculation is not None:
             self.speculation.check()
+        if self.lora is not None:
+            self.lora.check()
+        if self.encoder_cache_tokens is not None and self.encoder_cache_tokens < 0:
+            raise ValueError(f"encoder_cache_tokens {self.encoder_cache_tokens} is negative")
         if self.chunked_local_hybrid not in ("auto", "on", "off"):
             raise ValueError(f"chunked_local_hybrid {self.chunked_local_hybrid!r} is not auto, on or off")
 

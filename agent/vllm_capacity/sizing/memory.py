@@ -10,13 +10,27 @@ from vllm_capacity.units import GiB
 
 @dataclass(frozen=True)
 class MemoryBudget:
-    """Per GPU rank: total x gpu_memory_utilization = weights + activation peak + CUDA graphs + KV cache."""
+    """Per GPU rank: total x gpu_memory_utilization = weights + LoRA slots + activation peak + encoder cache + CUDA
+    graphs + KV cache."""
 
     gpu_memory_bytes: int
     gpu_memory_utilization: float
     weights_bytes: int
     activation_bytes: int
     cuda_graph_bytes: int
+    lora_bytes: int = 0  # the adapter slots vLLM preallocates with the weights (sizing.lora)
+    encoder_cache_bytes: int = 0  # the multimodal encoder outputs vLLM's memory profile holds at its peak
+
+    @property
+    def outside_kv_bytes(self) -> dict[str, int]:
+        """What the budget holds beside the KV cache, by name, in the order vLLM allocates it."""
+        return {
+            "weights": self.weights_bytes,
+            "LoRA slots": self.lora_bytes,
+            "activations": self.activation_bytes,
+            "encoder cache": self.encoder_cache_bytes,
+            "CUDA graphs": self.cuda_graph_bytes,
+        }
 
     @property
     def budget_bytes(self) -> int:
@@ -24,15 +38,28 @@ class MemoryBudget:
 
     @property
     def kv_cache_bytes(self) -> int:
-        return self.budget_bytes - self.weights_bytes - self.activation_bytes - self.cuda_graph_bytes
+        return self.budget_bytes - sum(self.outside_kv_bytes.values())
 
     def check(self) -> None:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ImpossiblePlan(f"gpu_memory_utilization {self.gpu_memory_utilization} is not in (0, 1]")
         if self.kv_cache_bytes <= 0:
+            held = " + ".join(
+                f"{name} {size / GiB:.2f} GiB"
+                for name, size in self.outside_kv_bytes.items()
+                if size or name in ("weights", "activations", "CUDA graphs")
+            )
             raise ImpossiblePlan(
-                f"weights {self.weights_bytes / GiB:.2f} GiB + activations {self.activation_bytes / GiB:.2f} GiB"
-                f" + CUDA graphs {self.cuda_graph_bytes / GiB:.2f} GiB exceed the budget of "
+                f"{held} exceed the budget of "
                 f"{self.budget_bytes / GiB:.2f} GiB ({self.gpu_memory_bytes / GiB:.2f} GiB x "
                 f"{self.gpu_memory_utilization}): no memory is left for the KV cache"
             )
+
+
+def encoder_cache_bytes(tokens: int, width: int, dtype_bytes: int) -> int:
+    """The multimodal encoder outputs vLLM's memory profile holds while it measures the peak (0.32
+    ``GPUModelRunner.profile_run``: a dummy batch of the largest items fills the encoder cache budget it logs as
+    "Encoder cache will be initialized with a budget of N tokens", embeddings of ``width`` (the decoder's hidden
+    size; Qwen3-VL's carry its deepstack levels too) in the model's dtype); the encoder's own activations come on
+    top, in the activation peak."""
+    return tokens * width * dtype_bytes

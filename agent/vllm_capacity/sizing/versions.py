@@ -67,3 +67,6 @@ MAMBA1_PREFIX_CACHING = (0, 32, 0)
 # the PR #10927 log shows.
 MLA_LATENT_CACHE = (0, 7, 1)
 MLA_MHA_HEAD_SIZE = 256
+# LoRA adapter slots (``create_lora_weights`` of every LoRA layer) as read in 0.32.0; the embeddings' extra rows
+# (``lora_extra_vocab_size``) went in PR #28545 (November 2025), other changes before are not pinned: refused before.
+LORA_SLOTS = (0, 32, 0)

@@ -14,7 +14,14 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from vllm_capacity.geometry import GatedDeltaNetGeometry, Geometry, GeometryError, Mamba1Geometry, MambaGeometry
+from vllm_capacity.geometry import (
+    GatedDeltaNetGeometry,
+    Geometry,
+    GeometryError,
+    LinearShapes,
+    Mamba1Geometry,
+    MambaGeometry,
+)
 from vllm_capacity.units import MiB
 
 _LAYER_TYPE_NAMES = {
@@ -188,6 +195,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             mtp_layers=_mtp_layers(cfg),
             mla_heads=_positive_int_field(cfg, "num_attention_heads"),
             unmodelled_cache=_sparse_indexer(cfg),
+            **_beside_the_cache(doc, cfg),
         )
 
     heads = _int(cfg, "num_attention_heads")
@@ -222,7 +230,36 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         state,
         _mtp_layers(cfg),
         chunk if "chunked" in kinds else None,
+        **_beside_the_cache(doc, cfg),
     )
+
+
+# the config sections of a multimodal model's encoders, whose outputs vLLM's memory profile holds
+_ENCODER_SECTIONS = ("vision_config", "audio_config")
+# where configs give their routed experts (Mixtral, Qwen MoE, DeepSeek), for the LoRA slots it leaves unmodelled
+_EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
+
+
+def _beside_the_cache(doc: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
+    """What vLLM allocates beside the KV cache from the same budget: the linear layers' sizes (LoRA adapter slots),
+    the hidden size and the encoder section (a multimodal model's encoder cache). Absent fields leave them None."""
+    hidden = _positive_int_field(cfg, "hidden_size")
+    fields = ("intermediate_size", "num_attention_heads", "vocab_size")
+    linear = None
+    if hidden is not None and all(isinstance(cfg.get(k), int) and cfg[k] > 0 for k in fields):
+        experts = next((cfg[k] for k in _EXPERT_FIELDS if isinstance(cfg.get(k), int) and cfg[k] > 0), 0)
+        linear = LinearShapes(hidden, cfg["intermediate_size"], cfg["num_attention_heads"], cfg["vocab_size"], experts)
+    section = next((k for k in _ENCODER_SECTIONS if isinstance(doc.get(k), dict)), None)
+    width = hidden
+    if section is not None and doc[section].get("deepstack_visual_indexes"):
+        # Qwen3-VL: each image token's embedding carries the deepstack levels beside it (vLLM 0.32 qwen3_vl.py:
+        # out_hidden_size x (1 + len(deepstack_visual_indexes)))
+        vision = doc[section]
+        levels = vision["deepstack_visual_indexes"]
+        if not isinstance(levels, list):
+            raise GeometryError(f"{section}.deepstack_visual_indexes", f"{levels!r} is not a list of layers")
+        width = _int(vision, "out_hidden_size") * (1 + len(levels))
+    return {"linear": linear, "encoder_width": width if section else None, "multimodal": section}
 
 
 def _llama4_chunked(cfg: dict[str, Any], kinds: list[str], num_layers: int) -> list[str]:
