@@ -147,6 +147,11 @@ def test_a_multimodal_model_needs_its_encoder_cache_to_plan_from_the_gpu(tmp_pat
     assert _plan(tmp_path, QWEN25_VL_7B, "--kv-cache-memory", "40GiB").returncode == 0
     text_only = _plan(tmp_path, LLAMA_31_8B, *GPU, "--encoder-cache-tokens", "100")
     assert text_only.returncode == 2 and "no vision_config or audio_config" in text_only.stderr
+    # read in vLLM 0.32's profile_run; an older release's encoder cost goes into --activation-memory instead
+    old = _plan(tmp_path, QWEN25_VL_7B, *GPU, "--encoder-cache-tokens", "16384", "--vllm-version", "0.10.2")
+    assert old.returncode == 1 and "measure the profile's peak into --activation-memory" in old.stderr
+    zero = _plan(tmp_path, QWEN25_VL_7B, *GPU, "--encoder-cache-tokens", "0", "--vllm-version", "0.10.2")
+    assert zero.returncode == 0, zero.stderr
 
 
 def test_qwen3_vl_encoder_outputs_carry_the_deepstack_levels() -> None:

@@ -255,7 +255,9 @@ def _plan_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
 
     lora = planning.lora_bytes(geometry, _lora(values), tp=values.tp, pp=values.pp, version=values.vllm_version)
     try:
-        encoder = planning.encoder_bytes(geometry, values.encoder_cache_tokens, budgeted=values.gpu_memory is not None)
+        encoder = planning.encoder_bytes(
+            geometry, values.encoder_cache_tokens, budgeted=values.gpu_memory is not None, version=values.vllm_version
+        )
         if values.gpu_memory is None:
             return None
         return planning.memory_budget(

@@ -9,9 +9,10 @@ from pathlib import Path
 from vllm_capacity import sizing
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing import KvPlan, MemoryBudget, PlanInputs, kv_dtype_bytes
+from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.lora import EMBEDDING_SLOTS, Lora, lora_slots
 from vllm_capacity.sizing.memory import encoder_cache_bytes
-from vllm_capacity.sizing.versions import MLA_LATENT_CACHE
+from vllm_capacity.sizing.versions import ENCODER_CACHE_PROFILE, MLA_LATENT_CACHE, dotted
 from vllm_capacity.sources.model_config import model_dir_weights_bytes
 from vllm_capacity.units import CONTEXTS, format_bytes
 
@@ -28,7 +29,9 @@ def lora_bytes(geometry: Geometry, lora: Lora | None, *, tp: int, pp: int, versi
     return lora_slots(geometry, lora, tp=tp, pp=pp, dtype_bytes=dtype_bytes, version=version).total_bytes
 
 
-def encoder_bytes(geometry: Geometry, tokens: int | None, *, budgeted: bool) -> int:
+def encoder_bytes(
+    geometry: Geometry, tokens: int | None, *, budgeted: bool, version: tuple[int, int, int] = ENCODER_CACHE_PROFILE
+) -> int:
     """A multimodal model's encoder cache held by vLLM's memory profile. ``budgeted``: planning from the GPU's
     memory, where a multimodal model without the figure would give a KV cache vLLM does not have."""
     if geometry.multimodal is None:
@@ -43,6 +46,11 @@ def encoder_bytes(geometry: Geometry, tokens: int | None, *, budgeted: bool) -> 
                 "be initialized with a budget of N tokens' (0 with --skip-mm-profiling or --limit-mm-per-prompt of 0)"
             )
         return 0
+    if tokens and version < ENCODER_CACHE_PROFILE:
+        raise NotModelled(
+            f"the encoder cache is sized as vLLM {dotted(ENCODER_CACHE_PROFILE)}'s memory profile holds it, not "
+            f"{dotted(version)}'s: measure the profile's peak into --activation-memory with --encoder-cache-tokens 0"
+        )
     if geometry.encoder_width is None:
         raise MissingInput("--encoder-cache-tokens needs config.json's hidden_size")
     return encoder_cache_bytes(tokens, geometry.encoder_width, kv_dtype_bytes("auto", geometry.dtype))
@@ -98,7 +106,7 @@ def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | 
             f"took' figure); {where}"
         )
     if inputs.encoder_cache_tokens is not None and geometry.multimodal is not None:
-        size = encoder_bytes(geometry, inputs.encoder_cache_tokens, budgeted=False)
+        size = encoder_bytes(geometry, inputs.encoder_cache_tokens, budgeted=False, version=inputs.version)
         notes.append(
             f"Multimodal encoder cache: {inputs.encoder_cache_tokens:,} tokens (vLLM's logged budget) x "
             f"{geometry.encoder_width} per token x {kv_dtype_bytes('auto', geometry.dtype)} B = "

@@ -70,3 +70,7 @@ MLA_MHA_HEAD_SIZE = 256
 # LoRA adapter slots (``create_lora_weights`` of every LoRA layer) as read in 0.32.0; the embeddings' extra rows
 # (``lora_extra_vocab_size``) went in PR #28545 (November 2025), other changes before are not pinned: refused before.
 LORA_SLOTS = (0, 32, 0)
+# A multimodal model's memory profile holds its encoder outputs for the budget it logs ("Encoder cache will be
+# initialized with a budget of N tokens", ``GPUModelRunner.profile_run``): read in 0.32.0; before, refused (V0 had no
+# encoder cache: its profile ran the encoder inside the model's peak).
+ENCODER_CACHE_PROFILE = (0, 32, 0)
