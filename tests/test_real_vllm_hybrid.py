@@ -10,6 +10,8 @@
   CPU wheel cannot run Mamba-1, so the test reads the server's start-up only.
 * tiny-llama4: 3 chunked local attention layers (chunks of 256) and 1 global layer: 4 groups of 1 layer, each chunked
   group holding chunk + in-flight tokens per request, fewer blocks than the full group.
+* tiny-granite-hybrid and tiny-qwen3-next with n-gram speculation (2 tokens, no drafter model): a state block per
+  speculative token, and a conv state widened by the speculative tokens, which changes the padding vLLM logs.
 
 `vllm-capacity plan`, given the server's model directory and the settings vLLM reports, must give the server's own
 block count, KV cache size in tokens and maximum concurrency, exactly, and the same padding vLLM logs. The agent,
@@ -33,20 +35,26 @@ from conftest import run_plan, samples
 pytestmark = pytest.mark.realvllm
 KV_BYTES = str(4 * 2**20)
 
+MAMBA_PADDING = r"Padding mamba page size by ([\d.]+)%"
+NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 CASES = {
-    # model: (max_model_len, vLLM's extra arguments, what vLLM logs about padding)
-    "tiny-gemma3": (2048, ("--max-num-batched-tokens", "256"), r"Add (\d+) padding layers"),
-    "tiny-granite-hybrid": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
-    "tiny-qwen3-next": (1024, (), r"Padding mamba page size by ([\d.]+)%"),
-    "tiny-llama4": (2048, ("--max-num-batched-tokens", "256"), None),
-    "tiny-jamba": (2048, (), r"Padding mamba page size by ([\d.]+)%"),
+    # case: (model, max_model_len, vLLM's extra arguments, what vLLM logs about padding, --speculative-config)
+    "tiny-gemma3": ("tiny-gemma3", 2048, ("--max-num-batched-tokens", "256"), r"Add (\d+) padding layers", None),
+    "tiny-granite-hybrid": ("tiny-granite-hybrid", 1024, (), MAMBA_PADDING, None),
+    "tiny-qwen3-next": ("tiny-qwen3-next", 1024, (), MAMBA_PADDING, None),
+    "tiny-llama4": ("tiny-llama4", 2048, ("--max-num-batched-tokens", "256"), None, None),
+    "tiny-jamba": ("tiny-jamba", 2048, (), MAMBA_PADDING, None),
+    "tiny-granite-hybrid-ngram": ("tiny-granite-hybrid", 1024, (), MAMBA_PADDING, NGRAM),
+    "tiny-qwen3-next-ngram": ("tiny-qwen3-next", 1024, (), MAMBA_PADDING, NGRAM),
 }
 
 
-@pytest.mark.parametrize("model", sorted(CASES))
-def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_agrees_with_the_real_server_on_a_hybrid_model(case: str, tmp_path: Path) -> None:
     lab.install()
-    max_model_len, extra_args, padding_line = CASES[model]
+    model, max_model_len, extra_args, padding_line, speculation = CASES[case]
+    if speculation is not None:
+        extra_args = (*extra_args, "--speculative-config", json.dumps(speculation))
     server = lab.VllmServer(
         log_path=tmp_path / "vllm.log",
         model=model,
@@ -68,8 +76,11 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path
     (cc,) = [dict(labels) for name, labels in samples(raw) if name == "vllm:cache_config_info"]
     logged = server.startup_figures()
     # What vLLM's CPU backend decides for itself, passed on as an operator would pass their server's flags:
-    # it turns async scheduling off, and keeps the Mamba SSM state in float32 (its label says so).
+    # it turns async scheduling off, and keeps the Mamba SSM state in float32 (its label says so; with speculation
+    # it keeps the model's dtype, "auto").
     plan_args = ["--async-scheduling", "off", "--mamba-ssm-cache-dtype", cc["mamba_ssm_cache_dtype"]]
+    if speculation is not None:
+        plan_args += ["--speculative-method", "ngram", "--num-speculative-tokens", str(NGRAM["num_speculative_tokens"])]
     if "--max-num-batched-tokens" in extra_args:
         plan_args += ["--max-num-batched-tokens", extra_args[extra_args.index("--max-num-batched-tokens") + 1]]
     plan = run_plan(server.cache / server.model, cc, server.max_model_len, version, *plan_args)
@@ -82,8 +93,16 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path
     assert plan["max_concurrency"] == pytest.approx(float(cc["kv_cache_max_concurrency"]), rel=1e-12)
     assert f"{plan['max_concurrency']:.2f}" == f"{logged['max_concurrency']:.2f}"
     assert len(plan["groups"]) > 1  # a hybrid layout, not the single group of a dense model
-    # live: the agent's layout is the plan's, and it finds vLLM in agreement
     assert report.returncode == 0, report.stderr
+    notes = " ".join(plan["notes"])
+    if speculation is not None:  # a state block per speculative token, and the conv state widened for them
+        (padding,) = re.findall(padding_line, server.log_text())
+        assert f"page padded by {padding}%" in notes and "conv state widened by 2 speculative token(s)" in notes
+        assert {g["blocks_per_request"] for g in plan["groups"] if g["kind"] != "full"} == {
+            (3 if model == "tiny-granite-hybrid" else 2) + NGRAM["num_speculative_tokens"]
+        }
+        return  # the live agent is not told the speculative config (vLLM's metrics do not carry it)
+    # live: the agent's layout is the plan's, and it finds vLLM in agreement
     (engine,) = json.loads(report.stdout)["engines"]
     groups: dict[str, int] = {}
     per_request: dict[str, int] = {}
@@ -93,7 +112,6 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(model: str, tmp_path
     layout = engine["layout"]
     assert (layout["groups"], layout["blocks_per_request"]) == (groups, per_request), layout
     assert layout["mismatch"] is False and layout["planned_tokens"] == int(cc["kv_cache_size_tokens"])
-    notes = " ".join(plan["notes"])
     if padding_line is None:  # tiny-llama4: no padding, and chunked groups bounded by chunk + in-flight tokens
         assert not re.search(r"Add \d+ padding layers", server.log_text()) and "padding" not in notes
         by_kind = {g["kind"]: g["blocks_per_request"] for g in plan["groups"]}

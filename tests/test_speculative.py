@@ -15,6 +15,7 @@ import pytest
 from vllm_capacity.geometry import GeometryError
 from vllm_capacity.sizing import NotModelled, Speculation, plan_kv
 from vllm_capacity.sizing.versions import (
+    MAMBA2_SPECULATIVE,
     MIXED_PAGE_SIZES,
     SLIDING_MTP_RETAINED,
     SPECULATIVE_RULES,
@@ -124,6 +125,45 @@ def test_mtp_on_a_gated_deltanet_hybrid_adds_a_full_layer_and_state_blocks() -> 
     state = lambda p: {x.blocks_per_request for x in p.groups if x.kind == "linear"}  # noqa: E731
     assert state(mtp) == {x + 2 for x in state(alone)}
     assert any("one per speculative token" in n for n in mtp.notes)
+
+
+# Granite-4.0-H-Tiny's Mamba-2 layers (ibm-granite/granite-4.0-h-tiny config.json): 4 attention layers in 40
+GRANITE_4_H = {
+    "architectures": ["GraniteMoeHybridForCausalLM"],
+    "num_hidden_layers": 40,
+    "layers_block_type": ["attention" if i in (5, 15, 25, 35) else "mamba" for i in range(40)],
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "hidden_size": 1536,
+    "mamba_n_heads": 48,
+    "mamba_d_head": 64,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 128,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_the_conv_state_keeps_room_for_the_speculative_tokens() -> None:
+    """vLLM 0.32's mamba2_state_shape / gated_delta_net_state_shape: ``conv_kernel - 1 + num_spec`` columns, which
+    can raise the attention block size (Mamba-1 keeps none). Checked on the real CPU server in
+    test_real_vllm_hybrid.py (the padding vLLM logs)."""
+    g = parse_config(GRANITE_4_H)
+    conv_dim = 2 * 1536 + 2 * 128  # mamba_expand x hidden + 2 groups' B and C
+    ssm = 48 * 64 * 128 * 2
+    assert g.state.state_bytes(1, 2, 2) == 3 * conv_dim * 2 + ssm
+    assert g.state.state_bytes(1, 2, 2, spec_columns=3) == 6 * conv_dim * 2 + ssm
+    kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 32768, "version": MAMBA2_SPECULATIVE}
+    alone, spec = plan_kv(g, **kw), plan_kv(g, **kw, speculation=Speculation("ngram", 3))
+    note = next(n for n in spec.notes if "Mamba cache mode" in n)
+    assert "conv state widened by 3 speculative token(s)" in note
+    # the attention page must hold the wider state: 4 KV heads x 128 x 2 x 2 B = 2 KiB a token, so 806,400 B of
+    # state need 393.75 tokens (400 in steps of 16) alone and 826,368 B need 403.5 (416) with the 3 columns
+    assert (alone.block_size, spec.block_size) == (400, 416)
+    assert spec.num_gpu_blocks < alone.num_gpu_blocks
+    with pytest.raises(NotModelled, match=r"beside Mamba-2 layers is planned from vLLM 0\.32\.0"):
+        plan_kv(g, **{**kw, "version": (0, 31, 0)}, speculation=Speculation("ngram", 3))
 
 
 def test_where_the_speculative_rules_apply() -> None:

@@ -45,12 +45,13 @@ class MambaGeometry:
         """Blocks per request in vLLM's 'align' mode: 2 states, and a prefill checkpoint from 0.32."""
         return 3 if checkpoint else 2
 
-    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
-        """Bytes of one request's state in one layer on one TP rank (vLLM's MambaSpec page size, unpadded)."""
+    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int, spec_columns: int = 0) -> int:
+        """Bytes of one request's state in one layer on one TP rank (vLLM's MambaSpec page size, unpadded).
+        ``spec_columns``: the speculative tokens the conv state keeps room for (``num_spec``)."""
         groups = self.n_groups + (0 if self.n_groups % tp == 0 else tp - self.n_groups)  # groups follow head shards
         conv_dim = _per_rank("conv dim", self.intermediate_size + 2 * groups * self.d_state, tp)
         heads = _per_rank("mamba heads", self.n_heads, tp)
-        conv = (self.conv_kernel - 1) * conv_dim * conv_dtype_bytes
+        conv = (self.conv_kernel - 1 + spec_columns) * conv_dim * conv_dtype_bytes
         ssm = heads * self.head_dim * self.d_state * ssm_dtype_bytes
         return conv + ssm
 
@@ -71,7 +72,8 @@ class Mamba1Geometry:
         """Blocks per request in vLLM's 'align' mode: 2 states (only Mamba-2 keeps a prefill checkpoint)."""
         return 2
 
-    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
+    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int, spec_columns: int = 0) -> int:
+        """As Mamba-2's; vLLM 0.32's ``mamba1_state_shape`` keeps no room for speculative tokens."""
         inner = _per_rank("mamba inner size", self.intermediate_size, tp)
         return (self.conv_kernel - 1) * inner * conv_dtype_bytes + inner * self.d_state * ssm_dtype_bytes
 
@@ -94,12 +96,13 @@ class GatedDeltaNetGeometry:
         """Blocks per request in vLLM's 'align' mode: 2 states (GDN keeps no prefill checkpoint block)."""
         return 2
 
-    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int) -> int:
+    def state_bytes(self, tp: int, conv_dtype_bytes: int, ssm_dtype_bytes: int, spec_columns: int = 0) -> int:
+        """As Mamba-2's, the conv state widened by ``spec_columns`` likewise."""
         conv_dim = _per_rank(
             "conv dim", 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim, tp
         )
         heads = _per_rank("value heads", self.num_v_heads, tp)
-        conv = (self.conv_kernel - 1) * conv_dim * conv_dtype_bytes
+        conv = (self.conv_kernel - 1 + spec_columns) * conv_dim * conv_dtype_bytes
         recurrent = heads * self.head_v_dim * self.head_k_dim * ssm_dtype_bytes
         return conv + recurrent
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from vllm_capacity.geometry import Geometry, Mamba1Geometry
+from vllm_capacity.geometry import Geometry, Mamba1Geometry, MambaGeometry
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
 from vllm_capacity.sizing.layers import (
@@ -35,6 +35,7 @@ from vllm_capacity.sizing.versions import (
     MAMBA1_PREFIX_CACHING,
     MAMBA1_V1,
     MAMBA2_CHECKPOINT,
+    MAMBA2_SPECULATIVE,
     SLIDING_MTP_RETAINED,
     STATE_BLOCK_ALIGNMENT,
     STATE_SPECULATIVE_BLOCKS,
@@ -102,13 +103,21 @@ def _state_layout(
         _check_mamba1(inputs, counts, geometry)
     mode = _resolve_mamba_mode(inputs.mamba_cache_mode, version)
     state_blocks = 1 if mode == "none" else geometry.state.align_blocks(version >= MAMBA2_CHECKPOINT)
+    spec_columns = 0
     if inputs.speculation is not None:
         if version < STATE_SPECULATIVE_BLOCKS:
             raise NotModelled(
                 f"{_where(geometry, counts)}: speculative decoding beside state layers is planned from vLLM "
                 f"{dotted(STATE_SPECULATIVE_BLOCKS)}, not before"
             )
+        if isinstance(geometry.state, MambaGeometry) and version < MAMBA2_SPECULATIVE:
+            raise NotModelled(
+                f"{_where(geometry, counts)}: speculative decoding beside Mamba-2 layers is planned from vLLM "
+                f"{dotted(MAMBA2_SPECULATIVE)} (it came with PR #33726, February 2026; earlier releases not read)"
+            )
         state_blocks += inputs.speculation.state_blocks
+        if not isinstance(geometry.state, Mamba1Geometry):  # the conv state keeps room for the drafted tokens
+            spec_columns = inputs.speculation.num_speculative_tokens
     ssm_name, why = _mamba_ssm_dtype(geometry, inputs.mamba_ssm_cache_dtype)
     conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
     try:
@@ -117,7 +126,7 @@ def _state_layout(
         raise ValueError(
             f"SSM state dtype {ssm_name!r}{f' ({why})' if why else ''} is not a dtype vLLM knows"
         ) from None
-    state = geometry.state.state_bytes(inputs.tp, conv_bytes, ssm_bytes)
+    state = geometry.state.state_bytes(inputs.tp, conv_bytes, ssm_bytes, spec_columns)
     # the attention block grows until its page holds a state (platforms/interface.py)
     align = max(16, block_size) if version >= STATE_BLOCK_ALIGNMENT else 16
     needed = align * math.ceil(state / (align * per_layer))
@@ -130,7 +139,8 @@ def _state_layout(
     padding = (block_size * per_layer - state) / state * 100
     notes.append(
         f"Mamba cache mode {mode} ({state_blocks} state block(s) per request and layer group"
-        f"{', one per speculative token included' if inputs.speculation else ''}); SSM state "
+        f"{', one per speculative token included' if inputs.speculation else ''}); "
+        f"{f'conv state widened by {spec_columns} speculative token(s); ' if spec_columns else ''}SSM state "
         f"{ssm_bytes} B per element{f' ({why})' if why else ''}; {geometry.state.name} page padded by "
         f"{padding:.2f}%"
     )

@@ -47,6 +47,11 @@ MIXED_PAGE_SIZES = (0, 11, 0)
 # MTP for Qwen3-Next, first served by vLLM 0.10.2 (the model card's qwen3_next_mtp recipe); speculation beside state
 # layers is refused before.
 STATE_SPECULATIVE_BLOCKS = (0, 10, 2)
+# ... and their conv state keeps ``num_speculative_tokens`` columns more (``mamba2_state_shape`` /
+# ``gated_delta_net_state_shape`` ``num_spec``, read in 0.32.0; Mamba-1 keeps none). Gated DeltaNet had it with
+# Qwen3-Next's MTP (the STATE_SPECULATIVE_BLOCKS release); Mamba-2 speculation came with PR #33726 (Nemotron-H MTP,
+# February 2026), the release not pinned: speculation beside Mamba-2 layers is refused before the one read.
+MAMBA2_SPECULATIVE = (0, 32, 0)
 # Sliding-window layers keep num_speculative_tokens - 1 tokens more for a multi-layer MTP drafter
 # (``extra_retained_tokens``): read in 0.32.0; sliding layers beside such a drafter are refused before.
 SLIDING_MTP_RETAINED = (0, 32, 0)
