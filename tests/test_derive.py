@@ -230,3 +230,30 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
     assert derive.planned_layout(None, cc, capacity_tokens=1, max_num_batched_tokens=None, device=None, **kw) is None
     tiny = {**kw, "pool_bytes": 2**20}  # one request of 32K does not fit: the planner refuses, no layout
     assert derive.planned_layout(llama, cc, capacity_tokens=1, max_num_batched_tokens=None, device=None, **tiny) is None
+
+
+def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
+    """A drafter shares the pool: the layout plans it from the engine's logged speculative config (an EAGLE head
+    assumed one layer of the model's shape, and said so); a server that speculates in a way the agent cannot size
+    gets no layout, never a false disagreement."""
+    from vllm_capacity.sizing import Speculation
+    from vllm_capacity.sources.vllm_parse import CacheConfig
+
+    llama = parse_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                          "head_dim": 128, "torch_dtype": "bfloat16"})  # fmt: skip
+    memory = 40 * 2**30
+    eagle = plan_kv(llama, kv_cache_memory_bytes=memory, max_model_len=32768, speculation=Speculation("eagle", 2))
+    cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
+    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 32, 0)), "tp": 1, "pp": 1,
+          "capacity_tokens": eagle.kv_cache_tokens, "max_num_batched_tokens": None, "device": "GPU"}  # fmt: skip
+    told = derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation(("eagle", 2), counting=True))
+    assert told is not None and told.mismatch is False and "eagle speculation of 2 tokens" in told.assumed
+    # the same server without the log: it counts drafts, so the agent knows it speculates but not how
+    assert derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation(None, counting=True)) is None
+    # before, the agent planned the model alone and flagged vLLM's capacity (33 layers, not 32) as a disagreement
+    alone = derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation())
+    assert alone is not None and alone.mismatch is True
+    # methods: n-gram family without layers, MTP of the model's own kind, a separate draft model not sized
+    assert derive.live_speculation(derive.LiveSpeculation(("suffix", 4)))[0] == Speculation("ngram", 4)
+    assert derive.live_speculation(derive.LiveSpeculation(("deepseek_mtp", 1)))[0] == Speculation("mtp", 1)
+    assert derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation(("draft_model", 2))) is None

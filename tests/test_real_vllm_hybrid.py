@@ -96,13 +96,11 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(case: str, tmp_path:
     assert report.returncode == 0, report.stderr
     notes = " ".join(plan["notes"])
     if speculation is not None:  # a state block per speculative token, and the conv state widened for them
-        (padding,) = re.findall(padding_line, server.log_text())
-        assert f"page padded by {padding}%" in notes and "conv state widened by 2 speculative token(s)" in notes
+        assert "conv state widened by 2 speculative token(s)" in notes
         assert {g["blocks_per_request"] for g in plan["groups"] if g["kind"] != "full"} == {
             (3 if model == "tiny-granite-hybrid" else 2) + NGRAM["num_speculative_tokens"]
         }
-        return  # the live agent is not told the speculative config (vLLM's metrics do not carry it)
-    # live: the agent's layout is the plan's, and it finds vLLM in agreement
+    # live: the agent's layout is the plan's (the speculation read from vLLM's log), and it finds vLLM in agreement
     (engine,) = json.loads(report.stdout)["engines"]
     groups: dict[str, int] = {}
     per_request: dict[str, int] = {}

@@ -38,9 +38,9 @@ CASES = {
 }
 
 
-def _report(url: str) -> dict:
+def _report(url: str, *extra: str) -> dict:
     done = subprocess.run(
-        [sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", url, "--format", "json"],
+        [sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", url, "--format", "json", *extra],
         capture_output=True,
         text=True,
         timeout=60,
@@ -74,7 +74,8 @@ def test_plan_and_report_agree_with_a_real_speculative_server(case: str, tmp_pat
             for i in range(3):
                 body = {"model": target, "prompt": f"the quick brown fox {i}", "max_tokens": 24, "ignore_eos": True}
                 assert httpx.post(server.url + "/v1/completions", json=body, timeout=120).status_code == 200
-            report = _report(server.url)
+            model_config = str(server.cache / target / "config.json")
+            report = _report(server.url, "--model-config", model_config, "--vllm-log", str(server.log_path))
         raw = httpx.get(server.url + "/metrics").text
     finally:
         server.stop()
@@ -104,6 +105,10 @@ def test_plan_and_report_agree_with_a_real_speculative_server(case: str, tmp_pat
             assert (len(alone["groups"]), alone["group_size"]) == (3, layout[1])
     if report is not None:
         (engine,) = report["engines"]
+        # live: the agent read the EAGLE config from vLLM's log and plans the head's layer in the pool too
+        layout = engine["layout"]
+        assert layout["mismatch"] is False and layout["planned_tokens"] == int(cc["kv_cache_size_tokens"])
+        assert "eagle speculation of 2 tokens" in layout["assumed"]
         sd = engine["spec_decode"]
         draft_tokens = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_draft_tokens_total")
         accepted = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_accepted_tokens_total")

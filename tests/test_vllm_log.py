@@ -186,6 +186,30 @@ def test_each_workers_figures_are_kept_by_its_pid() -> None:
     assert figures("(APIServer pid=1) INFO 10-03 non-default args: {}\n").ranks == {}
 
 
+def test_the_engines_speculative_config_line() -> None:
+    """The engine's config line names its speculative method and tokens (0.32 ``SpeculativeConfig.__repr__``, as the
+    real CPU server printed it), or None; a new start forgets it."""
+    figures = StartupFigures()
+    figures.feed(
+        "(EngineCore pid=2796) INFO 12-01 14:11:28 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
+        "model='/root/.cache/vllm-capacity/tiny-granite-hybrid', speculative_config=SpeculativeConfig(method='eagle', "
+        "model='/root/.cache/vllm-capacity/tiny-llama-eagle', num_spec_tokens=2), tokenizer='/root/.cache/x'"
+    )
+    assert figures.speculation == ("eagle", 2)
+    figures.feed("(APIServer pid=1) INFO 12-01 14:16:45 [api_utils.py:286] non-default args: {'model': 'x'}")
+    assert figures.speculation is None
+    figures.feed(
+        "(EngineCore pid=5210) INFO 12-01 14:16:51 [core.py:133] Initializing a V1 LLM engine (v0.32.0) with config: "
+        "model='/m', speculative_config=SpeculativeConfig(method='ngram', model=None, num_spec_tokens=3), tokenizer="
+    )
+    assert figures.speculation == ("ngram", 3)
+    figures.feed(
+        "(EngineCore pid=7) INFO [core.py:133] Initializing a V1 LLM engine with config: model='/m', "
+        "speculative_config=None, tokenizer='/m'"
+    )
+    assert figures.speculation is None
+
+
 def test_max_num_batched_tokens_from_the_scheduler_line() -> None:
     """The scheduler logs its resolved batch budget, whatever set it (0.32 scheduler.py, as the real CPU server
     printed it); a new start forgets the old one."""

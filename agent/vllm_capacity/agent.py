@@ -501,6 +501,7 @@ class Agent:
                 preempted=self._preempted,
                 max_num_seqs=self.max_num_seqs or self.figures.max_num_seqs,
                 max_num_batched_tokens=self.figures.max_num_batched_tokens,
+                speculation=self.figures.speculation,
             )
         )
         self._check_agreement(engines)

@@ -319,12 +319,18 @@ def planned_layout(
     pp: int,
     max_num_batched_tokens: int | None,
     device: str | None,
+    speculation: LiveSpeculation | None = None,
 ) -> PlannedLayout | None:
     """The planner's layout for vLLM's own budget (``kv_cache_memory_bytes``, else the log's KV memory), block size,
     dtype and Mamba settings; None without --model-config, a budget or max_model_len, or where the planner does not
     model the server. vLLM does not report its max_num_batched_tokens or async scheduling: the log's
-    "Chunked prefill is enabled with max_num_batched_tokens=N" (else 2048) and async off only on the CPU backend."""
+    "Chunked prefill is enabled with max_num_batched_tokens=N" (else 2048) and async off only on the CPU backend.
+    A speculative drafter is planned from the engine's logged config (:func:`live_speculation`); where it cannot be
+    known, there is no layout rather than one that would disagree with vLLM for want of it."""
     if geometry is None or cc is None or not max_model_len or not pool_bytes or cc.block_size is None:
+        return None
+    spec, spec_assumed = live_speculation(speculation or LiveSpeculation())
+    if spec is _UNKNOWN:
         return None
     batched = max_num_batched_tokens or 2048
     inputs = sizing.PlanInputs(
@@ -340,6 +346,7 @@ def planned_layout(
         mamba_cache_mode=cc.labels.get("mamba_cache_mode", "auto"),
         mamba_ssm_cache_dtype=cc.labels.get("mamba_ssm_cache_dtype", "auto"),
         async_scheduling=device != "CPU",
+        speculation=spec if isinstance(spec, sizing.Speculation) else None,
     )
     plan = _plan(geometry, inputs)
     if plan is None:
@@ -358,7 +365,41 @@ def planned_layout(
         mismatch = abs(capacity_tokens - plan.kv_cache_tokens) > plan.block_size * sum(groups.values())
     assumed = f"max_num_batched_tokens {batched}{'' if max_num_batched_tokens else ' (assumed)'}, async scheduling "
     assumed += "off (CPU backend)" if device == "CPU" else "on"
+    assumed += spec_assumed
     return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block)
+
+
+@dataclass(frozen=True)
+class LiveSpeculation:
+    """What the agent knows of the server's speculative decoding: the (method, num_speculative_tokens) vLLM's engine
+    logged (None: none, or no log) and whether vLLM counts speculative drafts (its spec_decode_* counters, there
+    from the start when it speculates)."""
+
+    logged: tuple[str, int] | None = None
+    counting: bool = False
+
+
+_UNKNOWN = object()
+_WITHOUT_LAYERS = ("ngram", "ngram_gpu", "suffix")  # drafts from the prompt: no KV layers of their own
+
+
+def live_speculation(seen: LiveSpeculation) -> tuple[object, str]:
+    """The drafter to plan the live layout with: a Speculation, None (no speculation) or _UNKNOWN (speculating in
+    a way the agent cannot size: a separate draft model, whose config it does not have, or a method the log did not
+    name); and what was assumed, for the layout's ``assumed`` text."""
+    if seen.logged is None:
+        return (_UNKNOWN, "") if seen.counting else (None, "")
+    method, tokens = seen.logged
+    if method in _WITHOUT_LAYERS:
+        return sizing.Speculation("ngram", tokens), f", {method} speculation of {tokens} tokens"
+    if method == "mtp" or method.endswith("_mtp"):
+        return sizing.Speculation("mtp", tokens), f", MTP speculation of {tokens} tokens (the model's own layers)"
+    if method in ("eagle", "eagle3"):
+        return (
+            sizing.Speculation(method, tokens),
+            f", {method} speculation of {tokens} tokens (its head assumed one layer shaped like the model's)",
+        )
+    return _UNKNOWN, ""
 
 
 def cpu_capacity_tokens(
@@ -430,6 +471,7 @@ def derive_engine(
     preempted: bool = False,
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    speculation: tuple[str, int] | None = None,
 ) -> EngineCapacity:
     """One engine's figures. ``rules``: the engine and release whose sizing rules apply (:func:`sizing_rules`;
     None: the metric generation's); ``preemptions_total``: vLLM's counter as the agent carries it over restarts."""
@@ -468,6 +510,7 @@ def derive_engine(
         pp=pp,
         max_num_batched_tokens=max_num_batched_tokens,
         device=startup.device if startup is not None else None,
+        speculation=LiveSpeculation(speculation, counting=m.spec_draft_tokens_total is not None),
     )
     if asleep:  # sleep mode freed the KV cache: none of it is there to serve, and no limit or headroom applies
         limit, room, binding = None, None, None
@@ -569,6 +612,7 @@ def derive_all(
     preempted: frozenset[tuple[str, str]] = frozenset(),
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
+    speculation: tuple[str, int] | None = None,
 ) -> list[EngineCapacity]:
     """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``startup`` engine -> its
     startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation);
@@ -602,6 +646,7 @@ def derive_all(
                 preempted=(m.model_name, m.engine) in preempted,
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
+                speculation=speculation,
             )
         )
     return out

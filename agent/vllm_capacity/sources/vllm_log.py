@@ -52,6 +52,11 @@ _NEW_START = re.compile(r"non-default args:|vLLM API server version")
 _MAX_NUM_SEQS = re.compile(r"'max_num_seqs': (\d+)")
 # the scheduler's resolved batch budget, whatever set it (scheduler.py): it bounds sliding and chunked layers' blocks
 _BATCHED_TOKENS = re.compile(r"Chunked prefill is enabled with max_num_batched_tokens=(\d+)")
+# the engine's "Initializing a V1 LLM engine (v0.32.0) with config: ... speculative_config=SpeculativeConfig(
+# method='eagle', model='/models/head', num_spec_tokens=2), ..." (SpeculativeConfig.__repr__), or "=None"
+_SPECULATIVE = re.compile(
+    r"speculative_config=(?:None\b|SpeculativeConfig\(method='?([\w.-]+)'?,.*?num_spec_tokens=(\d+)\))"
+)
 
 
 def _number(text: str) -> float:
@@ -136,6 +141,8 @@ class StartupFigures:
     max_num_seqs: int | None = None
     #: the scheduler's max_num_batched_tokens, from "Chunked prefill is enabled with max_num_batched_tokens=N"
     max_num_batched_tokens: int | None = None
+    #: the engine's speculative method and num_speculative_tokens, from its config line; None: none, or not seen
+    speculation: tuple[str, int] | None = None
 
     def feed(self, line: str) -> None:
         if _NEW_START.search(line):
@@ -145,10 +152,13 @@ class StartupFigures:
             seqs = _MAX_NUM_SEQS.search(line)
             self.max_num_seqs = int(seqs[1]) if seqs else None
             self.max_num_batched_tokens = None
+            self.speculation = None
             return
         if batched := _BATCHED_TOKENS.search(line):
             self.max_num_batched_tokens = int(batched[1])
             return
+        if spec := _SPECULATIVE.search(line):
+            self.speculation = (spec[1], int(spec[2])) if spec[1] else None
         engine, found = parse_line(line)
         if not found:
             return
