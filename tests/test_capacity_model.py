@@ -819,3 +819,36 @@ def test_deepseek_sparse_attention_indexer_is_named_not_guessed() -> None:
         plan_kv(v32, kv_cache_memory_bytes=40 * GiB, max_model_len=163840)
     assert model_kv_bytes_per_token(v32, "auto", 8, 1) is None
     assert model_kv_bytes_per_token(parse_config(DEEPSEEK_V2_LITE), "auto", 8, 1) == 27 * 576 * 2
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        # Gemma 4 (transformers' Gemma4TextConfig): full layers of global_head_dim, 512 unless the config says
+        ({"model_type": "gemma4_text", "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+          "sliding_window": 512}, r"full-attention layers cache 8 KV heads x 512 \(global_head_dim\)"),
+        ({"model_type": "gemma4_text", "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+          "sliding_window": 512, "global_head_dim": 128, "num_global_key_value_heads": 2}, "2 KV heads x 128"),
+        # MiMo-V2-Flash: sliding layers of their own shape
+        ({"hybrid_layer_pattern": [1, 1, 1, 1, 1, 0], "swa_head_dim": 192, "swa_num_key_value_heads": 8},
+         "swa_head_dim 192"),
+        ({"v_head_dim": 64}, r"V heads are 64 wide and its K heads 128"),
+    ],
+)  # fmt: skip
+def test_layers_of_other_shapes_are_named_not_sized_like_the_first(overrides: dict, reason: str) -> None:
+    """Where layers cache K/V of another shape than num_key_value_heads x head_dim (vLLM 0.32 gives them pages of
+    their own size), the plan refuses by name instead of sizing every layer alike; the live agent gives no
+    model_config bytes per token."""
+    from vllm_capacity.derive import model_kv_bytes_per_token
+
+    cfg = {"num_hidden_layers": 6, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+           "torch_dtype": "bfloat16", **overrides}  # fmt: skip
+    g = parse_config(cfg)
+    with pytest.raises(NotModelled, match=reason):
+        plan_kv(g, kv_cache_memory_bytes=40 * GiB, max_model_len=32768)
+    assert model_kv_bytes_per_token(g, "auto", 1, 1) is None
+    # the same model with one shape is planned
+    same = {k: v for k, v in cfg.items() if k not in ("hybrid_layer_pattern", "swa_head_dim", "v_head_dim")}
+    if same.get("model_type") == "gemma4_text":
+        same |= {"global_head_dim": 128, "num_global_key_value_heads": 8}
+    assert plan_kv(parse_config(same), kv_cache_memory_bytes=40 * GiB, max_model_len=32768).kv_cache_tokens > 0

@@ -142,7 +142,7 @@ class Geometry:
     mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (num_nextn_predict_layers), 0 if none
     attention_chunk_size: int | None = None  # of the "chunked" layers (Llama 4)
     mla_heads: int | None = None  # an MLA model's attention heads (num_attention_heads), which vLLM < 0.7.1 cached
-    unmodelled_cache: str | None = None  # a per-token cache beside K/V / the latent that the planner does not size
+    unmodelled_cache: str | None = None  # why the planner cannot size this model's cache (a cache or shape it lacks)
     linear: LinearShapes | None = None  # the linear layers' sizes (LoRA slots), when config.json gives them all
     encoder_width: int | None = None  # a multimodal model's encoder output per token (the decoder's hidden size)
     multimodal: str | None = None  # the config's encoder section (vision_config, audio_config), None for text only

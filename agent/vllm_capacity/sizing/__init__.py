@@ -85,10 +85,7 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     if inputs.kv_cache_memory_bytes <= 0:
         raise ImpossiblePlan(f"no memory is left for the KV cache ({inputs.kv_cache_memory_bytes / GiB:.2f} GiB)")
     if geometry.unmodelled_cache:
-        raise NotModelled(
-            f"{geometry.architecture}: {geometry.unmodelled_cache} is a per-token cache the planner does not size "
-            "(no published start-up log with its KV memory to check a formula against)"
-        )
+        raise NotModelled(f"{geometry.architecture}: {geometry.unmodelled_cache}")
     if not set(geometry.layer_kinds) & {"full", "sliding", "chunked", "mla"}:
         raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
     draft: DraftPages | None = None

@@ -218,6 +218,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             raise GeometryError("num_kv_shared_layers", f"{shared!r} is not a count below {num_layers}")
         kinds = kinds[: num_layers - shared] + ["shared"] * shared
     state = (_mamba2(cfg) or _mamba1(cfg)) if "mamba" in kinds else _gated_delta_net(cfg) if "linear" in kinds else None
+    other = _other_shapes(cfg, head_dim, kv_heads)
     return Geometry(
         str(architecture),
         num_layers,
@@ -230,6 +231,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         state,
         _mtp_layers(cfg),
         chunk if "chunked" in kinds else None,
+        unmodelled_cache=other,
         **_beside_the_cache(doc, cfg),
     )
 
@@ -283,8 +285,36 @@ def _sparse_indexer(cfg: dict[str, Any]) -> str | None:
     if cfg.get("index_topk") is None and cfg.get("index_head_dim") is None:
         return None
     return (
-        f"DeepSeek sparse attention's indexer cache (index_head_dim {cfg.get('index_head_dim')}) beside the MLA latent"
+        f"DeepSeek sparse attention's indexer cache (index_head_dim {cfg.get('index_head_dim')}) beside the MLA latent "
+        "is a per-token cache the planner does not size (no published start-up log with its KV memory to check a "
+        "formula against)"
     )
+
+
+def _other_shapes(cfg: dict[str, Any], head_dim: int, kv_heads: int) -> str | None:
+    """Layers whose K/V shape is not ``kv_heads x head_dim`` for K and V alike, which vLLM 0.32 caches in pages of
+    another size (its ``unify_kv_cache_spec_page_size`` / per-layer specs): named, so that the plan refuses rather
+    than sizing every layer like the first kind."""
+    if cfg.get("model_type") in ("gemma4", "gemma4_text"):
+        # transformers' Gemma4TextConfig: full-attention layers take global_head_dim (512 unless the config says) and,
+        # with attention_k_eq_v, num_global_key_value_heads
+        wide = cfg.get("global_head_dim", 512)
+        heads = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v", True) else None
+        if wide != head_dim or (heads is not None and heads != kv_heads):
+            return (
+                f"its full-attention layers cache {heads or kv_heads} KV heads x {wide} (global_head_dim), its "
+                f"sliding ones {kv_heads} x {head_dim}: pages of two sizes, which the planner does not size"
+            )
+    if cfg.get("hybrid_layer_pattern") is not None or cfg.get("swa_head_dim") is not None:  # MiMo-V2
+        return (
+            f"its sliding layers have a shape of their own (swa_head_dim {cfg.get('swa_head_dim')}, "
+            f"swa_num_key_value_heads {cfg.get('swa_num_key_value_heads')}): pages of two sizes, which the planner "
+            "does not size"
+        )
+    v_dim = cfg.get("v_head_dim")
+    if v_dim is not None and v_dim != head_dim:
+        return f"its V heads are {v_dim} wide and its K heads {head_dim} (v_head_dim): the planner sizes K and V alike"
+    return None
 
 
 def _mtp_layers(cfg: dict[str, Any]) -> int:
