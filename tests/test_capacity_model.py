@@ -824,11 +824,6 @@ def test_deepseek_sparse_attention_indexer_is_named_not_guessed() -> None:
 @pytest.mark.parametrize(
     ("overrides", "reason"),
     [
-        # Gemma 4 (transformers' Gemma4TextConfig): full layers of global_head_dim, 512 unless the config says
-        ({"model_type": "gemma4_text", "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
-          "sliding_window": 512}, r"full-attention layers cache 8 KV heads x 512 \(global_head_dim\)"),
-        ({"model_type": "gemma4_text", "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
-          "sliding_window": 512, "global_head_dim": 128, "num_global_key_value_heads": 2}, "2 KV heads x 128"),
         # MiMo-V2-Flash: sliding layers of their own shape
         ({"hybrid_layer_pattern": [1, 1, 1, 1, 1, 0], "swa_head_dim": 192, "swa_num_key_value_heads": 8},
          "swa_head_dim 192"),
@@ -849,6 +844,46 @@ def test_layers_of_other_shapes_are_named_not_sized_like_the_first(overrides: di
     assert model_kv_bytes_per_token(g, "auto", 1, 1) is None
     # the same model with one shape is planned
     same = {k: v for k, v in cfg.items() if k not in ("hybrid_layer_pattern", "swa_head_dim", "v_head_dim")}
-    if same.get("model_type") == "gemma4_text":
-        same |= {"global_head_dim": 128, "num_global_key_value_heads": 8}
     assert plan_kv(parse_config(same), kv_cache_memory_bytes=40 * GiB, max_model_len=32768).kv_cache_tokens > 0
+
+
+GEMMA4 = {  # a Gemma 4 text config as transformers' Gemma4TextConfig reads it: 5 sliding layers to 1 full
+    "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "num_hidden_layers": 12,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "sliding_window": 1024,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
+    """Gemma 4's full-attention layers cache K/V of global_head_dim (512 unless the config says; with
+    attention_k_eq_v, num_global_key_value_heads heads): pages twice the sliding layers', which vLLM 0.32
+    (unify_kv_cache_spec_page_size) gives blocks twice as long, so that every page has one size. Checked exactly
+    on the real CPU server on a tiny Gemma 4 (test_real_vllm_hybrid.py)."""
+    from vllm_capacity.sizing.versions import UNIFIED_PAGE_SIZES
+
+    g = parse_config(GEMMA4)
+    assert g.full_shape == (8, 512)
+    # transformers 5 writes the same as per-layer overrides, which read the same
+    written = {**GEMMA4, "per_layer_config": {str(i): {"head_dim": 512} for i in (5, 11)}}
+    assert parse_config(written).full_shape == (8, 512)
+    kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 32768, "max_num_batched_tokens": 8192}
+    plan = plan_kv(g, **kw, version=UNIFIED_PAGE_SIZES)
+    page = 16 * 2 * 8 * 512 * 2  # the full layers' page: 16 tokens x K and V x 8 heads x 512 x 2 B
+    assert plan.page_bytes == page and plan.num_gpu_blocks == 20 * GiB // (page * 2)  # groups of 2 layers
+    by_kind = {grp.kind: grp.blocks_per_request for grp in plan.groups}
+    # a sliding block holds 32 tokens: window - 1 + 2 x 8192 in flight, and one block for the straddle
+    assert by_kind == {"sliding": math.ceil((1023 + 16384) / 32) + 1, "full": 32768 // 16}
+    assert plan.kv_bytes_per_token == 2 * 2 * 8 * 512 * 2  # the 2 full layers are what grows with the context
+    assert any("32-token blocks" in n for n in plan.notes)
+    # with attention_k_eq_v the full layers take num_global_key_value_heads
+    k_eq_v = parse_config({**GEMMA4, "attention_k_eq_v": True, "num_global_key_value_heads": 2})
+    assert k_eq_v.full_shape == (2, 512)
+    # a page that is not a whole multiple is padded: 3 heads x 512 against 8 x 256
+    odd = plan_kv(parse_config({**GEMMA4, "per_layer_config": {"5": {"num_key_value_heads": 3, "head_dim": 512},
+                                                              "11": {"num_key_value_heads": 3, "head_dim": 512}}}),
+                  **kw, version=UNIFIED_PAGE_SIZES)  # fmt: skip
+    assert any("padded from" in n for n in odd.notes)
+    with pytest.raises(NotModelled, match=r"planned from vLLM 0\.32\.0"):
+        plan_kv(g, **kw, version=(0, 31, 0))
+    with pytest.raises(GeometryError, match="per_layer_config"):
+        parse_config({**GEMMA4, "per_layer_config": {"0": {"head_dim": 512}}})  # a sliding layer of another shape

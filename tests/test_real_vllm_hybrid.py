@@ -3,6 +3,8 @@
 
 * tiny-gemma3: 3 sliding-window layers (window 64) and 2 full-attention layers: 3 groups of 2 layers, one padded;
   a small --max-num-batched-tokens so that the sliding groups' per-request bound is below max_model_len.
+* tiny-gemma4: 2 sliding-window layers (2 KV heads x 32) and 3 full-attention layers of global_head_dim 64: pages of
+  two sizes, the sliding layers in blocks twice as long (vLLM 0.32 unify_kv_cache_spec_page_size).
 * tiny-granite-hybrid: 3 Mamba-2 layers and 1 attention layer: the Mamba page padded to the attention page, and the
   'align' Mamba cache mode that prefix caching selects (3 blocks per request and Mamba-2 group).
 * tiny-qwen3-next: 3 Gated DeltaNet layers and 1 attention layer (2 blocks per request and GDN group in 'align').
@@ -40,6 +42,7 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 4,
 CASES = {
     # case: (model, max_model_len, vLLM's extra arguments, what vLLM logs about padding, --speculative-config)
     "tiny-gemma3": ("tiny-gemma3", 2048, ("--max-num-batched-tokens", "256"), r"Add (\d+) padding layers", None),
+    "tiny-gemma4": ("tiny-gemma4", 1024, ("--max-num-batched-tokens", "256"), r"Add (\d+) padding layers", None),
     "tiny-granite-hybrid": ("tiny-granite-hybrid", 1024, (), MAMBA_PADDING, None),
     "tiny-qwen3-next": ("tiny-qwen3-next", 1024, (), MAMBA_PADDING, None),
     "tiny-llama4": ("tiny-llama4", 2048, ("--max-num-batched-tokens", "256"), None, None),
@@ -119,7 +122,10 @@ def test_plan_agrees_with_the_real_server_on_a_hybrid_model(case: str, tmp_path:
         return
     # the padding vLLM logs is the padding the plan explains
     (padding,) = re.findall(padding_line, server.log_text())
-    if model == "tiny-gemma3":
+    if model == "tiny-gemma4":  # the full layers' pages are twice the sliding ones': 2-block-long sliding blocks
+        assert f"{padding} padding layer(s) for the full layers" in notes
+        assert "vLLM gives them 256-token blocks" in notes and int(cc["block_size"]) == 128
+    elif model == "tiny-gemma3":
         assert f"{padding} padding layer(s) for the sliding layers" in notes
         # the sliding groups stop at window - 1 + max_num_batched_tokens: fewer blocks than a full group
         by_kind = {g["kind"]: g["blocks_per_request"] for g in plan["groups"]}

@@ -146,6 +146,7 @@ class Geometry:
     linear: LinearShapes | None = None  # the linear layers' sizes (LoRA slots), when config.json gives them all
     encoder_width: int | None = None  # a multimodal model's encoder output per token (the decoder's hidden size)
     multimodal: str | None = None  # the config's encoder section (vision_config, audio_config), None for text only
+    full_shape: tuple[int, int] | None = None  # (KV heads, head_dim) of the full-attention layers, where not the rest's
 
     @property
     def kv_layers(self) -> int:

@@ -1,12 +1,16 @@
-"""Build three tiny random-weight hybrid models beside the tiny Llama, sharing its tokenizer (no hub access needed).
+"""Build tiny random-weight hybrid models beside the tiny Llama, sharing its tokenizer (no hub access needed).
 
-usage: make_tiny_hybrids.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-gemma3, tiny-granite-hybrid,
-                                        tiny-qwen3-next, tiny-llama4 and tiny-jamba, each with a .complete marker)
+usage: make_tiny_hybrids.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-gemma3, tiny-gemma4,
+                                        tiny-granite-hybrid, tiny-qwen3-next, tiny-llama4 and tiny-jamba, each with a
+                                        .complete marker)
 
 They exercise vLLM's hybrid KV-cache groups on the real CPU server, for the planner's tests:
 
 * tiny-gemma3: Gemma 3 text model, 5 layers (3 sliding-window of 64 tokens, 2 full attention), 2 KV heads x 32, bf16.
   vLLM groups them in 3 groups of 2 layers, one of them padded.
+* tiny-gemma4: Gemma 4 text model, 5 layers (2 sliding-window of 64 tokens with 2 KV heads x 32; 3 full attention
+  with 2 KV heads x 64, global_head_dim, transformers making the last layer full), bf16: pages of two sizes, which
+  vLLM unifies by giving the sliding layers blocks twice as long.
 * tiny-granite-hybrid: Granite-4.0-H shape, 4 layers (3 Mamba-2, 1 attention), 2 KV heads x 32, bf16, Mamba-2
   state: 8 heads x 32 x 16 (SSM) and a 4-tap conv over 256 + 2 x 16 channels. vLLM pads the Mamba page to the
   attention page.
@@ -29,6 +33,8 @@ import torch
 from transformers import (
     Gemma3ForCausalLM,
     Gemma3TextConfig,
+    Gemma4ForCausalLM,
+    Gemma4TextConfig,
     GraniteMoeHybridConfig,
     GraniteMoeHybridForCausalLM,
     JambaConfig,
@@ -68,6 +74,19 @@ gemma = Gemma3TextConfig(
     layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention", "sliding_attention"],
 )
 save("tiny-gemma3", Gemma3ForCausalLM(gemma))
+gemma4 = Gemma4TextConfig(
+    **tokens,
+    **attention,
+    head_dim=32,
+    global_head_dim=64,
+    num_hidden_layers=5,
+    sliding_window=64,
+    max_position_embeddings=4096,
+    vocab_size_per_layer_input=tokens["vocab_size"],
+    hidden_size_per_layer_input=0,  # no per-layer embeddings
+    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention", "full_attention"],
+)
+save("tiny-gemma4", Gemma4ForCausalLM(gemma4))
 granite = GraniteMoeHybridConfig(
     **tokens,
     **attention,

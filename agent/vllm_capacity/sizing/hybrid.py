@@ -40,6 +40,7 @@ from vllm_capacity.sizing.versions import (
     STATE_BLOCK_ALIGNMENT,
     STATE_SPECULATIVE_BLOCKS,
     TOKENS_FROM_CONCURRENCY,
+    UNIFIED_PAGE_SIZES,
     dotted,
 )
 from vllm_capacity.units import GiB, MiB
@@ -49,11 +50,14 @@ def plan_hybrid(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     """vLLM's blocks, tokens and maximum concurrency for a model with more than one kind of cache layer."""
     counts = _buckets(geometry, inputs)
     notes: list[str] = []
-    per_layer = bytes_per_token_per_layer(geometry, inputs.tp, kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype))
+    dtype_bytes = kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype)
+    per_layer = bytes_per_token_per_layer(geometry, inputs.tp, dtype_bytes)
+    full_per_layer = _full_bytes_per_token(geometry, counts, inputs, dtype_bytes) or per_layer
     block_size, state_blocks = _state_layout(geometry, counts, inputs, per_layer, notes)
     group_size = _group_size(counts, inputs.version)
     in_flight = _in_flight_tokens(inputs)
-    specs = _layer_specs(geometry, inputs, block_size, state_blocks, in_flight)
+    block_sizes, page = _unified_pages(counts, block_size, per_layer, full_per_layer, notes)
+    specs = _layer_specs(geometry, inputs, block_sizes, state_blocks, in_flight)
     groups = _groups(counts, group_size, specs, notes)
     batches = f"max_num_batched_tokens {inputs.max_num_batched_tokens:,}" + (
         " x 2 batches under async scheduling" if in_flight != inputs.max_num_batched_tokens else ""
@@ -68,7 +72,49 @@ def plan_hybrid(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
             f"chunked local attention layers hold at most chunk {geometry.attention_chunk_size:,} + {in_flight:,} "
             f"in-flight tokens per request ({batches})"
         )
-    return _pool(counts, groups, group_size, block_size * per_layer, per_layer, block_size, inputs, notes)
+    return _pool(counts, groups, group_size, page, full_per_layer, block_size, inputs, notes)
+
+
+def _full_bytes_per_token(geometry: Geometry, counts: Counter[str], inputs: PlanInputs, dtype_bytes: int) -> int | None:
+    """Bytes per token of one full-attention layer where its shape is not the other layers' (Gemma 4's
+    global_head_dim); None where they share one. Planned where vLLM's page unification was read."""
+    if geometry.full_shape is None:
+        return None
+    heads, head_dim = geometry.full_shape
+    if inputs.version < UNIFIED_PAGE_SIZES:
+        raise NotModelled(
+            f"{_where(geometry, counts)}: full-attention layers of another shape are planned from vLLM "
+            f"{dotted(UNIFIED_PAGE_SIZES)}, whose unify_kv_cache_spec_page_size was read"
+        )
+    if set(counts) & set(STATE_KINDS) or inputs.speculation is not None:
+        raise NotModelled(
+            f"{_where(geometry, counts)}: full-attention layers of another shape beside state layers or a drafter "
+            "are not modelled"
+        )
+    return 2 * max(1, heads // inputs.tp) * head_dim * dtype_bytes
+
+
+def _unified_pages(
+    counts: Counter[str], block_size: int, per_layer: int, full_per_layer: int, notes: list[str]
+) -> tuple[dict[str, int], int]:
+    """Each kind's block size and the one page size every layer then has (0.32 ``unify_kv_cache_spec_page_size``):
+    a kind whose page is a whole fraction of the largest takes that many times the block size; another is padded."""
+    pages = {kind: block_size * (full_per_layer if kind == "full" else per_layer) for kind in counts}
+    pages = {kind: page for kind, page in pages.items() if kind not in STATE_KINDS}  # a state page is padded to it
+    largest = max(pages.values())
+    sizes = dict.fromkeys(counts, block_size)
+    for kind, page in pages.items():
+        if page == largest:
+            continue
+        if largest % page:
+            notes.append(f"the {kind} layers' page is padded from {page:,} to {largest:,} bytes")
+            continue
+        sizes[kind] = block_size * (largest // page)
+        notes.append(
+            f"the {kind} layers' pages are {largest // page}x smaller than the largest: vLLM gives them "
+            f"{sizes[kind]}-token blocks of the same {largest:,} bytes"
+        )
+    return sizes, largest
 
 
 def _buckets(geometry: Geometry, inputs: PlanInputs) -> Counter[str]:
@@ -178,18 +224,19 @@ def _in_flight_tokens(inputs: PlanInputs) -> int:
 
 
 def _layer_specs(
-    geometry: Geometry, inputs: PlanInputs, block_size: int, state_blocks: int, in_flight: int
+    geometry: Geometry, inputs: PlanInputs, block_sizes: dict[str, int], state_blocks: int, in_flight: int
 ) -> dict[str, LayerSpec]:
-    """Each kind's spec: what a request holds in one of its layers."""
+    """Each kind's spec: what a request holds in one of its layers, in blocks of the kind's own size."""
     lookahead = inputs.lookahead_tokens
     window = geometry.sliding_window or 0
+    mml = inputs.max_model_len
     return {
-        "full": FullAttentionSpec(block_size, inputs.max_model_len, lookahead),
+        "full": FullAttentionSpec(block_sizes.get("full", 0), mml, lookahead),
         "sliding": SlidingWindowSpec(
-            block_size, inputs.max_model_len, window, in_flight, lookahead, _retained(geometry, inputs)
+            block_sizes.get("sliding", 0), mml, window, in_flight, lookahead, _retained(geometry, inputs)
         ),
         "chunked": ChunkedLocalSpec(
-            block_size, inputs.max_model_len, geometry.attention_chunk_size or 0, in_flight, lookahead
+            block_sizes.get("chunked", 0), mml, geometry.attention_chunk_size or 0, in_flight, lookahead
         ),
         "mamba": StateSpec("mamba", state_blocks),
         "linear": StateSpec("linear", state_blocks),

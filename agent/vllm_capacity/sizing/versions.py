@@ -79,3 +79,7 @@ LORA_SLOTS = (0, 32, 0)
 # initialized with a budget of N tokens", ``GPUModelRunner.profile_run``): read in 0.32.0; before, refused (V0 had no
 # encoder cache: its profile ran the encoder inside the model's peak).
 ENCODER_CACHE_PROFILE = (0, 32, 0)
+# Layers of another page size (Gemma 4's full-attention layers of global_head_dim): the smaller pages take a whole
+# multiple of the block size so that every page is the largest's, else they are padded to it
+# (``unify_kv_cache_spec_page_size``): read in 0.32.0; refused before.
+UNIFIED_PAGE_SIZES = (0, 32, 0)

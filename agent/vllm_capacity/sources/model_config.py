@@ -218,7 +218,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             raise GeometryError("num_kv_shared_layers", f"{shared!r} is not a count below {num_layers}")
         kinds = kinds[: num_layers - shared] + ["shared"] * shared
     state = (_mamba2(cfg) or _mamba1(cfg)) if "mamba" in kinds else _gated_delta_net(cfg) if "linear" in kinds else None
-    other = _other_shapes(cfg, head_dim, kv_heads)
+    full_shape = _full_layer_shape(cfg, kinds, head_dim, kv_heads)
     return Geometry(
         str(architecture),
         num_layers,
@@ -231,8 +231,9 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         state,
         _mtp_layers(cfg),
         chunk if "chunked" in kinds else None,
-        unmodelled_cache=other,
+        unmodelled_cache=_other_shapes(cfg, head_dim),
         **_beside_the_cache(doc, cfg),
+        full_shape=full_shape,
     )
 
 
@@ -291,20 +292,47 @@ def _sparse_indexer(cfg: dict[str, Any]) -> str | None:
     )
 
 
-def _other_shapes(cfg: dict[str, Any], head_dim: int, kv_heads: int) -> str | None:
-    """Layers whose K/V shape is not ``kv_heads x head_dim`` for K and V alike, which vLLM 0.32 caches in pages of
-    another size (its ``unify_kv_cache_spec_page_size`` / per-layer specs): named, so that the plan refuses rather
-    than sizing every layer like the first kind."""
+_LAYER_OVERRIDES = {"head_dim", "num_key_value_heads"}
+
+
+def _full_layer_shape(cfg: dict[str, Any], kinds: list[str], head_dim: int, kv_heads: int) -> tuple[int, int] | None:
+    """Gemma 4's full-attention layers, whose K/V shape is not the sliding layers': ``per_layer_config`` (layer index
+    -> head_dim / num_key_value_heads, as transformers 5 writes it) or ``global_head_dim`` (512 unless the config
+    says) and, with ``attention_k_eq_v``, ``num_global_key_value_heads`` (transformers' Gemma4TextConfig). None
+    where every layer has the first kind's shape."""
+    overrides = cfg.get("per_layer_config")
+    if overrides:
+        if not isinstance(overrides, dict):
+            raise GeometryError("per_layer_config", f"{overrides!r} is not a map of layer index to overrides")
+        shapes, full = set(), 0
+        for index, override in overrides.items():
+            i = int(index) if str(index).isdigit() else -1
+            if not 0 <= i < len(kinds) or not isinstance(override, dict) or set(override) - _LAYER_OVERRIDES:
+                raise GeometryError(
+                    f"per_layer_config[{index}]",
+                    f"{override!r}: only head_dim and num_key_value_heads of a layer in range are understood",
+                )
+            if kinds[i] == "shared":
+                continue  # reuses an earlier layer's cache: holds none of its own
+            if kinds[i] != "full":
+                raise GeometryError(f"per_layer_config[{index}]", f"a {kinds[i]} layer of another shape")
+            shapes.add((override.get("num_key_value_heads", kv_heads), override.get("head_dim", head_dim)))
+            full += 1
+        if len(shapes) > 1 or full != kinds.count("full"):
+            raise GeometryError("per_layer_config", "full-attention layers of more than one shape")
+        (shape,) = shapes
+        return None if shape == (kv_heads, head_dim) else shape
     if cfg.get("model_type") in ("gemma4", "gemma4_text"):
-        # transformers' Gemma4TextConfig: full-attention layers take global_head_dim (512 unless the config says) and,
-        # with attention_k_eq_v, num_global_key_value_heads
         wide = cfg.get("global_head_dim", 512)
-        heads = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v", True) else None
-        if wide != head_dim or (heads is not None and heads != kv_heads):
-            return (
-                f"its full-attention layers cache {heads or kv_heads} KV heads x {wide} (global_head_dim), its "
-                f"sliding ones {kv_heads} x {head_dim}: pages of two sizes, which the planner does not size"
-            )
+        heads = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v", False) else None
+        shape = (heads or kv_heads, wide)
+        return None if shape == (kv_heads, head_dim) else shape
+    return None
+
+
+def _other_shapes(cfg: dict[str, Any], head_dim: int) -> str | None:
+    """Layers whose K/V shape the planner does not read (vLLM 0.32 caches them in pages of another size): named, so
+    that the plan refuses rather than sizing every layer like the first kind."""
     if cfg.get("hybrid_layer_pattern") is not None or cfg.get("swa_head_dim") is not None:  # MiMo-V2
         return (
             f"its sliding layers have a shape of their own (swa_head_dim {cfg.get('swa_head_dim')}, "
