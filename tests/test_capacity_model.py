@@ -885,5 +885,10 @@ def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
     assert any("padded from" in n for n in odd.notes)
     with pytest.raises(NotModelled, match=r"planned from vLLM 0\.32\.0"):
         plan_kv(g, **kw, version=(0, 31, 0))
+    with pytest.raises(NotModelled, match=r"planned from vLLM 0\.32\.0"):
+        plan_kv(g, **kw, engine="v0", version=(0, 9, 2))  # not sized as one group of the first shape either
+    # every layer a full one: one shape, the full layers'
+    full = parse_config({**GEMMA4, "layer_types": ["full_attention"] * 12})
+    assert plan_kv(full, **kw).kv_bytes_per_token == 12 * 2 * 8 * 512 * 2
     with pytest.raises(GeometryError, match="per_layer_config"):
         parse_config({**GEMMA4, "per_layer_config": {"0": {"head_dim": 512}}})  # a sliding layer of another shape

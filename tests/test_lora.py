@@ -143,8 +143,12 @@ def test_a_multimodal_model_needs_its_encoder_cache_to_plan_from_the_gpu(tmp_pat
     assert budget["encoder_cache_bytes"] == 16384 * 3584 * 2  # tokens x the decoder's hidden size x bf16
     none = json.loads(_plan(tmp_path, QWEN25_VL_7B, *GPU, "--encoder-cache-tokens", "0", "--format", "json").stdout)
     assert none["memory_budget"]["kv_cache_bytes"] - budget["kv_cache_bytes"] == budget["encoder_cache_bytes"]
-    # from a logged KV figure nothing is needed; for a text-only model the option is a mistake
+    # from a logged KV figure nothing is needed (given, it is named as already outside that figure); for a
+    # text-only model the option is a mistake
     assert _plan(tmp_path, QWEN25_VL_7B, "--kv-cache-memory", "40GiB").returncode == 0
+    logged = _plan(tmp_path, QWEN25_VL_7B, "--kv-cache-memory", "40GiB", "--encoder-cache-tokens", "16384",
+                   "--format", "json")  # fmt: skip
+    assert any("already outside the KV memory given" in n for n in json.loads(logged.stdout)["notes"])
     text_only = _plan(tmp_path, LLAMA_31_8B, *GPU, "--encoder-cache-tokens", "100")
     assert text_only.returncode == 2 and "no vision_config or audio_config" in text_only.stderr
     # read in vLLM 0.32's profile_run; an older release's encoder cost goes into --activation-memory instead

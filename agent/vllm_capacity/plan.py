@@ -111,7 +111,12 @@ def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | 
             f"Multimodal encoder cache: {inputs.encoder_cache_tokens:,} tokens (vLLM's logged budget) x "
             f"{geometry.encoder_width} per token x {kv_dtype_bytes('auto', geometry.dtype)} B = "
             f"{format_bytes(size)}, held while vLLM profiles its memory (its dummy items fill the budget to within "
-            "one item); the encoder's own activations are part of --activation-memory"
+            "one item); "
+            + (
+                "the encoder's own activations are part of --activation-memory"
+                if budget is not None
+                else "already outside the KV memory given"
+            )
         )
     return notes
 

@@ -52,6 +52,8 @@ from vllm_capacity.sizing.versions import (
     MLA_MHA_HEAD_SIZE,
     NEWEST_RULES,
     NEWEST_VERSION,
+    UNIFIED_PAGE_SIZES,
+    dotted,
     parse_version,
 )
 from vllm_capacity.units import GiB
@@ -86,6 +88,8 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         raise ImpossiblePlan(f"no memory is left for the KV cache ({inputs.kv_cache_memory_bytes / GiB:.2f} GiB)")
     if geometry.unmodelled_cache:
         raise NotModelled(f"{geometry.architecture}: {geometry.unmodelled_cache}")
+    if geometry.full_shape is not None:
+        geometry = _with_full_shape(geometry, inputs)
     if not set(geometry.layer_kinds) & {"full", "sliding", "chunked", "mla"}:
         raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
     draft: DraftPages | None = None
@@ -121,6 +125,21 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     if inputs.kv_offloading_bytes:
         result = _with_cpu_tier(result, geometry, inputs)
     return result
+
+
+def _with_full_shape(geometry: Geometry, inputs: PlanInputs) -> Geometry:
+    """A model whose full-attention layers have a shape of their own (Gemma 4): planned where vLLM's page
+    unification was read, as one shape when every KV layer is a full one."""
+    if inputs.version < UNIFIED_PAGE_SIZES or inputs.resolved_engine != "v1":
+        raise NotModelled(
+            f"{geometry.architecture}: full-attention layers of another shape than the others are planned from vLLM "
+            f"{dotted(UNIFIED_PAGE_SIZES)} (V1), whose unify_kv_cache_spec_page_size was read"
+        )
+    if {k for k in geometry.layer_kinds if k not in ("none", "shared")} == {"full"}:
+        assert geometry.full_shape is not None
+        heads, head_dim = geometry.full_shape
+        return replace(geometry, num_kv_heads=heads, head_dim=head_dim, full_shape=None)
+    return geometry
 
 
 def _with_cpu_tier(result: KvPlan, geometry: Geometry, inputs: PlanInputs) -> KvPlan:

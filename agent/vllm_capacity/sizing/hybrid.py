@@ -40,7 +40,6 @@ from vllm_capacity.sizing.versions import (
     STATE_BLOCK_ALIGNMENT,
     STATE_SPECULATIVE_BLOCKS,
     TOKENS_FROM_CONCURRENCY,
-    UNIFIED_PAGE_SIZES,
     dotted,
 )
 from vllm_capacity.units import GiB, MiB
@@ -77,15 +76,10 @@ def plan_hybrid(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
 
 def _full_bytes_per_token(geometry: Geometry, counts: Counter[str], inputs: PlanInputs, dtype_bytes: int) -> int | None:
     """Bytes per token of one full-attention layer where its shape is not the other layers' (Gemma 4's
-    global_head_dim); None where they share one. Planned where vLLM's page unification was read."""
+    global_head_dim); None where they share one."""
     if geometry.full_shape is None:
         return None
-    heads, head_dim = geometry.full_shape
-    if inputs.version < UNIFIED_PAGE_SIZES:
-        raise NotModelled(
-            f"{_where(geometry, counts)}: full-attention layers of another shape are planned from vLLM "
-            f"{dotted(UNIFIED_PAGE_SIZES)}, whose unify_kv_cache_spec_page_size was read"
-        )
+    heads, head_dim = geometry.full_shape  # the release was checked by sizing.plan
     if set(counts) & set(STATE_KINDS) or inputs.speculation is not None:
         raise NotModelled(
             f"{_where(geometry, counts)}: full-attention layers of another shape beside state layers or a drafter "
