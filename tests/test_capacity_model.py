@@ -892,3 +892,8 @@ def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
     assert plan_kv(full, **kw).kv_bytes_per_token == 12 * 2 * 8 * 512 * 2
     with pytest.raises(GeometryError, match="per_layer_config"):
         parse_config({**GEMMA4, "per_layer_config": {"0": {"head_dim": 512}}})  # a sliding layer of another shape
+    # an override that repeats a sliding layer's own shape says nothing new
+    same = {str(i): {"head_dim": 512} for i in (5, 11)} | {"0": {"head_dim": 256}}
+    assert parse_config({**GEMMA4, "per_layer_config": same}).full_shape == (8, 512)
+    with pytest.raises(NotModelled, match="use_bidirectional_attention"):
+        plan_kv(parse_config({**GEMMA4, "use_bidirectional_attention": "all"}), **kw)

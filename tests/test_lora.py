@@ -47,6 +47,14 @@ def test_tensor_and_pipeline_parallel_split_what_vllm_splits() -> None:
     split = (4096 + 2 * 1024) + 4096 + 2 * 14336 + 14336
     assert one.layers_bytes - tp2.layers_bytes == 16 * 2 * 32 * split // 2
     assert tp2.embeddings_bytes == one.embeddings_bytes  # vocabulary LoRA is not split
+    # --fully-sharded-loras splits the rest of the linear layers too: the column layers' A, the row layers' B
+    sharded = lora_slots(parse_config(LLAMA_31_8B), Lora(1, 16, True), tp=2, pp=1, dtype_bytes=2, version=LORA_SLOTS)
+    assert tp2.layers_bytes - sharded.layers_bytes == 16 * 2 * 32 * (5 * 4096 + 2 * 4096) // 2
+    assert sharded.embeddings_bytes == one.embeddings_bytes
+    with pytest.raises(ValueError, match="must divide by TP 3"):
+        lora_slots(parse_config({**LLAMA_31_8B, "num_attention_heads": 48, "num_key_value_heads": 48,
+                                 "head_dim": 128, "intermediate_size": 14337 * 3}),
+                   Lora(1, 16, True), tp=3, pp=1, dtype_bytes=2, version=LORA_SLOTS)  # fmt: skip
     pp2 = lora_slots(parse_config(LLAMA_31_8B), Lora(1, 16), tp=1, pp=2, dtype_bytes=2, version=LORA_SLOTS)
     assert (pp2.layers_bytes, pp2.embeddings_bytes) == (one.layers_bytes // 2, one.embeddings_bytes // 2)
 
@@ -115,12 +123,14 @@ def test_plan_names_the_lora_figure_and_where_it_comes_from(tmp_path: Path) -> N
     lora = json.loads(_plan(tmp_path, LLAMA_31_8B, *GPU, "--max-loras", "4", "--max-lora-rank", "64",
                             "--format", "json").stdout)  # fmt: skip
     assert plain["kv_cache_bytes"] - lora["memory_budget"]["kv_cache_bytes"] == lora["memory_budget"]["lora_bytes"]
-    assert lora["inputs"]["lora"] == {"max_loras": 4, "max_rank": 64}
+    assert lora["inputs"]["lora"] == {"max_loras": 4, "max_rank": 64, "fully_sharded": False}
     # from vLLM's logged KV figure the slots are already taken: the plan says so and changes nothing
     logged = _plan(tmp_path, LLAMA_31_8B, "--kv-cache-memory", "40GiB", "--max-loras", "2", "--format", "json")
     doc = json.loads(logged.stdout)
     assert any("already outside the KV memory given" in n for n in doc["notes"])
     assert doc["memory_budget"]["kv_cache_bytes"] == 40 * GiB
+    alone = _plan(tmp_path, LLAMA_31_8B, *GPU, "--fully-sharded-loras", "on")
+    assert alone.returncode == 2 and "needs --max-loras" in alone.stderr
     # an unmodelled architecture is a named refusal, not a plan without the slots
     moe = _plan(tmp_path, {**LLAMA_31_8B, "architectures": ["MixtralForCausalLM"]}, *GPU, "--max-loras", "1")
     assert moe.returncode == 1 and "not modelled: LoRA slots of MixtralForCausalLM" in moe.stderr

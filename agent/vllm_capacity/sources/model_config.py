@@ -312,11 +312,14 @@ def _full_layer_shape(cfg: dict[str, Any], kinds: list[str], head_dim: int, kv_h
                     f"per_layer_config[{index}]",
                     f"{override!r}: only head_dim and num_key_value_heads of a layer in range are understood",
                 )
+            shape = (override.get("num_key_value_heads", kv_heads), override.get("head_dim", head_dim))
             if kinds[i] == "shared":
                 continue  # reuses an earlier layer's cache: holds none of its own
             if kinds[i] != "full":
-                raise GeometryError(f"per_layer_config[{index}]", f"a {kinds[i]} layer of another shape")
-            shapes.add((override.get("num_key_value_heads", kv_heads), override.get("head_dim", head_dim)))
+                if shape != (kv_heads, head_dim):
+                    raise GeometryError(f"per_layer_config[{index}]", f"a {kinds[i]} layer of another shape")
+                continue
+            shapes.add(shape)
             full += 1
         if len(shapes) > 1 or full != kinds.count("full"):
             raise GeometryError("per_layer_config", "full-attention layers of more than one shape")
@@ -333,6 +336,8 @@ def _full_layer_shape(cfg: dict[str, Any], kinds: list[str], head_dim: int, kv_h
 def _other_shapes(cfg: dict[str, Any], head_dim: int) -> str | None:
     """Layers whose K/V shape the planner does not read (vLLM 0.32 caches them in pages of another size): named, so
     that the plan refuses rather than sizing every layer like the first kind."""
+    if cfg.get("use_bidirectional_attention") == "all":  # Gemma 4's embedding variants: transformers halves the window
+        return "use_bidirectional_attention 'all' changes the sliding window the config gives: not modelled"
     if cfg.get("hybrid_layer_pattern") is not None or cfg.get("swa_head_dim") is not None:  # MiMo-V2
         return (
             f"its sliding layers have a shape of their own (swa_head_dim {cfg.get('swa_head_dim')}, "
