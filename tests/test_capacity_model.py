@@ -895,5 +895,9 @@ def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
     # an override that repeats a sliding layer's own shape says nothing new
     same = {str(i): {"head_dim": 512} for i in (5, 11)} | {"0": {"head_dim": 256}}
     assert parse_config({**GEMMA4, "per_layer_config": same}).full_shape == (8, 512)
+    sliding_only = {**GEMMA4, "layer_types": ["sliding_attention"] * 12, "per_layer_config": {"0": {"head_dim": 256}}}
+    assert parse_config(sliding_only).full_shape is None
+    with pytest.raises(GeometryError, match="num_key_value_heads"):
+        parse_config({**GEMMA4, "per_layer_config": {"5": {"num_key_value_heads": "8"}}})
     with pytest.raises(NotModelled, match="use_bidirectional_attention"):
         plan_kv(parse_config({**GEMMA4, "use_bidirectional_attention": "all"}), **kw)

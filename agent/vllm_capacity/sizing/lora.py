@@ -48,6 +48,10 @@ EMBEDDING_SLOTS = {
 }
 
 
+# the way out where the slots are not modelled: vLLM's own figure, which holds them
+_MEASURE = "give vLLM's 'Model loading took' of a LoRA server as --weights-memory, without --max-loras"
+
+
 @dataclass(frozen=True)
 class Lora:
     """vLLM's ``--max-loras`` and ``--max-lora-rank`` (with its defaults); the slots are in the model's dtype, as
@@ -86,14 +90,13 @@ def lora_slots(
     if version < LORA_SLOTS:
         raise NotModelled(
             f"LoRA slots are sized as vLLM {dotted(LORA_SLOTS)} allocates them; vLLM {dotted(version)} may differ "
-            "(before PR #28545, November 2025, the embeddings kept lora_extra_vocab_size rows more): measure "
-            "'Model loading took' with LoRA on into --weights-memory"
+            f"(before PR #28545, November 2025, the embeddings kept lora_extra_vocab_size rows more): {_MEASURE}"
         )
     shapes = geometry.linear
     if geometry.architecture not in EMBEDDING_SLOTS:
         raise NotModelled(
             f"LoRA slots of {geometry.architecture} are not modelled (sized for "
-            f"{', '.join(sorted(EMBEDDING_SLOTS))}): measure 'Model loading took' with LoRA on into --weights-memory"
+            f"{', '.join(sorted(EMBEDDING_SLOTS))}): {_MEASURE}"
         )
     if shapes is None:
         raise NotModelled(

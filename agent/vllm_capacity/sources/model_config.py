@@ -245,7 +245,8 @@ _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
 
 def _beside_the_cache(doc: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any]:
     """What vLLM allocates beside the KV cache from the same budget: the linear layers' sizes (LoRA adapter slots),
-    the hidden size and the encoder section (a multimodal model's encoder cache). Absent fields leave them None."""
+    and a multimodal model's encoder section and the width of its outputs per token (its encoder cache). Absent
+    fields leave them None."""
     hidden = _positive_int_field(cfg, "hidden_size")
     fields = ("intermediate_size", "num_attention_heads", "vocab_size")
     linear = None
@@ -312,7 +313,10 @@ def _full_layer_shape(cfg: dict[str, Any], kinds: list[str], head_dim: int, kv_h
                     f"per_layer_config[{index}]",
                     f"{override!r}: only head_dim and num_key_value_heads of a layer in range are understood",
                 )
-            shape = (override.get("num_key_value_heads", kv_heads), override.get("head_dim", head_dim))
+            shape = (
+                _positive_int_field(override, "num_key_value_heads") or kv_heads,
+                _positive_int_field(override, "head_dim") or head_dim,
+            )
             if kinds[i] == "shared":
                 continue  # reuses an earlier layer's cache: holds none of its own
             if kinds[i] != "full":
@@ -321,13 +325,15 @@ def _full_layer_shape(cfg: dict[str, Any], kinds: list[str], head_dim: int, kv_h
                 continue
             shapes.add(shape)
             full += 1
+        if not shapes:
+            return None  # only overrides that repeat the first kind's shape
         if len(shapes) > 1 or full != kinds.count("full"):
             raise GeometryError("per_layer_config", "full-attention layers of more than one shape")
         (shape,) = shapes
         return None if shape == (kv_heads, head_dim) else shape
     if cfg.get("model_type") in ("gemma4", "gemma4_text"):
-        wide = cfg.get("global_head_dim", 512)
-        heads = cfg.get("num_global_key_value_heads") if cfg.get("attention_k_eq_v", False) else None
+        wide = _positive_int_field(cfg, "global_head_dim") or 512
+        heads = _positive_int_field(cfg, "num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
         shape = (heads or kv_heads, wide)
         return None if shape == (kv_heads, head_dim) else shape
     return None
