@@ -351,11 +351,10 @@ def _count(text: str) -> int:
 
 
 def _lora_rank(text: str) -> int:
-    from vllm_capacity.sizing.lora import LORA_RANKS
+    from vllm_capacity.sizing.lora import Lora
 
     rank = _positive_int(text)
-    if rank not in LORA_RANKS:
-        raise ValueError(f"{text!r} is not a rank vLLM accepts ({', '.join(map(str, LORA_RANKS))})")
+    Lora(max_rank=rank).check()  # the ranks vLLM accepts, named in the error
     return rank
 
 

@@ -89,10 +89,15 @@ def memory_budget(
 
 
 def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> list[str]:
-    """The figures beside the KV cache that the plan took from vLLM's options, each with where it comes from."""
+    """The figures beside the KV cache that the plan took from vLLM's options, each with where it comes from: the
+    budget's own rows where there is a budget, so that a note never differs from its row."""
     notes = []
     if inputs.lora is not None:
-        size = lora_bytes(geometry, inputs.lora, tp=inputs.tp, pp=inputs.pp, version=inputs.version)
+        size = (
+            budget.lora_bytes
+            if budget is not None
+            else lora_bytes(geometry, inputs.lora, tp=inputs.tp, pp=inputs.pp, version=inputs.version)
+        )
         where = (
             "in the budget on top of the weights (give --weights-memory as the weights alone)"
             if budget is not None
@@ -106,7 +111,11 @@ def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | 
             f"took' figure); {where}"
         )
     if inputs.encoder_cache_tokens is not None and geometry.multimodal is not None:
-        size = encoder_bytes(geometry, inputs.encoder_cache_tokens, budgeted=False, version=inputs.version)
+        size = (
+            budget.encoder_cache_bytes
+            if budget is not None
+            else encoder_bytes(geometry, inputs.encoder_cache_tokens, budgeted=False, version=inputs.version)
+        )
         notes.append(
             f"Multimodal encoder cache: {inputs.encoder_cache_tokens:,} tokens (vLLM's logged budget) x "
             f"{geometry.encoder_width} per token x {kv_dtype_bytes('auto', geometry.dtype)} B = "
