@@ -3,6 +3,8 @@ every rank's block bytes) and V0's swap space (vLLM's own num_cpu_blocks)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from conftest import fixture_text
@@ -44,9 +46,38 @@ def test_plan_shows_the_cpu_tier_and_refuses_what_it_does_not_model() -> None:
     with pytest.raises(NotModelled, match="V1 feature"):
         plan_kv(LLAMA_8B, kv_cache_memory_bytes=GiB, max_model_len=4096, engine="v0", version=(0, 9, 2),
                 kv_offloading_bytes=GiB)  # fmt: skip
-    mla = parse_config({"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"})
-    with pytest.raises(NotModelled, match="one copy"):
-        plan_kv(mla, kv_cache_memory_bytes=GiB, max_model_len=4096, tp=2, kv_offloading_bytes=GiB)
+
+
+MLA = parse_config({"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"})
+
+
+def test_an_mla_models_ranks_share_one_copy_under_tp_alone() -> None:
+    # the latent is the same on every TP rank: vLLM 0.32 keeps one host copy (replicated_layout) under TP alone
+    per_rank = 4 * 576 * 2 * 16  # four layers of one 576-wide bf16 latent, 16 tokens a block
+    tp4 = plan_kv(MLA, kv_cache_memory_bytes=GiB, max_model_len=4096, tp=4, kv_offloading_bytes=8 * GiB)
+    assert tp4.worker_bytes_per_block == per_rank
+    assert tp4.cpu_tier_tokens == 8 * GiB // (math.ceil(per_rank / HOST_PAGE_BYTES) * HOST_PAGE_BYTES) * 16
+    assert "one copy of the latent" in tp4.notes[-1] and "4x fewer" in tp4.notes[-1]  # the assumption, named
+    # under PP each stage holds other layers: a copy per rank, as for any model
+    pp2 = plan_kv(MLA, kv_cache_memory_bytes=GiB, max_model_len=4096, pp=2, kv_offloading_bytes=8 * GiB)
+    assert pp2.cpu_tier_tokens == 8 * GiB // (2 * pp2.worker_bytes_per_block) * 16
+    assert "over 2 rank(s)" in pp2.notes[-1]
+    # live, the agent cannot see the executor or the nodes that decide it: no figure rather than a wrong one
+    labels = {"block_size": "16", "kv_offloading_size": "8.0", "kv_offloading_backend": "native"}
+    cc = CacheConfig(labels)
+    live = {
+        (tp, pp): derive.cpu_capacity_tokens(
+            cc, SCHEMA_V1_CAPACITY,
+            derive.planned_layout(MLA, cc, max_model_len=4096, capacity_tokens=None, pool_bytes=GiB,
+                                  rules=("v1", (0, 32, 0)), tp=tp, pp=pp, max_num_batched_tokens=None, device=None),
+            tp=tp, pp=pp, version=(0, 32, 0),
+        )
+        for tp, pp in ((1, 1), (4, 1), (1, 2))
+    }  # fmt: skip
+    assert live[(4, 1)] is None
+    assert live[(1, 2)] == pp2.cpu_tier_tokens
+    assert live[(1, 1)] == plan_kv(MLA, kv_cache_memory_bytes=GiB, max_model_len=4096,
+                                   kv_offloading_bytes=8 * GiB).cpu_tier_tokens  # fmt: skip
 
 
 def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:
@@ -62,12 +93,12 @@ def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:
         tp=2, pp=1, max_num_batched_tokens=None, device=None,
     )  # fmt: skip
     assert layout is not None
-    tokens = derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, world_size=2, version=(0, 32, 0))
+    tokens = derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, tp=2, pp=1, version=(0, 32, 0))
     assert tokens == 64 * GiB // (2 * 32 * 4 * 128 * 2 * 2 * 16) * 16
-    assert derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, None, world_size=2, version=(0, 32, 0)) is None
+    assert derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, None, tp=2, pp=1, version=(0, 32, 0)) is None
     lmcache = CacheConfig({**labels, "kv_offloading_backend": "lmcache"})  # sized by LMCache's own server
-    assert derive.cpu_capacity_tokens(lmcache, SCHEMA_V1_CAPACITY, layout, world_size=2, version=(0, 32, 0)) is None
-    older = derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, world_size=2, version=(0, 28, 0))
+    assert derive.cpu_capacity_tokens(lmcache, SCHEMA_V1_CAPACITY, layout, tp=2, pp=1, version=(0, 32, 0)) is None
+    older = derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, tp=2, pp=1, version=(0, 28, 0))
     assert older is None  # a release whose tier was not read
     assert derive.cpu_capacity_tokens(CacheConfig({"block_size": "16", "num_cpu_blocks": "x"}), SCHEMA_V0, None,
-                                      world_size=1, version=(0, 6, 6)) is None  # fmt: skip
+                                      tp=1, pp=1, version=(0, 6, 6)) is None  # fmt: skip

@@ -305,6 +305,7 @@ class PlannedLayout:
     mismatch: bool | None  # None: vLLM reports no token capacity to compare
     assumed: str  # the settings the plan took that vLLM does not report
     worker_bytes_per_block: int = 0  # bytes of one block on one rank, over every layer
+    latent: bool = False  # an MLA model: one latent per token, which every TP rank holds alike
 
 
 def planned_layout(
@@ -366,7 +367,10 @@ def planned_layout(
     assumed = f"max_num_batched_tokens {batched}{'' if max_num_batched_tokens else ' (assumed)'}, async scheduling "
     assumed += "off (CPU backend)" if device == "CPU" else "on"
     assumed += spec_assumed
-    return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block)
+    latent = "mla" in geometry.layer_kinds
+    return PlannedLayout(
+        groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block, latent
+    )
 
 
 @dataclass(frozen=True)
@@ -403,11 +407,19 @@ def live_speculation(seen: LiveSpeculation) -> tuple[object, str]:
 
 
 def cpu_capacity_tokens(
-    cc: CacheConfig | None, schema: str, layout: PlannedLayout | None, *, world_size: int, version: tuple[int, int, int]
+    cc: CacheConfig | None,
+    schema: str,
+    layout: PlannedLayout | None,
+    *,
+    tp: int,
+    pp: int,
+    version: tuple[int, int, int],
 ) -> int | None:
     """The CPU tier in tokens: V0's swap space (cache_config_info num_cpu_blocks x block_size), or V1's native KV
     offloading (kv_offloading_size GiB, from 0.32) sized from the planned bytes per block; None when there is none
-    or it cannot be sized (offloading without --model-config, another backend, a release not read)."""
+    or it cannot be sized (offloading without --model-config, another backend, a release not read, or an MLA model
+    under TP alone, whose tier holds one copy or one per rank by the executor and nodes, which vLLM does not
+    report)."""
     if cc is None or cc.block_size is None:
         return None
     if schema == SCHEMA_V0:
@@ -415,11 +427,13 @@ def cpu_capacity_tokens(
     gib = cc.kv_offloading_size_gib
     if gib is None or layout is None or cc.labels.get("kv_offloading_backend", "native") != "native":
         return None
+    if sizing.latent_shared_by_ranks(mla=layout.latent, tp=tp, pp=pp):
+        return None
     try:
         return sizing.cpu_tier_tokens(
             offloading_bytes=int(gib * (1 << 30)),
             worker_bytes_per_block=layout.worker_bytes_per_block,
-            world_size=world_size,
+            world_size=tp * pp,
             block_size=cc.block_size,
             version=version,
         )
@@ -553,7 +567,7 @@ def derive_engine(
         cache_info=dict(cc.labels) if cc else {},
         spec_decode=spec_decode(m),
         layout=layout,
-        cpu_capacity_tokens=cpu_capacity_tokens(cc, schema, layout, world_size=tp * pp, version=rules[1]),
+        cpu_capacity_tokens=cpu_capacity_tokens(cc, schema, layout, tp=tp, pp=pp, version=rules[1]),
     )
 
 

