@@ -253,6 +253,11 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
     # before, the agent planned the model alone and flagged vLLM's capacity (33 layers, not 32) as a disagreement
     alone = derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation())
     assert alone is not None and alone.mismatch is True
+    # bytes per token from the model: the head's layer counts too where the log names it (vLLM's figure has it)
+    per_layer = 2 * 8 * 128 * 2
+    assert derive.planned_bytes_per_token(llama, cc, 1, 1, told) == 33 * per_layer == eagle.kv_bytes_per_token
+    assert derive.planned_bytes_per_token(llama, cc, 1, 1, alone) == 32 * per_layer
+    assert derive.planned_bytes_per_token(llama, cc, 1, 1, None) == 32 * per_layer  # no layout: the geometry's
     # methods: n-gram family without layers, MTP of the model's own kind, a separate draft model not sized
     assert derive.live_speculation(derive.LiveSpeculation(("suffix", 4)))[0] == Speculation("ngram", 4)
     assert derive.live_speculation(derive.LiveSpeculation(("deepseek_mtp", 1)))[0] == Speculation("mtp", 1)

@@ -109,6 +109,11 @@ def test_plan_and_report_agree_with_a_real_speculative_server(case: str, tmp_pat
         layout = engine["layout"]
         assert layout["mismatch"] is False and layout["planned_tokens"] == int(cc["kv_cache_size_tokens"])
         assert "eagle speculation of 2 tokens" in layout["assumed"]
+        # and its bytes per token from config.json count the head's layer, as vLLM's own figure does
+        per_token = engine["kv_bytes_per_token_model"]
+        assert per_token == plans[0]["kv_bytes_per_token"] > alone["kv_bytes_per_token"]
+        block = int(cc["block_size"])
+        assert int(cc["kv_cache_memory_bytes"]) // (per_token * block) == int(cc["num_gpu_blocks"])  # explains vLLM's
         sd = engine["spec_decode"]
         draft_tokens = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_draft_tokens_total")
         accepted = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_accepted_tokens_total")

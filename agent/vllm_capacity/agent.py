@@ -449,7 +449,8 @@ class Agent:
                     engine=f"{e.model_name}/{e.engine}",
                     model_config=round(model, 1),
                     startup_log=round(logged, 1),
-                    hint="--tp/--pp or the model config may not match the server (or a draft model shares the pool)",
+                    hint="--tp/--pp or the model config may not match the server, or a drafter the agent did not plan "
+                    "(a separate draft model, or no --vllm-log to name it) shares the pool",
                 )
 
     async def cycle(self) -> Snapshot:

@@ -306,6 +306,7 @@ class PlannedLayout:
     assumed: str  # the settings the plan took that vLLM does not report
     worker_bytes_per_block: int = 0  # bytes of one block on one rank, over every layer
     latent: bool = False  # an MLA model: one latent per token, which every TP rank holds alike
+    kv_bytes_per_token: int = 0  # the plan's, per rank: the release's rules, a logged drafter's layers included
 
 
 def planned_layout(
@@ -369,7 +370,14 @@ def planned_layout(
     assumed += spec_assumed
     latent = "mla" in geometry.layer_kinds
     return PlannedLayout(
-        groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block, latent
+        groups,
+        per_request,
+        plan.kv_cache_tokens,
+        mismatch,
+        assumed,
+        plan.worker_bytes_per_block,
+        latent,
+        plan.kv_bytes_per_token,
     )
 
 
@@ -469,6 +477,17 @@ def model_kv_bytes_per_token(geometry: Geometry | None, cache_dtype: str | None,
     return sizing.bytes_per_token_per_layer(geometry, tp, dtype_bytes) * layers
 
 
+def planned_bytes_per_token(
+    geometry: Geometry | None, cc: CacheConfig | None, tp: int, pp: int, layout: PlannedLayout | None
+) -> float | None:
+    """The model's bytes per token per rank: the planned layout's where there is one (it knows the release's rules
+    and the drafter the engine logged, whose layers share the pool), else the geometry's alone."""
+    alone = model_kv_bytes_per_token(geometry, cc.cache_dtype if cc else None, tp, pp)
+    if alone is None or layout is None or not layout.kv_bytes_per_token:
+        return alone
+    return layout.kv_bytes_per_token
+
+
 def derive_engine(
     m: EngineMetrics,
     *,
@@ -558,7 +577,7 @@ def derive_engine(
         swapped=m.swapped,
         kv_bytes_per_token_cache_config=kv_bytes_per_token(cc.kv_cache_memory_bytes if cc else None, cap, overridden),
         kv_bytes_per_token_startup_log=startup.kv_bytes_per_token if startup is not None else None,
-        kv_bytes_per_token_model_config=model_kv_bytes_per_token(geometry, cc.cache_dtype if cc else None, tp, pp),
+        kv_bytes_per_token_model_config=planned_bytes_per_token(geometry, cc, tp, pp, layout),
         kv_pool_bytes=pool,
         weights_bytes=startup.weights_bytes if startup is not None else None,
         cuda_graph_bytes=startup.cuda_graph_bytes if startup is not None else None,

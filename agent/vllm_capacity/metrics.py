@@ -154,7 +154,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         (*E, "method"),
         "KV-cache bytes per token per GPU rank. method=cache_config: kv_cache_memory_bytes / capacity; "
-        "startup_log: the log's KV memory / KV tokens; model_config: from config.json geometry, TP and KV dtype.",
+        "startup_log: the log's KV memory / KV tokens; model_config: from config.json geometry, TP and KV dtype "
+        "(with the layers of the speculative drafter vLLM's log names, where the agent plans it).",
         by=(
             ("cache_config", lambda e: e.kv_bytes_per_token_cache_config),
             ("startup_log", lambda e: e.kv_bytes_per_token_startup_log),
