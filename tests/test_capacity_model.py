@@ -808,17 +808,49 @@ def test_mla_before_0_7_1_was_cached_as_padded_multi_head_attention() -> None:
         plan_kv(parse_config({**DEEPSEEK_V2_LITE, "num_attention_heads": None}), **kw, version=(0, 6, 4))
 
 
-def test_deepseek_sparse_attention_indexer_is_named_not_guessed() -> None:
-    """DeepSeek-V3.2's indexer keeps a cache of its own beside the latent (vLLM 0.32 DeepseekV32IndexerCache); with no
-    start-up log giving its KV memory to check a formula against, the plan refuses it by name, and the live agent
-    gives no model_config bytes per token, rather than a latent-only figure that would be too large a capacity."""
-    from vllm_capacity.derive import model_kv_bytes_per_token
+def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() -> None:
+    """DeepSeek-V3.2's indexer keeps its keys per layer beside the latent (vLLM 0.32 DeepseekV32IndexerCache: 128 fp8
+    values and a float32 scale, 132 B), both in one group; the latent's format is the GPU backend's where the dtype
+    does not settle it, and the plan says what it assumed. Checked against vLLM's own layout code in
+    test_real_vllm_sparse.py."""
+    from vllm_capacity import derive
+    from vllm_capacity.sources.vllm_parse import CacheConfig
 
-    v32 = parse_config({**DEEPSEEK_V2_LITE, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64})
-    with pytest.raises(NotModelled, match="indexer cache"):
-        plan_kv(v32, kv_cache_memory_bytes=40 * GiB, max_model_len=163840)
-    assert model_kv_bytes_per_token(v32, "auto", 8, 1) is None
-    assert model_kv_bytes_per_token(parse_config(DEEPSEEK_V2_LITE), "auto", 8, 1) == 27 * 576 * 2
+    v32 = parse_config({**DEEPSEEK_V2_LITE, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64,
+                        "num_nextn_predict_layers": 1})  # fmt: skip
+    assert v32.indexer_bytes == 128 + 4
+    kw = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 163840, "block_size": 64, "version": (0, 32, 0)}
+    per_format = {d: plan_kv(v32, **kw, kv_cache_dtype=d) for d in ("auto", "bfloat16", "fp8_ds_mla", "fp8")}
+    assert {d: p.kv_bytes_per_token for d, p in per_format.items()} == {
+        "auto": 27 * (576 * 2 + 132), "bfloat16": 27 * (576 * 2 + 132), "fp8_ds_mla": 27 * (656 + 132),
+        "fp8": 27 * (576 + 132),
+    }  # fmt: skip
+    for d, p in per_format.items():
+        assert p.num_gpu_blocks == 40 * GiB // (p.kv_bytes_per_token * 64)
+        assumed = [n for n in p.notes if n.startswith("assumed")]
+        assert len(assumed) == (d in ("auto", "fp8")), (d, p.notes)  # bfloat16 and fp8_ds_mla say it outright
+    assert "SM120" in per_format["auto"].notes[-1] and "fp8_ds_mla" in per_format["fp8"].notes[-1]
+    # the MTP layer is a full one: its own latent and indexer
+    mtp = plan_kv(v32, **kw, speculation=Speculation("mtp", 1))
+    assert mtp.kv_bytes_per_token == 28 * (576 * 2 + 132)
+    with pytest.raises(NotModelled, match=r"0\.32\.0"):
+        plan_kv(v32, **{**kw, "version": (0, 31, 0)})
+    with pytest.raises(ValueError, match="not a sparse-attention"):  # a packed format on any other model
+        plan_kv(parse_config(DEEPSEEK_V2_LITE), **kw, kv_cache_dtype="fp8_ds_mla")
+    index_cache = parse_config({**DEEPSEEK_V2_LITE, "index_topk": 2048, "index_head_dim": 128, "index_topk_freq": 4})
+    with pytest.raises(NotModelled, match="IndexCache"):
+        plan_kv(index_cache, **kw)
+    # live: under fp8 the backend decides the latent's format, which vLLM does not report: no figure, no layout
+    assert derive.model_kv_bytes_per_token(v32, "auto", 8, 1) == 27 * (576 * 2 + 132)
+    assert derive.model_kv_bytes_per_token(v32, "fp8_ds_mla", 8, 1) == 27 * (656 + 132)
+    assert derive.model_kv_bytes_per_token(v32, "fp8", 8, 1) is None
+    assert derive.model_kv_bytes_per_token(parse_config(DEEPSEEK_V2_LITE), "auto", 8, 1) == 27 * 576 * 2
+    live = {"max_model_len": 163840, "capacity_tokens": None, "pool_bytes": 40 * GiB, "rules": ("v1", (0, 32, 0)),
+            "tp": 8, "pp": 1, "max_num_batched_tokens": None, "device": "GPU"}  # fmt: skip
+    auto = derive.planned_layout(v32, CacheConfig({"block_size": "64", "cache_dtype": "auto"}), **live)
+    assert auto is not None and "not an SM120" in auto.assumed
+    assert auto.planned_tokens == per_format["auto"].kv_cache_tokens
+    assert derive.planned_layout(v32, CacheConfig({"block_size": "64", "cache_dtype": "fp8"}), **live) is None
 
 
 @pytest.mark.parametrize(

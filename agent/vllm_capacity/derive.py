@@ -331,6 +331,8 @@ def planned_layout(
     known, there is no layout rather than one that would disagree with vLLM for want of it."""
     if geometry is None or cc is None or not max_model_len or not pool_bytes or cc.block_size is None:
         return None
+    if _backend_decides(geometry, cc.cache_dtype):
+        return None
     spec, spec_assumed = live_speculation(speculation or LiveSpeculation())
     if spec is _UNKNOWN:
         return None
@@ -368,6 +370,8 @@ def planned_layout(
     assumed = f"max_num_batched_tokens {batched}{'' if max_num_batched_tokens else ' (assumed)'}, async scheduling "
     assumed += "off (CPU backend)" if device == "CPU" else "on"
     assumed += spec_assumed
+    if sizing.sparse_latent_assumption(geometry, inputs.kv_cache_dtype):
+        assumed += ", a 16-bit latent (not an SM120 GPU's fp8_ds_mla)"
     latent = "mla" in geometry.layer_kinds
     return PlannedLayout(
         groups,
@@ -467,14 +471,22 @@ def spec_decode(m: EngineMetrics) -> SpecDecode | None:
 
 def model_kv_bytes_per_token(geometry: Geometry | None, cache_dtype: str | None, tp: int, pp: int) -> float | None:
     """Bytes per token per GPU rank from the model's geometry; None where the planner does not model it."""
-    if geometry is None or not geometry.uniform or geometry.unmodelled_cache:
+    if geometry is None or not geometry.uniform or geometry.unmodelled_cache or _backend_decides(geometry, cache_dtype):
         return None
     try:
         dtype_bytes = sizing.kv_dtype_bytes(cache_dtype or "auto", geometry.dtype)
+        geometry = sizing.packed_latent(geometry, cache_dtype or "auto")
     except ValueError:
         return None
     layers = sizing.layers_per_rank(geometry.kv_layers, pp)
     return sizing.bytes_per_token_per_layer(geometry, tp, dtype_bytes) * layers
+
+
+def _backend_decides(geometry: Geometry, cache_dtype: str | None) -> bool:
+    """A sparse-attention model under an fp8 dtype: its latent is plain fp8 or the packed fp8_ds_mla by the GPU's
+    attention backend, which vLLM does not report (the plan assumes, and says; the live agent gives no figure)."""
+    name = (cache_dtype or "auto").lower()
+    return sizing.sparse_latent_assumption(geometry, name) is not None and name != "auto"
 
 
 def planned_bytes_per_token(

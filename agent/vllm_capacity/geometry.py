@@ -147,6 +147,7 @@ class Geometry:
     encoder_width: int | None = None  # a multimodal model's encoder output per token (the decoder's hidden size)
     multimodal: str | None = None  # the config's encoder section (vision_config, audio_config), None for text only
     full_shape: tuple[int, int] | None = None  # (KV heads, head_dim) of the full-attention layers, where not the rest's
+    indexer_bytes: int | None = None  # DeepSeek sparse attention: each MLA layer's indexer cache, bytes per token
 
     @property
     def kv_layers(self) -> int:

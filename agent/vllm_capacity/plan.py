@@ -180,6 +180,9 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
     """How the KV cache is cut up: one group of every layer, or vLLM's hybrid groups."""
     if "mla" in geometry.layer_kinds:
         shape = f"{plan.kv_layers_per_rank} layers x latent {geometry.head_dim} x {dtype_bytes} B"
+        if geometry.indexer_bytes:
+            shape = f"{plan.kv_layers_per_rank} layers x (latent {geometry.head_dim} x {dtype_bytes} B + indexer "
+            shape += f"{geometry.indexer_bytes} B)"
     else:
         growing = sum(g.layers for g in plan.groups if g.kind == "full") if plan.groups else plan.kv_layers_per_rank
         draft = plan.draft_pages
@@ -225,6 +228,7 @@ def render_text(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
     if budget is not None:
         lines += [*budget_picture(budget, plan.kv_cache_memory_bytes), ""]
     dtype_bytes = kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype)
+    geometry = sizing.packed_latent(geometry, inputs.kv_cache_dtype)  # fp8_ds_mla: a latent as wide as its bytes
     lines += [
         "KV cache per GPU",
         f"  memory             {format_bytes(plan.kv_cache_memory_bytes):>14}",

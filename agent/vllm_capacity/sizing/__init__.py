@@ -41,7 +41,13 @@ from vllm_capacity.sizing.dense import as_single_group, max_concurrency, plan_de
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.hybrid import chunked_local_groups, plan_hybrid
 from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens
-from vllm_capacity.sizing.layers import bytes_per_token_per_layer, kv_dtype_bytes, layers_per_rank
+from vllm_capacity.sizing.layers import (
+    bytes_per_token_per_layer,
+    kv_dtype_bytes,
+    layers_per_rank,
+    packed_latent,
+    sparse_latent_assumption,
+)
 from vllm_capacity.sizing.memory import MemoryBudget
 from vllm_capacity.sizing.offload import cpu_tier_tokens, latent_shared_by_ranks
 from vllm_capacity.sizing.result import KvGroup, KvPlan
@@ -52,6 +58,7 @@ from vllm_capacity.sizing.versions import (
     MLA_MHA_HEAD_SIZE,
     NEWEST_RULES,
     NEWEST_VERSION,
+    SPARSE_INDEXER,
     UNIFIED_PAGE_SIZES,
     dotted,
     parse_version,
@@ -75,9 +82,11 @@ __all__ = [
     "latent_shared_by_ranks",
     "layers_per_rank",
     "max_concurrency",
+    "packed_latent",
     "parse_version",
     "plan",
     "plan_kv",
+    "sparse_latent_assumption",
 ]
 
 
@@ -95,6 +104,9 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
     draft: DraftPages | None = None
     notes: list[str] = []
+    if geometry.indexer_bytes is not None:
+        notes = _sparse_attention(geometry, inputs)
+    geometry = packed_latent(geometry, inputs.kv_cache_dtype)  # refused by name for any other model
     if inputs.speculation is not None:
         geometry, draft, notes = with_drafter(
             geometry,
@@ -126,6 +138,23 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     if inputs.kv_offloading_bytes:
         result = _with_cpu_tier(result, geometry, inputs)
     return result
+
+
+def _sparse_attention(geometry: Geometry, inputs: PlanInputs) -> list[str]:
+    """What a plan of a DeepSeek sparse-attention model notes: each layer's indexer keys beside the latent, in the
+    same group, and the latent's format where the dtype alone does not settle it (assumed, and said)."""
+    if inputs.resolved_engine != "v1" or inputs.version < SPARSE_INDEXER:
+        raise NotModelled(
+            f"{geometry.architecture}: DeepSeek sparse attention's indexer cache is planned as vLLM "
+            f"{dotted(SPARSE_INDEXER)} (V1) lays it out; earlier releases were not read"
+        )
+    assert geometry.indexer_bytes is not None
+    notes = [
+        f"DeepSeek sparse attention: each MLA layer keeps its indexer's keys beside the latent, "
+        f"{geometry.indexer_bytes} B per token (fp8 values and a float32 scale per 128), in the same KV-cache group"
+    ]
+    assumed = sparse_latent_assumption(geometry, inputs.kv_cache_dtype)
+    return [*notes, assumed] if assumed else notes
 
 
 def _with_full_shape(geometry: Geometry, inputs: PlanInputs) -> Geometry:

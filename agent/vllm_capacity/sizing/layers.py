@@ -9,7 +9,7 @@ so the page is the planner's, not the spec's.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm_capacity.geometry import Geometry
 
@@ -19,9 +19,53 @@ KV_DTYPE_BYTES = {
 }  # fmt: skip
 
 
-def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str | None) -> int:
-    """``auto`` follows the model's dtype; fp8 variants and int8 are one byte."""
+# DeepSeek sparse attention's packed latent formats, bytes per token and layer (vLLM 0.32
+# ``MLAAttention.get_kv_cache_spec`` ``state_content_bytes``; fp8_ds_mla: 512 fp8 values, 4 float32 scales, 64 bf16
+# RoPE values, flashmla_sparse.py)
+PACKED_LATENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+
+
+def packed_latent(geometry: Geometry, kv_cache_dtype: str) -> Geometry:
+    """A sparse-attention model under a packed latent format, as a latent as wide as its bytes (of one byte, which
+    :func:`kv_dtype_bytes` gives those formats); the geometry as it is under any other dtype."""
+    blob = PACKED_LATENT_BYTES.get(kv_cache_dtype.lower())
+    if blob is None:
+        return geometry
+    if geometry.indexer_bytes is None:
+        raise ValueError(
+            f"--kv-cache-dtype {kv_cache_dtype} is the packed latent of DeepSeek sparse attention's backends; "
+            f"{geometry.architecture} is not a sparse-attention (index_topk) MLA model"
+        )
+    return replace(geometry, head_dim=blob)
+
+
+def sparse_latent_assumption(geometry: Geometry, kv_cache_dtype: str) -> str | None:
+    """What a plan of a sparse-attention model assumes of its latent's format, which vLLM 0.32 leaves to the attention
+    backend of the GPU (``_canonicalize_sparse_mla_kv_cache_dtype``): None where the dtype settles it (a packed
+    format, or a 16-bit dtype named outright)."""
     name = kv_cache_dtype.lower()
+    if geometry.indexer_bytes is None or name in PACKED_LATENT_BYTES:
+        return None
+    if name == "auto":
+        return (
+            "assumed: a GPU other than an SM120 one (RTX PRO 6000, RTX 50xx), whose sparse backend stores auto as "
+            "fp8_ds_mla (656 B); there, pass --kv-cache-dtype fp8_ds_mla"
+        )
+    if name.startswith("fp8"):
+        return (
+            f"assumed: a plain {name} latent (576 B, as FlashInfer's sparse MLA keeps it); FLASHMLA_SPARSE and SM120 "
+            "GPUs store fp8_ds_mla (656 B): pass --kv-cache-dtype fp8_ds_mla when vLLM logs 'Using fp8_ds_mla KV "
+            "cache format'"
+        )
+    return None
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str | None) -> int:
+    """``auto`` follows the model's dtype; fp8 variants and int8 are one byte (and the packed latent formats, whose
+    width :func:`packed_latent` gives in bytes)."""
+    name = kv_cache_dtype.lower()
+    if name in PACKED_LATENT_BYTES:
+        return 1
     if name == "auto":
         if model_dtype is None:
             raise ValueError("--kv-cache-dtype auto needs the model's dtype, and config.json has no torch_dtype")
@@ -37,8 +81,8 @@ def layers_per_rank(kv_layers: int, pp: int) -> int:
 
 
 def bytes_per_token_per_layer(geometry: Geometry, tp: int, dtype_bytes: int) -> int:
-    if "mla" in geometry.layer_kinds:
-        return geometry.head_dim * dtype_bytes  # one latent vector, no separate V
+    if "mla" in geometry.layer_kinds:  # one latent vector, no separate V; and a sparse model's indexer keys
+        return geometry.head_dim * dtype_bytes + (geometry.indexer_bytes or 0)
     return 2 * max(1, geometry.num_kv_heads // tp) * geometry.head_dim * dtype_bytes
 
 

@@ -83,3 +83,6 @@ ENCODER_CACHE_PROFILE = (0, 32, 0)
 # multiple of the block size so that every page is the largest's, else they are padded to it
 # (``unify_kv_cache_spec_page_size``): read in 0.32.0; refused before.
 UNIFIED_PAGE_SIZES = (0, 32, 0)
+# DeepSeek sparse attention (V3.2): each MLA layer's indexer keys beside its latent, every layer's two pages in one
+# group (``DeepseekV32IndexerCache`` and ``UniformTypeKVCacheSpecs``, read in 0.32.0); refused before.
+SPARSE_INDEXER = (0, 32, 0)

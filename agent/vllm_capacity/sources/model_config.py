@@ -194,7 +194,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             _max_pos(cfg),
             mtp_layers=_mtp_layers(cfg),
             mla_heads=_positive_int_field(cfg, "num_attention_heads"),
-            unmodelled_cache=_sparse_indexer(cfg),
+            **_sparse_indexer(cfg),
             **_beside_the_cache(doc, cfg),
         )
 
@@ -281,16 +281,27 @@ def _llama4_chunked(cfg: dict[str, Any], kinds: list[str], num_layers: int) -> l
     return ["full" if (i + 1) % interval == 0 else "chunked" for i in range(num_layers)]
 
 
-def _sparse_indexer(cfg: dict[str, Any]) -> str | None:
-    """DeepSeek sparse attention (V3.2, GLM-5): vLLM 0.32 keeps an indexer cache of its own per layer beside the MLA
-    latent (``DeepseekV32IndexerCache``: index_head_dim fp8 values and their scales), in the same group."""
-    if cfg.get("index_topk") is None and cfg.get("index_head_dim") is None:
-        return None
-    return (
-        f"DeepSeek sparse attention's indexer cache (index_head_dim {cfg.get('index_head_dim')}) beside the MLA latent "
-        "is a per-token cache the planner does not size (no published start-up log with its KV memory to check a "
-        "formula against)"
-    )
+# the indexer quantises its keys in blocks of 128 values, each with a float32 scale (vLLM 0.32 deepseek_v2.py
+# ``Indexer.quant_block_size``, "TODO: get from config")
+INDEXER_QUANT_BLOCK = 128
+
+
+def _sparse_indexer(cfg: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek sparse attention (V3.2, GLM-5: ``index_topk``): vLLM 0.32 keeps an indexer cache per MLA layer beside
+    the latent (``DeepseekV32IndexerCache``: ``index_head_dim`` fp8 values and a float32 scale per 128 of them, one
+    byte each, per token). IndexCache configs, where only some layers keep one (``index_topk_freq`` /
+    ``index_topk_pattern``), are left unmodelled."""
+    if cfg.get("index_topk") is None:
+        return {}
+    head = _int(cfg, "index_head_dim")
+    freq, pattern = cfg.get("index_topk_freq", 1), cfg.get("index_topk_pattern")
+    if freq != 1 or (pattern is not None and "S" in pattern):
+        why = (
+            f"DeepSeek sparse attention with IndexCache (index_topk_freq {freq!r}, index_topk_pattern {pattern!r}): "
+            "only some layers keep an indexer cache, which the planner does not place"
+        )
+        return {"unmodelled_cache": why}
+    return {"indexer_bytes": head + head // INDEXER_QUANT_BLOCK * 4}
 
 
 _LAYER_OVERRIDES = {"head_dim", "num_key_value_heads"}
