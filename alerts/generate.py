@@ -231,6 +231,17 @@ def alerts(c: Config) -> list[dict]:
         ),
         alert(
             c,
+            "VLLMLoRASlotsExhausted",
+            # vLLM defers them (not "waiting for capacity"): no KV alert covers them
+            'vllm_capacity_concurrency_limit{limit="lora_slots"} == 1',
+            "10m",
+            "warning",
+            "Requests wait for a LoRA slot that other adapters hold.",
+            f"{who}: requests wait while every one of vLLM's --max-loras slots serves another adapter, whatever "
+            "the KV cache has free.",
+        ),
+        alert(
+            c,
             "VLLMGPUMemoryNearFull",
             f"(vllm_capacity_gpu_memory_free_bytes / vllm_capacity_gpu_memory_total_bytes) < "
             f"{c.gpu_memory_free_min_ratio:g}",

@@ -385,8 +385,21 @@ def capacity_dashboard(c) -> Dashboard:
                 query(f"vllm_capacity_concurrency_limit{{{sel}}} == 1", "{{limit}} {{pod}}/{{engine}}"),
                 query(f"sum(vllm_capacity_requests_waiting_deferred{{{sel}}})", "deferred waiting"),
                 mn=0,
-                description="kv_cache, max_num_seqs (vLLM's --max-num-seqs), slo (over the latency objective) or "
-                "none (nothing waits); and the requests vLLM defers for other reasons.",
+                description="kv_cache, max_num_seqs (vLLM's --max-num-seqs), lora_slots (requests for an adapter "
+                "wait while vLLM's --max-loras slots hold others), slo (over the latency objective) or none (nothing "
+                "waits); and the requests vLLM defers for other reasons (a LoRA adapter without a slot among them).",
+            )
+        )
+        .with_panel(
+            series(
+                "LoRA adapters and slots",
+                "short",
+                query(f"vllm_capacity_lora_slots{{{sel}}}", "slots {{pod}}/{{engine}}"),
+                query(f"vllm_capacity_lora_running_adapters{{{sel}}}", "running {{pod}}/{{engine}}"),
+                mn=0,
+                description="With --enable-lora: the adapters one batch can serve (vLLM's --max-loras) and those "
+                "with requests in the batch; at the slots, a request for another adapter waits (What limits "
+                "concurrency now says lora_slots). Empty without LoRA.",
             )
         )
         .with_panel(

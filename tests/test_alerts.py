@@ -60,7 +60,7 @@ REQUIRED = {
     "VLLMCapacityExporterDown", "VLLMTargetDown", "VLLMKVCacheHigh", "VLLMKVCacheSaturated",
     "VLLMPreemptionsSustained", "VLLMRequestsQueuedForCapacity", "VLLMKVCacheExhaustionPredicted",
     "VLLMConcurrencyNearCapacity", "VLLMGPUMemoryNearFull", "VLLMGPUMemoryContention", "VLLMTTFTSLOBreach",
-    "VLLMCapacityMetricsMissing", "VLLMAdmissionStalled", "VLLMGPUUnreadable",
+    "VLLMCapacityMetricsMissing", "VLLMAdmissionStalled", "VLLMGPUUnreadable", "VLLMLoRASlotsExhausted",
 }  # fmt: skip
 
 

@@ -176,6 +176,9 @@ def test_counter_carried_across_restarts(total, previous, raw, restarted, expect
         ({"waiting": 0, "running": 12, "slo_max_concurrency": 8}, "slo"),  # over the objective, queue or not
         ({"waiting": 0, "running": 8, "slo_max_concurrency": 8}, "none"),
         ({"waiting": 4, "waiting_for_capacity": 0, "running": 5}, None),  # deferred, say: no name for it
+        # deferred for an adapter without a slot: the LoRA slots, unless the cache is full anyway
+        ({"waiting": 4, "waiting_for_capacity": 0, "running": 5, "lora_blocked": True}, "lora_slots"),
+        ({"waiting": 4, "usage": 0.97, "lora_blocked": True}, "kv_cache"),
         ({"waiting": None}, None),
     ],
 )
@@ -262,3 +265,30 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
     assert derive.live_speculation(derive.LiveSpeculation(("suffix", 4)))[0] == Speculation("ngram", 4)
     assert derive.live_speculation(derive.LiveSpeculation(("deepseek_mtp", 1)))[0] == Speculation("mtp", 1)
     assert derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation(("draft_model", 2))) is None
+
+
+def test_lora_slots_from_vllms_series() -> None:
+    """The server's one LoRA series. Under V1 (0.32, as its real server shows) both lists name the adapters in the
+    batch, and a request waiting for a slot is one vLLM defers while every slot is in use; V0's lists are its
+    running and waiting queues. Lists recorded at a step before the server went idle count for nothing; several engines
+    share one series: none."""
+    from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1_CAPACITY, EngineMetrics, LoraRequests
+
+    v1 = LoraRequests(max_loras=1, running=("sql",), waiting=("sql",))
+    deferred = EngineMetrics("m", "0", running=4, waiting=4, waiting_by_reason={"capacity": 0, "deferred": 4})
+    busy = derive.lora_slots(v1, deferred, 1, SCHEMA_V1_CAPACITY)
+    assert busy == derive.LoraSlots(1, ("sql",), blocked=True)
+    room = derive.lora_slots(LoraRequests(2, ("sql",), ("sql",)), deferred, 1, SCHEMA_V1_CAPACITY)
+    assert room is not None and room.blocked is False  # a slot is free: the deferral is something else's
+    flowing = EngineMetrics("m", "0", running=4, waiting=0, waiting_by_reason={"capacity": 0, "deferred": 0})
+    assert derive.lora_slots(v1, flowing, 1, SCHEMA_V1_CAPACITY).blocked is False
+    no_reasons = derive.lora_slots(v1, EngineMetrics("m", "0", running=4, waiting=4), 1, SCHEMA_V1_CAPACITY)
+    assert no_reasons is not None and no_reasons.blocked is None  # V1 without reasons: its lists cannot tell
+    idle = derive.lora_slots(v1, EngineMetrics("m", "0", running=0, waiting=0), 1, SCHEMA_V1_CAPACITY)
+    assert idle == derive.LoraSlots(1, (), blocked=False)
+    v0 = LoraRequests(max_loras=2, running=("sql", "chat"), waiting=("code", "sql"))
+    queued = EngineMetrics("m", "0", running=5, waiting=3)
+    assert derive.lora_slots(v0, queued, 1, SCHEMA_V0).blocked is True  # code waits, both slots held by others
+    assert derive.lora_slots(LoraRequests(3, ("sql", "chat"), ("code",)), queued, 1, SCHEMA_V0).blocked is False
+    assert derive.lora_slots(v1, deferred, 2, SCHEMA_V1_CAPACITY) is None  # data parallel: vLLM's one series misleads
+    assert derive.lora_slots(None, deferred, 1, SCHEMA_V1_CAPACITY) is None

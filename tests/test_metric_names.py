@@ -31,6 +31,8 @@ UNITLESS = {  # counts and states without a base unit
     "vllm_capacity_kv_cache_groups",  # a count per layer kind
     "vllm_capacity_kv_cache_blocks_per_request",  # blocks, like kv_cache_blocks
     "vllm_capacity_kv_cache_plan_mismatch",  # a 0/1 state
+    "vllm_capacity_lora_slots",  # a count of adapters
+    "vllm_capacity_lora_running_adapters",  # a count of adapters
 }
 
 

@@ -8,13 +8,20 @@ on a GPU they are part of "Model loading took", which the budget subtracts like 
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
+import httpx
 import pytest
 
 import lab
+from conftest import samples
+from vllm_capacity import derive
+from vllm_capacity.sources.vllm_parse import parse_metrics
 
 pytestmark = pytest.mark.realvllm
 
@@ -63,3 +70,71 @@ def test_plan_gives_the_lora_slots_vllm_allocates(case: str) -> None:
     # the slots come out of the KV cache, byte for byte
     kv_without = json.loads(without.stdout)["memory_budget"]["kv_cache_bytes"]
     assert kv_without - doc["memory_budget"]["kv_cache_bytes"] == doc["memory_budget"]["lora_bytes"]
+
+
+def _report(url: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", url, "--format", "json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (engine,) = json.loads(done.stdout)["engines"]
+    return engine
+
+
+def _lora_series(raw: str) -> dict[str, str]:
+    """vLLM's newest lora_requests_info series' labels (the largest value: when it last recorded them)."""
+    found = [(v, dict(labels)) for (n, labels), v in samples(raw).items() if n == "vllm:lora_requests_info"]
+    return max(found, key=lambda x: x[0])[1] if found else {}
+
+
+def test_live_lora_slots_on_a_real_server(tmp_path: Path) -> None:
+    """Two adapters on one slot (--max-loras 1): while one adapter's requests run, vLLM defers the other's, and the
+    agent names the LoRA slots as the limit; once the server is idle, no adapter counts as running."""
+    cache = lab.install()
+    adapter = str(cache / "tiny-llama-lora")
+    server = lab.VllmServer(
+        log_path=tmp_path / "vllm.log",
+        extra_args=("--enable-lora", "--max-loras", "1", "--max-lora-rank", "8", "--max-num-seqs", "8",
+                    "--lora-modules", f"first={adapter}", f"second={adapter}"),
+    )  # fmt: skip
+    server.start()
+    busy_raw = None
+    try:
+        server.wait_ready()
+
+        def ask(model: str) -> int:
+            body = {"model": model, "prompt": "the quick brown fox", "max_tokens": 900, "ignore_eos": True}
+            return httpx.post(server.url + "/v1/completions", json=body, timeout=300).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            asked = [pool.submit(ask, m) for m in ["first"] * 4 + ["second"] * 4]
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and not all(f.done() for f in asked):
+                raw = httpx.get(server.url + "/metrics").text
+                deferred = [
+                    v
+                    for (n, labels), v in samples(raw).items()
+                    if n == "vllm:num_requests_waiting_by_reason" and ("reason", "deferred") in labels
+                ]
+                if _lora_series(raw).get("running_lora_adapters") and deferred and deferred[0] > 0:
+                    busy_raw = raw  # one adapter in the batch, requests deferred: the other adapter's
+                    break
+                time.sleep(0.05)
+            assert all(f.result() == 200 for f in asked)
+        idle = _report(server.url)
+        idle_raw = httpx.get(server.url + "/metrics").text
+    finally:
+        server.stop()
+    assert busy_raw is not None, "never saw one adapter running while the other waited"
+    # the agent's reading of that scrape (its own parse and derivation, as a cycle runs them): vLLM 0.32 names the
+    # running adapter in both of its lists; the other's requests are deferred while the one slot is in use
+    (busy,) = derive.derive_all(parse_metrics(busy_raw), {"tiny-llama": 1024}, None)
+    assert busy.lora is not None and busy.lora.slots == 1 and len(busy.lora.running) == 1
+    assert busy.waiting_deferred and busy.waiting_deferred > 0
+    assert busy.lora.blocked is True and busy.concurrency_limit == "lora_slots"
+    # idle: nothing runs, no adapter counts (vLLM 0.32 records empty lists once idle; the agent would count none
+    # from an older series either, while vLLM reports no request running)
+    print(f"\nbusy: {busy.lora}; idle: {idle['lora']}; vLLM's newest series when idle: {_lora_series(idle_raw)}")
+    assert idle["lora"] == {"slots": 1, "running": [], "blocked": False}
+    assert idle["concurrency_limit"] == "none"

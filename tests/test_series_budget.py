@@ -17,7 +17,7 @@ from conftest import FIXTURES, VLLM_FIXTURES
 from fake_nvml import FakeGpu, FakeNvml, seed_gpu
 from payloads import data_parallel
 from vllm_capacity.budget import gpu_budget
-from vllm_capacity.derive import LatencyView, derive_engine
+from vllm_capacity.derive import LatencyView, LoraSlots, derive_engine
 from vllm_capacity.exposition import build_registry
 from vllm_capacity.latency import MAX_BINS, QUANTILES, bin_bounds
 from vllm_capacity.snapshot import Snapshot
@@ -57,6 +57,7 @@ def worst_case_series(engines: int) -> int:
             latency=view,
             preemptions_total=3.0,
             max_num_seqs=16,
+            lora=LoraSlots(2, ("a", "b"), blocked=True) if engines == 1 else None,  # vLLM's LoRA series: one engine
         )
         for m in parse_metrics(data_parallel(engines)).engines
     )

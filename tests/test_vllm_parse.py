@@ -13,6 +13,7 @@ from vllm_capacity.sources.vllm_parse import (
     SCHEMA_V1_CAPACITY,
     SCHEMA_V1_LEGACY,
     WANTED,
+    LoraRequests,
     parse_metrics,
 )
 from vllm_capacity.sources.vllm_scan import select_lines
@@ -221,3 +222,23 @@ def test_speculative_decoding_counters_v1_and_v0() -> None:
     )
     (e0,) = parse_metrics(v0).engines
     assert (e0.engine, e0.spec_drafts_total, e0.spec_accepted_tokens_total) == ("0", None, 300.0)
+
+
+LORA_FAMILY = (
+    "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+    "# TYPE vllm:lora_requests_info gauge\n"
+    'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",waiting_lora_adapters=""} 1.7961258e+09\n'
+    'vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql,chat",waiting_lora_adapters="code"} '
+    "1.7961259e+09\n"
+    'vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql",waiting_lora_adapters=""} 1.7961257e+09\n'
+)
+
+
+def test_lora_requests_the_newest_series_is_read() -> None:
+    """vLLM keeps a series for every pair of adapter lists it ever recorded, each valued with when it last did: the
+    newest (largest) is the current one."""
+    lora = parse_metrics(fixture_text("v1-0.32.0-cpu-idle.prom") + LORA_FAMILY).lora
+    assert lora == LoraRequests(max_loras=2, running=("sql", "chat"), waiting=("code",))
+    assert parse_metrics(fixture_text("v1-0.32.0-cpu-idle.prom")).lora is None  # no --enable-lora: no family
+    odd = LORA_FAMILY.replace('max_lora="2"', 'max_lora="two"')
+    assert parse_metrics(fixture_text("v1-0.32.0-cpu-idle.prom") + odd).lora.max_loras is None  # not a count

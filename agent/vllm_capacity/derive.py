@@ -49,6 +49,7 @@ from vllm_capacity.sources.vllm_parse import (
     SCHEMA_V1_LEGACY,
     CacheConfig,
     EngineMetrics,
+    LoraRequests,
     VllmMetrics,
 )
 
@@ -152,7 +153,8 @@ def headroom(running: float | None, bounds: Mapping[str, float | None]) -> tuple
     return known[basis] - running, basis
 
 
-LIMITS = ("kv_cache", "max_num_seqs", "slo", "none")  # concurrency_limit's values, in the order they are tried
+# concurrency_limit's values, in the order they are tried (lora_slots only where vLLM serves LoRA)
+LIMITS = ("kv_cache", "max_num_seqs", "lora_slots", "slo", "none")
 
 
 def concurrency_limit(
@@ -164,10 +166,12 @@ def concurrency_limit(
     usage: float | None,
     max_num_seqs: int | None,
     slo_max_concurrency: int | None,
+    lora_blocked: bool = False,
 ) -> str | None:
     """What limits concurrency now: ``kv_cache`` (requests were preempted since the last read, or requests wait on
-    a nearly full cache), ``max_num_seqs`` (running at vLLM's --max-num-seqs), ``slo`` (running above the SLO-bound
-    concurrency), ``none`` (nothing waits). None when requests wait for a reason none of these names: vLLM counts a
+    a nearly full cache), ``max_num_seqs`` (running at vLLM's --max-num-seqs), ``lora_slots`` (requests for an
+    adapter wait while vLLM's --max-loras slots hold others), ``slo`` (running above the SLO-bound concurrency),
+    ``none`` (nothing waits). None when requests wait for a reason none of these names: vLLM counts a
     request as waiting for "capacity" for any scheduling limit (a batch slot, the step's token budget), so that
     reason alone, on a cache with room, does not name the KV cache (measured on vLLM 0.32)."""
     if preempted:
@@ -176,6 +180,8 @@ def concurrency_limit(
         return "max_num_seqs"
     if (waiting or 0) > 0 and usage is not None and usage >= NEARLY_FULL:
         return "kv_cache"
+    if lora_blocked:
+        return "lora_slots"
     if slo_max_concurrency is not None and running is not None and running > slo_max_concurrency:
         return "slo"
     if waiting is not None and waiting == 0:
@@ -265,6 +271,7 @@ class EngineCapacity:
     spec_decode: SpecDecode | None = None  # speculative decoding's acceptance, when vLLM counts it
     cpu_capacity_tokens: int | None = None  # the CPU tier: V0 swap space, V1 KV offloading
     layout: PlannedLayout | None = None  # the KV-cache groups planned from --model-config for vLLM's own budget
+    lora: LoraSlots | None = None  # multi-LoRA serving: vLLM's adapter slots and the adapters using them
 
     def concurrency_at(self, context_tokens: int) -> float | None:
         """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
@@ -291,6 +298,44 @@ class SpecDecode:
         """Tokens each verification step emits on average: the target's own and the accepted drafts (vLLM's
         "Mean acceptance length": 1 + accepted / drafts)."""
         return 1 + self.accepted_tokens / self.drafts if self.drafts else None
+
+
+@dataclass(frozen=True)
+class LoraSlots:
+    """Multi-LoRA serving, from ``vllm:lora_requests_info``: the adapters one batch can hold (vLLM's --max-loras),
+    those with requests in the batch, and whether requests wait for a slot that other adapters hold (None: vLLM does
+    not say enough to tell)."""
+
+    slots: int | None
+    running: tuple[str, ...]
+    blocked: bool | None
+
+
+def lora_slots(lora: LoraRequests | None, m: EngineMetrics, engines: int, schema: str) -> LoraSlots | None:
+    """The server's LoRA series for its one engine (None without LoRA, or with several engines, whose one series
+    vLLM says misleads).
+
+    What the lists say differs by engine. V0's scheduler lists the adapters of its running and of its waiting
+    queue. V1 (read in 0.32, and seen on its server) tracks requests in the front end, which learns of a request
+    only from the engine's outputs, once it runs; and it puts every adapter it tracks in both lists. So under V1 the
+    lists name the adapters with requests in the batch, and a request waiting for a slot shows as one vLLM defers
+    (``num_requests_waiting_by_reason{reason="deferred"}``) while every slot is in use. vLLM records the series only
+    while it steps (0.32's last one, once idle, has empty lists), so an adapter counts only while vLLM reports
+    requests running: a series left from a step that no longer is never counts."""
+    if lora is None or engines != 1:
+        return None
+    running = () if m.running == 0 else lora.running
+    full = lora.max_loras is not None and len(running) >= lora.max_loras
+    blocked: bool | None
+    if m.waiting == 0:
+        blocked = False  # nothing waits, for a slot or anything else
+    elif schema == SCHEMA_V0:
+        blocked = full and bool(m.waiting) and any(a not in running for a in lora.waiting)
+    elif "deferred" in m.waiting_by_reason:
+        blocked = full and m.waiting_by_reason["deferred"] > 0
+    else:  # V1 before vLLM gave reasons for waiting: its lists cannot say
+        blocked = None
+    return LoraSlots(lora.max_loras, running, blocked)
 
 
 @dataclass(frozen=True)
@@ -517,6 +562,7 @@ def derive_engine(
     max_num_seqs: int | None = None,
     max_num_batched_tokens: int | None = None,
     speculation: tuple[str, int] | None = None,
+    lora: LoraSlots | None = None,
 ) -> EngineCapacity:
     """One engine's figures. ``rules``: the engine and release whose sizing rules apply (:func:`sizing_rules`;
     None: the metric generation's); ``preemptions_total``: vLLM's counter as the agent carries it over restarts."""
@@ -542,6 +588,7 @@ def derive_engine(
         usage=m.kv_cache_usage,
         max_num_seqs=max_num_seqs,
         slo_max_concurrency=slo,
+        lora_blocked=bool(lora and lora.blocked),
     )
     asleep = None if m.sleep_state is None else m.sleep_state != "awake"
     layout = planned_layout(
@@ -599,6 +646,7 @@ def derive_engine(
         spec_decode=spec_decode(m),
         layout=layout,
         cpu_capacity_tokens=cpu_capacity_tokens(cc, schema, layout, tp=tp, pp=pp, version=rules[1]),
+        lora=lora,
     )
 
 
@@ -692,6 +740,7 @@ def derive_all(
                 max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
                 speculation=speculation,
+                lora=lora_slots(metrics.lora, m, len(metrics.engines), metrics.schema),
             )
         )
     return out

@@ -85,7 +85,8 @@ def _latency_observations(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], 
 def _limit(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
     if e.concurrency_limit is not None:
         for limit in LIMITS:
-            yield (limit,), 1.0 if limit == e.concurrency_limit else 0.0
+            if limit != "lora_slots" or e.lora is not None:
+                yield (limit,), 1.0 if limit == e.concurrency_limit else 0.0
 
 
 def _layout(what: str) -> EngineRows:
@@ -171,6 +172,23 @@ SPECS: tuple[MetricSpec, ...] = (
         "page-aligned chunks of every rank's block bytes) when --model-config gives the bytes per block; absent for "
         "an MLA model under TP alone, whose one or many copies vLLM does not report.",
         value=lambda e: e.cpu_capacity_tokens,
+    ),
+    _m(
+        "lora_slots",
+        "gauge",
+        E,
+        "LoRA adapters one batch can serve (vLLM's --max-loras): vllm:lora_requests_info's max_lora label. Absent "
+        "without --enable-lora, and with several data-parallel engines (vLLM keeps one series for all of them).",
+        value=lambda e: e.lora.slots if e.lora else None,
+    ),
+    _m(
+        "lora_running_adapters",
+        "gauge",
+        E,
+        "LoRA adapters with requests in vLLM's batch: the newest vllm:lora_requests_info series' running_lora_adapters "
+        "(0 while vLLM reports no request running: it records the series only while it steps). Against lora_slots: "
+        "at it, a request for another adapter waits (concurrency_limit{limit=lora_slots}).",
+        value=lambda e: len(e.lora.running) if e.lora else None,
     ),
     _m(
         "kv_cache_groups",
@@ -286,7 +304,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         (*E, "limit"),
         "1 for what limits concurrency now, 0 for the others: kv_cache (requests were preempted, or wait on a "
-        "nearly full cache), max_num_seqs (running at vLLM's --max-num-seqs), slo (running above "
+        "nearly full cache), max_num_seqs (running at vLLM's --max-num-seqs), lora_slots (requests for an adapter "
+        "wait while --max-loras slots hold others; with --enable-lora only), slo (running above "
         "max_concurrency{basis=slo}), none (nothing waits). Absent when requests wait for a reason none names.",
         rows=_limit,
     ),

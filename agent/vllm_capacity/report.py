@@ -148,9 +148,34 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
         lines.append(f"  limit now        {e.concurrency_limit:>12}")
     if e.headroom_requests is not None:
         lines.append(f"  headroom         {_n(e.headroom_requests):>12} requests   (bound by {e.headroom_basis})")
+    lines += _lora_lines(e)
     lines += _spec_decode_lines(e)
     lines += _curve_lines(e)
     return lines
+
+
+def _names(adapters: tuple[str, ...], most: int = 6) -> str:
+    shown = ", ".join(adapters[:most]) or "-"
+    return shown + (f" and {len(adapters) - most} more" if len(adapters) > most else "")
+
+
+def _lora_lines(e: EngineCapacity) -> list[str]:
+    """Multi-LoRA serving: vLLM's adapter slots, the adapters in its batch, and whether requests wait for a slot."""
+    lora = e.lora
+    if lora is None:
+        return []
+    waits: dict[bool | None, str] = {
+        True: "requests wait for a slot that other adapters hold",
+        False: "no request waits for a slot",
+        None: "whether requests wait for a slot: unknown (vLLM gives no reason for waiting)",
+    }
+    return [
+        "",
+        "LoRA adapters",
+        f"  slots            {_n(lora.slots):>12}   (--max-loras: adapters one batch serves)",
+        f"  running          {len(lora.running):>12}   ({_names(lora.running)})",
+        f"  {waits[lora.blocked]}",
+    ]
 
 
 def _spec_decode_lines(e: EngineCapacity) -> list[str]:

@@ -123,6 +123,19 @@
             },
           },
           {
+            "alert": "VLLMLoRASlotsExhausted",
+            "expr": "vllm_capacity_concurrency_limit{limit=\"lora_slots\"} == 1",
+            "for": "10m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "Requests wait for a LoRA slot that other adapters hold.",
+              "description": "{{ $labels.model_name }} (engine {{ $labels.engine }}) on {{ $labels.namespace }}/{{ $labels.pod }}: requests wait while every one of vLLM's --max-loras slots serves another adapter, whatever the KV cache has free.",
+              "runbook_url": std.format("%s#vllmloraslotsexhausted", [$._config.runbookURL]),
+            },
+          },
+          {
             "alert": "VLLMGPUMemoryNearFull",
             "expr": std.format("(vllm_capacity_gpu_memory_free_bytes / vllm_capacity_gpu_memory_total_bytes) < %g", [$._config.gpuMemoryFreeMinRatio]),
             "for": "15m",

@@ -889,7 +889,7 @@
             },
           ],
           "title": "What limits concurrency now",
-          "description": "kv_cache, max_num_seqs (vLLM's --max-num-seqs), slo (over the latency objective) or none (nothing waits); and the requests vLLM defers for other reasons.",
+          "description": "kv_cache, max_num_seqs (vLLM's --max-num-seqs), lora_slots (requests for an adapter wait while vLLM's --max-loras slots hold others), slo (over the latency objective) or none (nothing waits); and the requests vLLM defers for other reasons (a LoRA adapter without a slot among them).",
           "transparent": false,
           "datasource": {
             "type": "prometheus",
@@ -924,6 +924,52 @@
           "id": 20,
           "targets": [
             {
+              "expr": std.format("vllm_capacity_lora_slots{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
+              "refId": "A",
+              "legendFormat": "slots {{pod}}/{{engine}}",
+            },
+            {
+              "expr": std.format("vllm_capacity_lora_running_adapters{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
+              "refId": "B",
+              "legendFormat": "running {{pod}}/{{engine}}",
+            },
+          ],
+          "title": "LoRA adapters and slots",
+          "description": "With --enable-lora: the adapters one batch can serve (vLLM's --max-loras) and those with requests in the batch; at the slots, a request for another adapter waits (What limits concurrency now says lora_slots). Empty without LoRA.",
+          "transparent": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 0,
+            "y": 56,
+          },
+          "repeatDirection": "h",
+          "fieldConfig": {
+            "defaults": {
+              "unit": "short",
+              "min": 0,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "value": null,
+                    "color": "green",
+                  },
+                ],
+              },
+            },
+            "overrides": [],
+          },
+        },
+        {
+          "type": "timeseries",
+          "id": 21,
+          "targets": [
+            {
               "expr": std.format("vllm_capacity_mean_context_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
               "refId": "A",
               "legendFormat": "mean context {{pod}}/{{engine}}",
@@ -943,7 +989,7 @@
           "gridPos": {
             "h": 8,
             "w": 12,
-            "x": 0,
+            "x": 12,
             "y": 56,
           },
           "repeatDirection": "h",
@@ -965,7 +1011,7 @@
         },
         {
           "type": "timeseries",
-          "id": 21,
+          "id": 22,
           "targets": [
             {
               "expr": std.format("sum(vllm_capacity_requests_waiting{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
@@ -992,8 +1038,8 @@
           "gridPos": {
             "h": 8,
             "w": 12,
-            "x": 12,
-            "y": 56,
+            "x": 0,
+            "y": 64,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1015,19 +1061,19 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 22,
+          "id": 23,
           "panels": [],
           "title": "Latency against concurrency",
           "gridPos": {
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 64,
+            "y": 72,
           },
         },
         {
           "type": "timeseries",
-          "id": 23,
+          "id": 24,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1050,7 +1096,7 @@
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 65,
+            "y": 73,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1075,7 +1121,7 @@
         },
         {
           "type": "timeseries",
-          "id": 24,
+          "id": 25,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1098,7 +1144,7 @@
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 65,
+            "y": 73,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1119,7 +1165,7 @@
         },
         {
           "type": "bargauge",
-          "id": 25,
+          "id": 26,
           "targets": [
             {
               "expr": std.format("max by (running) (vllm_capacity_latency_by_concurrency_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",latency=\"itl\",quantile=\"0.9\"})", [$._config.clusterLabel]),
@@ -1143,7 +1189,7 @@
             "h": 8,
             "w": 24,
             "x": 0,
-            "y": 73,
+            "y": 81,
           },
           "repeatDirection": "h",
           "options": {
@@ -1186,7 +1232,7 @@
         },
         {
           "type": "timeseries",
-          "id": 26,
+          "id": 27,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1210,7 +1256,7 @@
             "h": 8,
             "w": 24,
             "x": 0,
-            "y": 81,
+            "y": 89,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1248,7 +1294,7 @@
         },
         {
           "type": "timeseries",
-          "id": 27,
+          "id": 28,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_draft_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1267,7 +1313,7 @@
             "h": 8,
             "w": 12,
             "x": 0,
-            "y": 89,
+            "y": 97,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1290,7 +1336,7 @@
         },
         {
           "type": "timeseries",
-          "id": 28,
+          "id": 29,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_drafts_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1309,7 +1355,7 @@
             "h": 8,
             "w": 12,
             "x": 12,
-            "y": 89,
+            "y": 97,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1331,7 +1377,7 @@
         },
         {
           "type": "timeseries",
-          "id": 29,
+          "id": 30,
           "targets": [
             {
               "expr": std.format("sum by (pod, group_kind) (vllm_capacity_kv_cache_blocks_per_request{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
@@ -1350,7 +1396,7 @@
             "h": 8,
             "w": 24,
             "x": 0,
-            "y": 97,
+            "y": 105,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1378,19 +1424,19 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 30,
+          "id": 31,
           "panels": [],
           "title": "GPU",
           "gridPos": {
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 105,
+            "y": 113,
           },
         },
         {
           "type": "timeseries",
-          "id": 31,
+          "id": 32,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1413,7 +1459,7 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 106,
+            "y": 114,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1436,7 +1482,7 @@
         },
         {
           "type": "timeseries",
-          "id": 32,
+          "id": 33,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_power_watts{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1459,7 +1505,7 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 106,
+            "y": 114,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1480,7 +1526,7 @@
         },
         {
           "type": "timeseries",
-          "id": 33,
+          "id": 34,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_temperature_celsius{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1503,7 +1549,7 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 106,
+            "y": 114,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1545,7 +1591,7 @@
         },
         {
           "type": "timeseries",
-          "id": 34,
+          "id": 35,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_throttled{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"} == 1", [$._config.clusterLabel]),
@@ -1563,7 +1609,7 @@
             "h": 8,
             "w": 24,
             "x": 0,
-            "y": 114,
+            "y": 122,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1585,19 +1631,19 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 35,
+          "id": 36,
           "panels": [],
           "title": "Sidecar health",
           "gridPos": {
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 122,
+            "y": 130,
           },
         },
         {
           "type": "timeseries",
-          "id": 36,
+          "id": 37,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_up{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1615,7 +1661,7 @@
             "h": 8,
             "w": 8,
             "x": 0,
-            "y": 123,
+            "y": 131,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1642,7 +1688,7 @@
         },
         {
           "type": "timeseries",
-          "id": 37,
+          "id": 38,
           "targets": [
             {
               "expr": std.format("sum by (source, reason) (rate(vllm_capacity_source_errors_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}[$__rate_interval]))", [$._config.clusterLabel]),
@@ -1660,7 +1706,7 @@
             "h": 8,
             "w": 8,
             "x": 8,
-            "y": 123,
+            "y": 131,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1681,7 +1727,7 @@
         },
         {
           "type": "timeseries",
-          "id": 38,
+          "id": 39,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_duration_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1699,7 +1745,7 @@
             "h": 8,
             "w": 8,
             "x": 16,
-            "y": 123,
+            "y": 131,
           },
           "repeatDirection": "h",
           "fieldConfig": {

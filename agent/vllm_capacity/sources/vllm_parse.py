@@ -44,6 +44,9 @@ SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
 PROCESS_START = "process_start_time_seconds"
+# V0 >= 0.6.4, V1 >= 0.8.0 with --enable-lora: labels max_lora and the comma-joined names of the adapters with running /
+# waiting requests; the value is when vLLM last recorded it (each new pair of lists is a new series, the old ones stay)
+LORA_REQUESTS = "vllm:lora_requests_info"
 # V1 >= 0.11.2: 1 on the series of the engine's state: awake, weights_offloaded (sleep level 1), discard_all (2)
 SLEEP = "vllm:engine_sleep_state"
 # Inter-token latency histograms: the newer name (V0 and V1 >= 0.10.2) and the older one (removed in V1 0.15).
@@ -77,6 +80,7 @@ WANTED = (
     SPEC_DRAFTS,
     SPEC_DRAFT_TOKENS,
     SPEC_ACCEPTED_TOKENS,
+    LORA_REQUESTS,
     *LATENCY_BUCKETS,
 )
 _WANTED_SET = frozenset(WANTED)
@@ -89,7 +93,7 @@ PRESENCE_ONLY = (ITL, TPOT)
 META = (ITL, TPOT, TTFT, "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
 #: The per-engine values: every wanted family but the cache config, the process start and the sleep state (read
 #: apart) and the latency buckets.
-_PER_ENGINE = frozenset(WANTED_WITHOUT_LATENCY) - {CACHE_CONFIG, PROCESS_START, SLEEP}
+_PER_ENGINE = frozenset(WANTED_WITHOUT_LATENCY) - {CACHE_CONFIG, PROCESS_START, SLEEP, LORA_REQUESTS}
 # What a value can be and still be right: a usage fraction in [0, 1] (a float's excess aside), counts and sizes not
 # negative and exact in a float (2^53). A value outside is vLLM's error or a corrupted body: it is left out, and the
 # family named in VllmMetrics.implausible.
@@ -233,6 +237,27 @@ class EngineMetrics:
 
 
 @dataclass(frozen=True)
+class LoraRequests:
+    """The newest ``vllm:lora_requests_info`` series (the largest value: when vLLM last recorded it): ``--max-loras``
+    and the adapters with requests running and waiting. It has no ``model_name`` or ``engine`` label: it is the
+    server's (vLLM warns it misleads under data parallelism). ``max_loras`` None: the label is not a count."""
+
+    max_loras: int | None
+    running: tuple[str, ...]
+    waiting: tuple[str, ...]
+
+    @classmethod
+    def from_labels(cls, labels: Mapping[str, str]) -> LoraRequests:
+        text = labels.get("max_lora", "")
+        slots = int(text) if text.isdigit() else None
+
+        def names(key: str) -> tuple[str, ...]:
+            return tuple(n for n in labels.get(key, "").split(",") if n)
+
+        return cls(slots, names("running_lora_adapters"), names("waiting_lora_adapters"))
+
+
+@dataclass(frozen=True)
 class VllmMetrics:
     """One scrape of vLLM's /metrics, reduced to what capacity derivations need."""
 
@@ -245,6 +270,8 @@ class VllmMetrics:
     itl_metric: str | None = None
     #: Families (and cache_config_info labels) whose value could not be right this scrape; those values are left out.
     implausible: tuple[str, ...] = ()
+    #: LoRA's slots and adapters (None: vLLM serves without --enable-lora, or a release before the family)
+    lora: LoraRequests | None = None
 
 
 def parse_metrics(text: str, *, latency: bool = True) -> VllmMetrics:
@@ -288,6 +315,7 @@ def _parse(text: str | bytes | bytearray, latency: bool) -> VllmMetrics:
         process_start_time_seconds=scan.process_start,
         itl_metric=next((n for n in PRESENCE_ONLY if n in scan.latency_families), None),
         implausible=tuple(sorted(scan.implausible)),
+        lora=LoraRequests.from_labels(scan.lora[1]) if scan.lora else None,
     )
 
 
@@ -360,6 +388,7 @@ class _Scan:
     running_help: str = ""
     has_engine_label: bool = False
     process_start: float | None = None
+    lora: tuple[float, Mapping[str, str]] | None = None  # the newest lora_requests_info series: (value, labels)
 
     def add(self, family: Metric) -> None:
         if family.name in PRESENCE_ONLY:
@@ -395,6 +424,9 @@ class _Scan:
                 continue
             if name == PROCESS_START:
                 self.process_start = value
+            elif name == LORA_REQUESTS:
+                if self.lora is None or value > self.lora[0]:
+                    self.lora = (value, labels)
             elif name == WAITING_BY_REASON:
                 self.waiting_by_reason.setdefault(key, {})[labels.get("reason", "")] = value
             elif name == SLEEP:
