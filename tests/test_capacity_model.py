@@ -840,6 +840,10 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
     index_cache = parse_config({**DEEPSEEK_V2_LITE, "index_topk": 2048, "index_head_dim": 128, "index_topk_freq": 4})
     with pytest.raises(NotModelled, match="IndexCache"):
         plan_kv(index_cache, **kw)
+    with pytest.raises(GeometryError, match="index_topk_pattern"):
+        parse_config({**DEEPSEEK_V2_LITE, "index_topk": 2048, "index_head_dim": 128, "index_topk_pattern": 4})
+    with pytest.raises(NotModelled, match="drafter of its own"):  # a draft model's layers beside the packed latent
+        plan_kv(v32, **kw, kv_cache_dtype="fp8_ds_mla", speculation=Speculation("draft_model", 2, draft=v32))
     # live: under fp8 the backend decides the latent's format, which vLLM does not report: no figure, no layout
     assert derive.model_kv_bytes_per_token(v32, "auto", 8, 1) == 27 * (576 * 2 + 132)
     assert derive.model_kv_bytes_per_token(v32, "fp8_ds_mla", 8, 1) == 27 * (656 + 132)

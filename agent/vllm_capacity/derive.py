@@ -329,8 +329,10 @@ def lora_slots(lora: LoraRequests | None, m: EngineMetrics, engines: int, schema
     blocked: bool | None
     if m.waiting == 0:
         blocked = False  # nothing waits, for a slot or anything else
+    elif m.waiting is None:
+        blocked = None
     elif schema == SCHEMA_V0:
-        blocked = full and bool(m.waiting) and any(a not in running for a in lora.waiting)
+        blocked = full and any(a not in running for a in lora.waiting)
     elif "deferred" in m.waiting_by_reason:
         blocked = full and m.waiting_by_reason["deferred"] > 0
     else:  # V1 before vLLM gave reasons for waiting: its lists cannot say

@@ -42,6 +42,7 @@ from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.hybrid import chunked_local_groups, plan_hybrid
 from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens
 from vllm_capacity.sizing.layers import (
+    PACKED_LATENT_BYTES,
     bytes_per_token_per_layer,
     kv_dtype_bytes,
     layers_per_rank,
@@ -149,6 +150,11 @@ def _sparse_attention(geometry: Geometry, inputs: PlanInputs) -> list[str]:
             f"{dotted(SPARSE_INDEXER)} (V1) lays it out; earlier releases were not read"
         )
     assert geometry.indexer_bytes is not None
+    if inputs.kv_cache_dtype.lower() in PACKED_LATENT_BYTES and inputs.speculation and inputs.speculation.draft:
+        raise NotModelled(
+            f"{geometry.architecture}: a drafter of its own (--draft-model-config) beside the packed latent "
+            f"{inputs.kv_cache_dtype}: the format its layers take is not modelled"
+        )
     notes = [
         f"DeepSeek sparse attention: each MLA layer keeps its indexer's keys beside the latent, "
         f"{geometry.indexer_bytes} B per token (fp8 values and a float32 scale per 128), in the same KV-cache group"

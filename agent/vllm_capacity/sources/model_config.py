@@ -295,6 +295,8 @@ def _sparse_indexer(cfg: dict[str, Any]) -> dict[str, Any]:
         return {}
     head = _int(cfg, "index_head_dim")
     freq, pattern = cfg.get("index_topk_freq", 1), cfg.get("index_topk_pattern")
+    if pattern is not None and not isinstance(pattern, str | list):
+        raise GeometryError("index_topk_pattern", f"{pattern!r} is not a pattern of layers ('S' skips one)")
     if freq != 1 or (pattern is not None and "S" in pattern):
         why = (
             f"DeepSeek sparse attention with IndexCache (index_topk_freq {freq!r}, index_topk_pattern {pattern!r}): "
