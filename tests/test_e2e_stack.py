@@ -42,6 +42,8 @@ NO_DATA_HERE = {
     "vllm:spec_decode_": "the test server runs no speculative decoding: vLLM exports no spec_decode_* counters",
     "vllm_capacity_kv_cache_blocks_per_request": "the e2e agents run without --model-config (test_real_vllm_hybrid "
     "checks the layout against real servers)",
+    "vllm_capacity_lora_": "the test server runs without --enable-lora (test_real_vllm_lora serves two adapters on "
+    "one slot)",
 }
 
 

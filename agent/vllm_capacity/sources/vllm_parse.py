@@ -239,7 +239,8 @@ class EngineMetrics:
 @dataclass(frozen=True)
 class LoraRequests:
     """The newest ``vllm:lora_requests_info`` series (the largest value: when vLLM last recorded it): ``--max-loras``
-    and the adapters with requests running and waiting. It has no ``model_name`` or ``engine`` label: it is the
+    and the adapter lists of its ``running_lora_adapters`` and ``waiting_lora_adapters`` labels (what they mean per
+    engine: :func:`vllm_capacity.derive.lora_slots`). It has no ``model_name`` or ``engine`` label: it is the
     server's (vLLM warns it misleads under data parallelism). ``max_loras`` None: the label is not a count."""
 
     max_loras: int | None
