@@ -812,7 +812,7 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
     """DeepSeek-V3.2's indexer keeps its keys per layer beside the latent (vLLM 0.32 DeepseekV32IndexerCache: 128 fp8
     values and a float32 scale, 132 B), both in one group; the latent's format is the GPU backend's where the dtype
     does not settle it, and the plan says what it assumed. Checked against vLLM's own layout code in
-    test_real_vllm_sparse.py."""
+    test_real_vllm_cache_formats.py."""
     from vllm_capacity import derive
     from vllm_capacity.sources.vllm_parse import CacheConfig
 
@@ -855,6 +855,31 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
     assert auto is not None and "not an SM120" in auto.assumed
     assert auto.planned_tokens == per_format["auto"].kv_cache_tokens
     assert derive.planned_layout(v32, CacheConfig({"block_size": "64", "cache_dtype": "fp8"}), **live) is None
+
+
+def test_per_token_head_scales_ride_beside_each_heads_values() -> None:
+    """vLLM 0.32's per-token-head dtypes (the Triton backend): each head's K and V rows of one-byte values (int4: two
+    to a byte) and a float32 scale each. Checked against vLLM's own spec code in test_real_vllm_cache_formats.py."""
+    llama = parse_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                          "head_dim": 128, "torch_dtype": "bfloat16"})  # fmt: skip
+    kw = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 32768, "version": (0, 32, 0), "tp": 2}
+    rows = {d: plan_kv(llama, **kw, kv_cache_dtype=d).kv_bytes_per_token
+            for d in ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "fp8")}  # fmt: skip
+    assert rows == {"int8_per_token_head": 32 * 4 * 2 * (128 + 4), "fp8_per_token_head": 32 * 4 * 2 * (128 + 4),
+                    "int4_per_token_head": 32 * 4 * 2 * (64 + 4), "fp8": 32 * 4 * 2 * 128}  # fmt: skip
+    note = plan_kv(llama, **kw, kv_cache_dtype="int4_per_token_head").notes[0]
+    assert "64 B and a float32 scale, 68 B" in note
+    with pytest.raises(NotModelled, match=r"0\.32\.0"):
+        plan_kv(llama, **{**kw, "version": (0, 31, 0)}, kv_cache_dtype="int8_per_token_head")
+    gemma3 = parse_config({"num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                           "sliding_window": 1024, "sliding_window_pattern": 6, "torch_dtype": "bfloat16"})  # fmt: skip
+    with pytest.raises(NotModelled, match="Triton"):  # sliding layers' block sizes under Triton: not read
+        plan_kv(gemma3, **kw, kv_cache_dtype="int8_per_token_head")
+    with pytest.raises(ValueError, match="MLA"):
+        plan_kv(parse_config(DEEPSEEK_V2_LITE), **kw, kv_cache_dtype="int8_per_token_head")
+    from vllm_capacity.derive import model_kv_bytes_per_token
+
+    assert model_kv_bytes_per_token(llama, "int8_per_token_head", 2, 1) == rows["int8_per_token_head"]
 
 
 @pytest.mark.parametrize(

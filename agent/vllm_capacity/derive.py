@@ -522,7 +522,7 @@ def model_kv_bytes_per_token(geometry: Geometry | None, cache_dtype: str | None,
         return None
     try:
         dtype_bytes = sizing.kv_dtype_bytes(cache_dtype or "auto", geometry.dtype)
-        geometry = sizing.packed_latent(geometry, cache_dtype or "auto")
+        geometry = sizing.packed_rows(geometry, cache_dtype or "auto")
     except ValueError:
         return None
     layers = sizing.layers_per_rank(geometry.kv_layers, pp)

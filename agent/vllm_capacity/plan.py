@@ -228,7 +228,7 @@ def render_text(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
     if budget is not None:
         lines += [*budget_picture(budget, plan.kv_cache_memory_bytes), ""]
     dtype_bytes = kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype)
-    geometry = sizing.packed_latent(geometry, inputs.kv_cache_dtype)  # fp8_ds_mla: a latent as wide as its bytes
+    geometry = sizing.packed_rows(geometry, inputs.kv_cache_dtype)  # fp8_ds_mla: a latent as wide as its bytes
     lines += [
         "KV cache per GPU",
         f"  memory             {format_bytes(plan.kv_cache_memory_bytes):>14}",

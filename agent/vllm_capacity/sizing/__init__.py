@@ -42,11 +42,12 @@ from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.hybrid import chunked_local_groups, plan_hybrid
 from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens
 from vllm_capacity.sizing.layers import (
-    PACKED_LATENT_BYTES,
+    PER_TOKEN_HEAD,
+    ROW_SCALE_BYTES,
     bytes_per_token_per_layer,
     kv_dtype_bytes,
     layers_per_rank,
-    packed_latent,
+    packed_rows,
     sparse_latent_assumption,
 )
 from vllm_capacity.sizing.memory import MemoryBudget
@@ -59,6 +60,7 @@ from vllm_capacity.sizing.versions import (
     MLA_MHA_HEAD_SIZE,
     NEWEST_RULES,
     NEWEST_VERSION,
+    PER_TOKEN_HEAD_SCALES,
     SPARSE_INDEXER,
     UNIFIED_PAGE_SIZES,
     dotted,
@@ -83,7 +85,7 @@ __all__ = [
     "latent_shared_by_ranks",
     "layers_per_rank",
     "max_concurrency",
-    "packed_latent",
+    "packed_rows",
     "parse_version",
     "plan",
     "plan_kv",
@@ -105,9 +107,17 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         raise NotModelled(f"{geometry.architecture} has no attention layer: vLLM allocates it no KV cache blocks")
     draft: DraftPages | None = None
     notes: list[str] = []
+    rows = packed_rows(geometry, inputs.kv_cache_dtype)  # a format the model's layers cannot take: refused by name
     if geometry.indexer_bytes is not None:
         notes = _sparse_attention(geometry, inputs)
-    geometry = packed_latent(geometry, inputs.kv_cache_dtype)  # refused by name for any other model
+    if inputs.kv_cache_dtype.lower() in PER_TOKEN_HEAD:
+        notes = _per_token_head(geometry, inputs)
+    if rows is not geometry and inputs.speculation and inputs.speculation.draft:
+        raise NotModelled(
+            f"{geometry.architecture}: a drafter of its own (--draft-model-config) beside --kv-cache-dtype "
+            f"{inputs.kv_cache_dtype}: the format its layers take is not modelled"
+        )
+    geometry = rows
     if inputs.speculation is not None:
         geometry, draft, notes = with_drafter(
             geometry,
@@ -150,17 +160,35 @@ def _sparse_attention(geometry: Geometry, inputs: PlanInputs) -> list[str]:
             f"{dotted(SPARSE_INDEXER)} (V1) lays it out; earlier releases were not read"
         )
     assert geometry.indexer_bytes is not None
-    if inputs.kv_cache_dtype.lower() in PACKED_LATENT_BYTES and inputs.speculation and inputs.speculation.draft:
-        raise NotModelled(
-            f"{geometry.architecture}: a drafter of its own (--draft-model-config) beside the packed latent "
-            f"{inputs.kv_cache_dtype}: the format its layers take is not modelled"
-        )
     notes = [
         f"DeepSeek sparse attention: each MLA layer keeps its indexer's keys beside the latent, "
         f"{geometry.indexer_bytes} B per token (fp8 values and a float32 scale per 128), in the same KV-cache group"
     ]
     assumed = sparse_latent_assumption(geometry, inputs.kv_cache_dtype)
     return [*notes, assumed] if assumed else notes
+
+
+def _per_token_head(geometry: Geometry, inputs: PlanInputs) -> list[str]:
+    """What a plan under per-token-head quantisation notes (each head's K and V rows with a float32 scale), where it
+    was read: vLLM 0.32, the full-attention layers of a model without other kinds."""
+    name = inputs.kv_cache_dtype.lower()
+    if inputs.resolved_engine != "v1" or inputs.version < PER_TOKEN_HEAD_SCALES:
+        raise NotModelled(
+            f"--kv-cache-dtype {name} is planned as vLLM {dotted(PER_TOKEN_HEAD_SCALES)} (V1) stores it; earlier "
+            "releases were not read"
+        )
+    if not geometry.uniform:
+        kinds = ", ".join(sorted({k for k in geometry.layer_kinds if k not in ("none", "shared")}))
+        raise NotModelled(
+            f"{geometry.architecture}: --kv-cache-dtype {name} beside {kinds} layers: the block sizes the Triton "
+            "backend (the one that takes it) gives them are not modelled"
+        )
+    values = PER_TOKEN_HEAD[name][0]
+    row = geometry.head_dim // values + ROW_SCALE_BYTES
+    return [
+        f"{name}: each head's K and V rows of {geometry.head_dim} values take {geometry.head_dim // values} B and a "
+        f"float32 scale, {row} B (vLLM's Triton attention, the one backend that takes it)"
+    ]
 
 
 def _with_full_shape(geometry: Geometry, inputs: PlanInputs) -> Geometry:

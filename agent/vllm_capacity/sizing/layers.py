@@ -25,10 +25,32 @@ KV_DTYPE_BYTES = {
 PACKED_LATENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 
 
-def packed_latent(geometry: Geometry, kv_cache_dtype: str) -> Geometry:
-    """A sparse-attention model under a packed latent format, as a latent as wide as its bytes (of one byte, which
-    :func:`kv_dtype_bytes` gives those formats); the geometry as it is under any other dtype."""
-    blob = PACKED_LATENT_BYTES.get(kv_cache_dtype.lower())
+# Per-token-head quantisation (vLLM 0.32, the Triton attention backend alone takes it): each head's K and V rows of
+# one-byte values (int4: two to a byte, as (values, per byte)), each row followed by its float32 scale
+# (``TritonAttentionBackend.customize_spec``)
+PER_TOKEN_HEAD = {"int8_per_token_head": (1, 1), "fp8_per_token_head": (1, 1), "int4_per_token_head": (2, 1)}
+ROW_SCALE_BYTES = 4
+
+
+def packed_rows(geometry: Geometry, kv_cache_dtype: str) -> Geometry:
+    """A cache format whose rows are not whole values of one dtype, as rows of bytes (of one byte each, which
+    :func:`kv_dtype_bytes` gives those formats): a sparse-attention model's packed latent, as wide as its bytes; a
+    per-token-head format's K or V row of a head, its values and their scale. The geometry as it is under any other
+    dtype; ValueError for a format the model's layers cannot take."""
+    name = kv_cache_dtype.lower()
+    if name in PER_TOKEN_HEAD:
+        if "mla" in geometry.layer_kinds:
+            raise ValueError(
+                f"--kv-cache-dtype {kv_cache_dtype}: vLLM's MLA backends do not take per-token-head scales"
+            )
+        per_byte = PER_TOKEN_HEAD[name][0]
+
+        def row(head_dim: int) -> int:
+            return head_dim // per_byte + ROW_SCALE_BYTES
+
+        full = (geometry.full_shape[0], row(geometry.full_shape[1])) if geometry.full_shape else None
+        return replace(geometry, head_dim=row(geometry.head_dim), full_shape=full)
+    blob = PACKED_LATENT_BYTES.get(name)
     if blob is None:
         return geometry
     if geometry.indexer_bytes is None:
@@ -61,10 +83,10 @@ def sparse_latent_assumption(geometry: Geometry, kv_cache_dtype: str) -> str | N
 
 
 def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str | None) -> int:
-    """``auto`` follows the model's dtype; fp8 variants and int8 are one byte (and the packed latent formats, whose
-    width :func:`packed_latent` gives in bytes)."""
+    """``auto`` follows the model's dtype; fp8 variants and int8 are one byte (and the formats whose rows
+    :func:`packed_rows` gives in bytes)."""
     name = kv_cache_dtype.lower()
-    if name in PACKED_LATENT_BYTES:
+    if name in PACKED_LATENT_BYTES or name in PER_TOKEN_HEAD:
         return 1
     if name == "auto":
         if model_dtype is None:

@@ -86,3 +86,6 @@ UNIFIED_PAGE_SIZES = (0, 32, 0)
 # DeepSeek sparse attention (V3.2): each MLA layer's indexer keys beside its latent, every layer's two pages in one
 # group (``DeepseekV32IndexerCache`` and ``UniformTypeKVCacheSpecs``, read in 0.32.0); refused before.
 SPARSE_INDEXER = (0, 32, 0)
+# Per-token-head KV quantisation (int8 / fp8 / int4_per_token_head): each head's K and V rows with a float32 scale
+# inline (``TritonAttentionBackend.customize_spec``), read in 0.32.0; refused before.
+PER_TOKEN_HEAD_SCALES = (0, 32, 0)

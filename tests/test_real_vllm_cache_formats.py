@@ -1,0 +1,75 @@
+"""Cache formats the CPU server cannot run, against vLLM 0.32's own layout code on this machine
+(scripts/vllm-cpu/spec_layout.py): each layer's specs as its layers build them on a GPU, and the blocks, "KV cache
+size" and "Maximum concurrency" vLLM derives from them, are plain Python; the plan must give the same.
+
+* DeepSeek sparse attention (V3.2; the CPU backend refuses sparse attention): each layer's latent (as MLAAttention
+  builds its spec) and its indexer's keys (vLLM's own DeepseekV32IndexerCache), for each format the latent can take.
+* per-token-head quantisation (int8 / fp8 / int4_per_token_head; the CPU backend takes only auto and fp8): the
+  scales the Triton backend packs beside each head's values (its own customize_spec).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import lab
+
+pytestmark = pytest.mark.realvllm
+
+# a DeepSeek-V3.2-shaped config, 3 layers (its MTP layer unused without speculation); index_head_dim 128 as V3.2's
+CONFIG = {
+    "architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", "num_hidden_layers": 3,
+    "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 4, "kv_lora_rank": 512, "q_lora_rank": 128,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "index_head_dim": 128, "index_n_heads": 4,
+    "index_topk": 256, "intermediate_size": 512, "moe_intermediate_size": 128, "n_routed_experts": 4,
+    "n_shared_experts": 1, "num_experts_per_tok": 2, "first_k_dense_replace": 1, "vocab_size": 1000,
+    "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "rope_theta": 10000, "num_nextn_predict_layers": 1,
+}  # fmt: skip
+KV_MEMORY, BLOCK, MAX_MODEL_LEN = 16 * 2**20, 64, 2048  # a block of 64: the indexer kernel's only size on CUDA
+
+
+def plan_against_vllm(config: Path, dtype: str, block: int) -> tuple[dict, dict]:
+    """vLLM's layout of ``config`` under ``dtype`` (its own code) and the plan's, for KV_MEMORY and MAX_MODEL_LEN."""
+    cache = lab.install()
+    venv_python = cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python"
+    run = subprocess.run(
+        ["nice", "-n", "10", str(venv_python), str(lab.HERE / "spec_layout.py"), str(config), dtype, str(KV_MEMORY),
+         str(block), str(MAX_MODEL_LEN)],
+        capture_output=True, text=True, timeout=180, cwd=lab.HERE, env=lab.vllm_env(cache),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith('{"num_blocks"')]
+    vllm = json.loads(line)
+    plan = subprocess.run(
+        [sys.executable, "-m", "vllm_capacity", "plan", "--model-config", str(config), "--format", "json",
+         "--kv-cache-memory", str(KV_MEMORY), "--max-model-len", str(MAX_MODEL_LEN), "--block-size", str(block),
+         "--kv-cache-dtype", dtype, "--vllm-version", "0.32.0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    doc = json.loads(plan.stdout)
+    print(f"\n{config.parent.name} {dtype}: vLLM {vllm}; plan {doc['num_gpu_blocks']} blocks, {doc['kv_cache_tokens']}")
+    assert vllm["groups"] == 1
+    assert (doc["num_gpu_blocks"], doc["kv_cache_tokens"]) == (vllm["num_blocks"], vllm["tokens"])
+    assert doc["max_concurrency"] == pytest.approx(vllm["max_concurrency"], rel=1e-12)
+    return vllm, doc
+
+
+@pytest.mark.parametrize("dtype", ["auto", "fp8_ds_mla", "fp8"])
+def test_plan_gives_vllms_sparse_attention_layout(dtype: str, tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
+    vllm, doc = plan_against_vllm(tmp_path / "config.json", dtype, BLOCK)
+    assert doc["kv_bytes_per_token"] * BLOCK == vllm["page_bytes"]  # one group's page: every latent and indexer
+    assert any("indexer" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize("dtype", ["int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"])
+def test_plan_gives_vllms_per_token_head_layout(dtype: str) -> None:
+    vllm, doc = plan_against_vllm(lab.install() / "tiny-llama" / "config.json", dtype, 16)  # 2 KV heads x 32
+    assert doc["kv_bytes_per_token"] * 16 == vllm["page_bytes"] * doc["kv_layers_per_rank"]  # a layer's page each
+    assert any("float32 scale" in n for n in doc["notes"])
