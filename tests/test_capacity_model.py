@@ -833,6 +833,7 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
     # the MTP layer is a full one: its own latent and indexer
     mtp = plan_kv(v32, **kw, speculation=Speculation("mtp", 1))
     assert mtp.kv_bytes_per_token == 28 * (576 * 2 + 132)
+    assert any("indexer" in n for n in mtp.notes) and any("MTP" in n for n in mtp.notes)  # both said
     with pytest.raises(NotModelled, match=r"0\.32\.0"):
         plan_kv(v32, **{**kw, "version": (0, 31, 0)})
     with pytest.raises(ValueError, match="not a sparse-attention"):  # a packed format on any other model

@@ -119,7 +119,7 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         )
     geometry = rows
     if inputs.speculation is not None:
-        geometry, draft, notes = with_drafter(
+        geometry, draft, drafted = with_drafter(
             geometry,
             inputs.speculation,
             tp=inputs.tp,
@@ -128,6 +128,7 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
             engine=engine,
             version=inputs.version,
         )
+        notes += drafted
     if "chunked" in geometry.layer_kinds and engine == "v1" and inputs.version >= HYBRID_GROUPS:
         hybrid, why = chunked_local_groups(inputs)
         if not hybrid:
