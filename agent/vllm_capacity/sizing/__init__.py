@@ -111,7 +111,7 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     if geometry.indexer_bytes is not None:
         notes = _sparse_attention(geometry, inputs)
     if inputs.kv_cache_dtype.lower() in PER_TOKEN_HEAD:
-        notes = _per_token_head(geometry, inputs)
+        notes = _per_token_head(geometry, rows, inputs)
     if rows is not geometry and inputs.speculation and inputs.speculation.draft:
         raise NotModelled(
             f"{geometry.architecture}: a drafter of its own (--draft-model-config) beside --kv-cache-dtype "
@@ -169,9 +169,9 @@ def _sparse_attention(geometry: Geometry, inputs: PlanInputs) -> list[str]:
     return [*notes, assumed] if assumed else notes
 
 
-def _per_token_head(geometry: Geometry, inputs: PlanInputs) -> list[str]:
-    """What a plan under per-token-head quantisation notes (each head's K and V rows with a float32 scale), where it
-    was read: vLLM 0.32, the full-attention layers of a model without other kinds."""
+def _per_token_head(geometry: Geometry, rows: Geometry, inputs: PlanInputs) -> list[str]:
+    """What a plan under per-token-head quantisation notes (each head's K and V rows with a float32 scale: ``rows``,
+    :func:`packed_rows`'), where it was read: vLLM 0.32, the full-attention layers of a model without other kinds."""
     name = inputs.kv_cache_dtype.lower()
     if inputs.resolved_engine != "v1" or inputs.version < PER_TOKEN_HEAD_SCALES:
         raise NotModelled(
@@ -184,11 +184,10 @@ def _per_token_head(geometry: Geometry, inputs: PlanInputs) -> list[str]:
             f"{geometry.architecture}: --kv-cache-dtype {name} beside {kinds} layers: the block sizes the Triton "
             "backend (the one that takes it) gives them are not modelled"
         )
-    values = PER_TOKEN_HEAD[name][0]
-    row = geometry.head_dim // values + ROW_SCALE_BYTES
+    values = rows.head_dim - ROW_SCALE_BYTES
     return [
-        f"{name}: each head's K and V rows of {geometry.head_dim} values take {geometry.head_dim // values} B and a "
-        f"float32 scale, {row} B (vLLM's Triton attention, the one backend that takes it)"
+        f"{name}: each head's K and V rows of {geometry.head_dim} values take {values} B and a "
+        f"float32 scale, {rows.head_dim} B (vLLM's Triton attention, the one backend that takes it)"
     ]
 
 
