@@ -44,6 +44,16 @@ def fixture_text(name: str) -> str:
     return (VLLM_FIXTURES / name).read_text()
 
 
+def selected_cases(request: pytest.FixtureRequest, test: str) -> list[str]:
+    """The ``case`` parameters of the test function ``test`` in the requesting module that this session runs, in the
+    order it runs them (after -k and the like): what a module fixture may prepare ahead."""
+    return [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if isinstance(item, pytest.Function) and item.module is request.module and item.originalname == test
+    ]
+
+
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of an exposition, keyed by (name, sorted labels), parsed by prometheus-client."""
     out = {}

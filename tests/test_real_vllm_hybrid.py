@@ -26,13 +26,13 @@ import json
 import re
 import subprocess
 import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 import lab
-from conftest import run_plan, samples
+from conftest import run_plan, samples, selected_cases
 
 pytestmark = pytest.mark.realvllm
 KV_BYTES = str(4 * 2**20)
@@ -52,19 +52,39 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_plan_agrees_with_the_real_server_on_a_hybrid_model(case: str, tmp_path: Path) -> None:
-    lab.install()
-    model, max_model_len, extra_args, padding_line, speculation = CASES[case]
+def _vllm_args(case: str) -> tuple[str, ...]:
+    _, _, extra_args, _, speculation = CASES[case]
     if speculation is not None:
         extra_args = (*extra_args, "--speculative-config", json.dumps(speculation))
-    server = lab.VllmServer(
-        log_path=tmp_path / "vllm.log",
-        model=model,
-        max_model_len=max_model_len,
-        extra_args=("--kv-cache-memory-bytes", KV_BYTES, *extra_args),
-    )
-    server.start()
+    return extra_args
+
+
+@pytest.fixture(scope="module")
+def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.StartAhead]:
+    """Each case's server, the next one booting while a test reads its own."""
+    lab.install()
+
+    def make(case: str) -> lab.VllmServer:
+        model, max_model_len, *_ = CASES[case]
+        return lab.VllmServer(
+            log_path=tmp_path_factory.mktemp(case) / "vllm.log",
+            model=model,
+            max_model_len=max_model_len,
+            extra_args=("--kv-cache-memory-bytes", KV_BYTES, *_vllm_args(case)),
+        )
+
+    ahead = lab.StartAhead(make, selected_cases(request, "test_plan_agrees_with_the_real_server_on_a_hybrid_model"))
+    try:
+        yield ahead
+    finally:
+        ahead.close()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_agrees_with_the_real_server_on_a_hybrid_model(case: str, servers: lab.StartAhead) -> None:
+    model, max_model_len, _, padding_line, speculation = CASES[case]
+    extra_args = _vllm_args(case)
+    server = servers.take(case)
     try:
         server.wait_ready()
         raw = httpx.get(server.url + "/metrics").text

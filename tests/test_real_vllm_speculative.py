@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
+from collections.abc import Iterator
 
 import httpx
 import pytest
 
 import lab
-from conftest import run_plan, samples
+from conftest import run_plan, samples, selected_cases
 
 pytestmark = pytest.mark.realvllm
 TOKENS = 2
@@ -49,23 +49,37 @@ def _report(url: str, *extra: str) -> dict:
     return json.loads(done.stdout)
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_plan_and_report_agree_with_a_real_speculative_server(case: str, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[lab.StartAhead]:
+    """Each case's server, the next one booting while a test reads its own."""
     lab.install()
-    target, drafter, method, max_model_len, kv_mib, extra_args, layout = CASES[case]
-    spec = {"method": method, "num_speculative_tokens": TOKENS}
-    if drafter is not None:
-        spec["model"] = str(lab.cache_dir() / drafter)
-    server = lab.VllmServer(
-        log_path=tmp_path / "vllm.log",
-        model=target,
-        max_model_len=max_model_len,
-        extra_args=(
-            *("--kv-cache-memory-bytes", str(kv_mib * 2**20), *extra_args),
-            *("--speculative-config", json.dumps(spec)),
-        ),
-    )
-    server.start()
+
+    def make(case: str) -> lab.VllmServer:
+        target, drafter, method, max_model_len, kv_mib, extra_args, _ = CASES[case]
+        spec = {"method": method, "num_speculative_tokens": TOKENS}
+        if drafter is not None:
+            spec["model"] = str(lab.cache_dir() / drafter)
+        return lab.VllmServer(
+            log_path=tmp_path_factory.mktemp(case) / "vllm.log",
+            model=target,
+            max_model_len=max_model_len,
+            extra_args=(
+                *("--kv-cache-memory-bytes", str(kv_mib * 2**20), *extra_args),
+                *("--speculative-config", json.dumps(spec)),
+            ),
+        )
+
+    ahead = lab.StartAhead(make, selected_cases(request, "test_plan_and_report_agree_with_a_real_speculative_server"))
+    try:
+        yield ahead
+    finally:
+        ahead.close()
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_plan_and_report_agree_with_a_real_speculative_server(case: str, servers: lab.StartAhead) -> None:
+    target, drafter, method, max_model_len, _, extra_args, layout = CASES[case]
+    server = servers.take(case)
     report = None
     try:
         server.wait_ready()
