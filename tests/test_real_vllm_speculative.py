@@ -69,11 +69,9 @@ def servers(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             ),
         )
 
-    ahead = lab.StartAhead(make, selected_cases(request, "test_plan_and_report_agree_with_a_real_speculative_server"))
-    try:
+    order = selected_cases(request, "test_plan_and_report_agree_with_a_real_speculative_server")
+    with lab.StartAhead(make, order) as ahead:
         yield ahead
-    finally:
-        ahead.close()
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

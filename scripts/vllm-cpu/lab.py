@@ -201,7 +201,7 @@ class StartAhead:
     On the 2-core development machine two starts side by side took about 42 s where one takes about 27 s, and the
     hybrid and speculative files 4.5 minutes instead of 6; three at a time gained nothing more. ``order``: the cases
     the session will run, in order (``selected_cases`` in tests/conftest.py); a case outside it is started when
-    taken."""
+    taken. A context manager: leaving it stops what was started ahead and never taken."""
 
     def __init__(self, make: Callable[[str], VllmServer], order: list[str]) -> None:
         self._make, self._order = make, order
@@ -224,7 +224,10 @@ class StartAhead:
                 self._started[following[0]] = self._start(following[0])
         return server
 
-    def close(self) -> None:
+    def __enter__(self) -> StartAhead:
+        return self
+
+    def __exit__(self, *_: object) -> None:
         """Stop the servers started ahead that no test took (a test that failed before it asked, say)."""
         while self._started:
             self._started.popitem()[1].stop()
