@@ -126,7 +126,7 @@ def test_live_lora_slots_on_a_real_server(tmp_path: Path) -> None:
         server.wait_ready()
 
         def ask(model: str) -> int:
-            body = {"model": model, "prompt": "the quick brown fox", "max_tokens": 300, "ignore_eos": True}
+            body = {"model": model, "prompt": "the quick brown fox", "max_tokens": 900, "ignore_eos": True}
             return httpx.post(server.url + "/v1/completions", json=body, timeout=300).status_code
 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
