@@ -26,9 +26,9 @@ PACKED_LATENT_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
 
 
 # Per-token-head quantisation (vLLM 0.32, the Triton attention backend alone takes it): each head's K and V rows of
-# one-byte values (int4: two to a byte, as (values, per byte)), each row followed by its float32 scale
+# one-byte values (int4: two to a byte; here: values per byte), each row followed by its float32 scale
 # (``TritonAttentionBackend.customize_spec``)
-PER_TOKEN_HEAD = {"int8_per_token_head": (1, 1), "fp8_per_token_head": (1, 1), "int4_per_token_head": (2, 1)}
+PER_TOKEN_HEAD = {"int8_per_token_head": 1, "fp8_per_token_head": 1, "int4_per_token_head": 2}
 ROW_SCALE_BYTES = 4
 
 
@@ -43,7 +43,7 @@ def packed_rows(geometry: Geometry, kv_cache_dtype: str) -> Geometry:
             raise ValueError(
                 f"--kv-cache-dtype {kv_cache_dtype}: vLLM's MLA backends do not take per-token-head scales"
             )
-        per_byte = PER_TOKEN_HEAD[name][0]
+        per_byte = PER_TOKEN_HEAD[name]
 
         def row(head_dim: int) -> int:
             return head_dim // per_byte + ROW_SCALE_BYTES
