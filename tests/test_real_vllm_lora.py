@@ -121,36 +121,43 @@ def test_live_lora_slots_on_a_real_server(tmp_path: Path) -> None:
                     "--lora-modules", f"first={adapter}", f"second={adapter}"),
     )  # fmt: skip
     server.start()
-    busy_raw = None
+    busy_raw, polls = None, 0
     try:
         server.wait_ready()
-
-        def ask(model: str) -> int:
-            body = {"model": model, "prompt": "the quick brown fox", "max_tokens": 900, "ignore_eos": True}
-            return httpx.post(server.url + "/v1/completions", json=body, timeout=300).status_code
-
-        with concurrent.futures.ThreadPoolExecutor(8) as pool:
-            # the adapters' requests alternate: on a busy machine vLLM's API server admits them one by one, and all
-            # of the first's ahead of the second's could finish before the second's reach the engine
-            asked = [pool.submit(ask, m) for m in ["first", "second"] * 4]
+        # the requests come from a process of their own, on one shared client (load.py): from this process's
+        # threads, each with a client of its own, a fresh clone's run under coverage once sent three and the other
+        # five only as those finished, so that no adapter's request ever waited for the other's. The adapters
+        # alternate, so that whichever order vLLM's API server admits them in, one of the other adapter's waits.
+        load = subprocess.Popen(
+            [sys.executable, str(Path(lab.__file__).with_name("load.py")), server.url, "--parallel", "8",
+             "--max-tokens", "900", "--rounds", "1", "--model", "first", "--model", "second"],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
             deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and not all(f.done() for f in asked):
-                raw = httpx.get(server.url + "/metrics").text
-                deferred = [
-                    v
-                    for (n, labels), v in samples(raw).items()
-                    if n == "vllm:num_requests_waiting_by_reason" and ("reason", "deferred") in labels
-                ]
-                if _lora_series(raw).get("running_lora_adapters") and deferred and deferred[0] > 0:
-                    busy_raw = raw  # one adapter in the batch, requests deferred: the other adapter's
-                    break
-                time.sleep(0.05)
-            assert all(f.result() == 200 for f in asked)
+            with httpx.Client(timeout=10) as client:
+                while time.monotonic() < deadline and load.poll() is None:
+                    raw = client.get(server.url + "/metrics").text
+                    polls += 1
+                    deferred = [
+                        v
+                        for (n, labels), v in samples(raw).items()
+                        if n == "vllm:num_requests_waiting_by_reason" and ("reason", "deferred") in labels
+                    ]
+                    if _lora_series(raw).get("running_lora_adapters") and deferred and deferred[0] > 0:
+                        busy_raw = raw  # one adapter in the batch, requests deferred: the other adapter's
+                        break
+                    time.sleep(0.05)
+            out, _ = load.communicate(timeout=180)
+        finally:
+            load.kill()
+        result = json.loads(out.strip().splitlines()[-1])
+        assert result["requests"] == 8 and result["errors"] == 0, result
         idle = _report(server.url)
         idle_raw = httpx.get(server.url + "/metrics").text
     finally:
         server.stop()
-    assert busy_raw is not None, "never saw one adapter running while the other waited"
+    assert busy_raw is not None, f"never saw one adapter running while the other waited ({polls} reads of /metrics)"
     # the agent's reading of that scrape (its own parse and derivation, as a cycle runs them): vLLM 0.32 names the
     # running adapter in both of its lists; the other's requests are deferred while the one slot is in use
     (busy,) = derive.derive_all(parse_metrics(busy_raw), {"tiny-llama": 1024}, None)

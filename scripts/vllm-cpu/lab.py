@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -241,8 +241,17 @@ def agent_command(vllm_url: str, port: int, interval: str, *extra: str) -> list[
     ]  # fmt: skip
 
 
-def drive_load(url: str, *, parallel: int, max_tokens: int, rounds: int = 1, prompt_words: int = 40) -> dict:
-    """Bounded load: ``rounds`` x ``parallel`` concurrent /v1/completions with ignore_eos, to this loopback server.
+def drive_load(
+    url: str,
+    *,
+    parallel: int,
+    max_tokens: int,
+    rounds: int = 1,
+    prompt_words: int = 40,
+    models: Sequence[str] = (MODEL_NAME,),
+) -> dict:
+    """Bounded load: ``rounds`` x ``parallel`` concurrent /v1/completions with ignore_eos, to this loopback server;
+    request i asks for ``models[i % len(models)]`` (a served model or LoRA adapter name).
 
     One shared client for all threads: a client per request builds a TLS context each time, and on a 2-core
     machine that alone starves the server being measured.
@@ -256,7 +265,7 @@ def drive_load(url: str, *, parallel: int, max_tokens: int, rounds: int = 1, pro
         def one(i: int) -> None:
             words = (f"the quick brown fox {i} jumps over the lazy dog " * (prompt_words // 10 + 1)).split()
             body = {
-                "model": MODEL_NAME,
+                "model": models[i % len(models)],
                 "prompt": " ".join(words[:prompt_words]),
                 "max_tokens": max_tokens,
                 "temperature": 0.8,

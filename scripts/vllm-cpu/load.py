@@ -1,6 +1,7 @@
 """Bursts of load on a loopback vLLM until stopped: round after round of PARALLEL requests of MAX_TOKENS tokens.
 
-usage: load.py URL [--parallel 24] [--max-tokens 512] [--rounds N]   (N = 0: until SIGTERM or SIGINT)
+usage: load.py URL [--parallel 24] [--max-tokens 512] [--rounds N] [--model NAME ...]
+(N = 0: until SIGTERM or SIGINT; the requests take the models in turn, tiny-llama by default)
 Prints one JSON line per round. The e2e test runs it under `nice`, beside vLLM, so that the monitoring stack under
 test keeps its CPU on a 2-core machine as it would in a real pod.
 """
@@ -21,6 +22,7 @@ def main() -> int:
     ap.add_argument("--parallel", type=int, default=24)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--rounds", type=int, default=0)
+    ap.add_argument("--model", action="append", dest="models", help="a served model or LoRA adapter; repeatable")
     args = ap.parse_args()
     stopping = False
 
@@ -32,7 +34,9 @@ def main() -> int:
     signal.signal(signal.SIGINT, stop)
     done = 0
     while not stopping and (args.rounds == 0 or done < args.rounds):
-        result = lab.drive_load(args.url, parallel=args.parallel, max_tokens=args.max_tokens)
+        result = lab.drive_load(
+            args.url, parallel=args.parallel, max_tokens=args.max_tokens, models=args.models or (lab.MODEL_NAME,)
+        )
         print(
             json.dumps({k: v for k, v in result.items() if k != "errors"} | {"errors": len(result["errors"])}),
             flush=True,
