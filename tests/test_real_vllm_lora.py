@@ -125,9 +125,9 @@ def test_live_lora_slots_on_a_real_server(tmp_path: Path) -> None:
     try:
         server.wait_ready()
         # the requests come from a process of their own, on one shared client (load.py): from this process's
-        # threads, each with a client of its own, a fresh clone's run under coverage once sent three and the other
-        # five only as those finished, so that no adapter's request ever waited for the other's. The adapters
-        # alternate, so that whichever order vLLM's API server admits them in, one of the other adapter's waits.
+        # threads, each with a client of its own, a fresh clone's run under coverage opened three connections at
+        # once and the other five only as those finished (vLLM's log shows the ports). The adapters alternate, so
+        # that whichever order vLLM's API server admits them in, one of the other adapter's waits.
         load = subprocess.Popen(
             [sys.executable, str(Path(lab.__file__).with_name("load.py")), server.url, "--parallel", "8",
              "--max-tokens", "900", "--rounds", "1", "--model", "first", "--model", "second"],
