@@ -27,7 +27,7 @@ from conftest import run_plan, samples, value
 from vllm_capacity.derive import derive_all
 from vllm_capacity.latency import histogram_quantile
 from vllm_capacity.sources.vllm import parse_models
-from vllm_capacity.sources.vllm_parse import ITL, SCHEMA_V1_CAPACITY, parse_metrics
+from vllm_capacity.sources.vllm_parse import SCHEMA_V1_CAPACITY, parse_metrics
 
 pytestmark = pytest.mark.realvllm
 INTERVAL = 0.1  # the agent's minimum: vLLM's cache is full only for moments
@@ -320,14 +320,11 @@ def _hold_load(url: str, parallel: int, seconds: float, max_tokens: int = 96) ->
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _itl_buckets(url: str) -> dict[float, float]:
-    """vLLM's cumulative inter-token latency histogram, summed over its series: upper bound -> count."""
-    out: dict[float, float] = {}
-    for (name, labels), v in samples(httpx.get(url + "/metrics", timeout=10).text).items():
-        if name == ITL + "_bucket":
-            le = float(dict(labels)["le"])
-            out[le] = out.get(le, 0.0) + v
-    return out
+def _itl_buckets(url: str) -> tuple[tuple[float, float], ...]:
+    """vLLM's cumulative inter-token latency histogram, as the agent parses it: (upper bound, count), +Inf last."""
+    (engine,) = parse_metrics(httpx.get(url + "/metrics", timeout=10).text).engines
+    assert "itl" in engine.latency, "vLLM serves no inter-token latency histogram"
+    return engine.latency["itl"]
 
 
 def _itl_p90(url: str, streams: int, seconds: float) -> float:
@@ -337,7 +334,7 @@ def _itl_p90(url: str, streams: int, seconds: float) -> float:
     errors = _hold_load(url, streams, seconds)
     assert not errors, errors[:3]
     after = _itl_buckets(url)
-    p90 = histogram_quantile(0.9, sorted((le, after[le] - before.get(le, 0.0)) for le in after))
+    p90 = histogram_quantile(0.9, [(le, n - m) for (le, n), (_, m) in zip(after, before, strict=True)])
     assert p90 is not None, f"no inter-token latency observed at {streams} streams"
     return p90
 
