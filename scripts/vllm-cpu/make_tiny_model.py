@@ -1,9 +1,14 @@
 """Build a tiny random-weight Llama and a locally trained BPE tokenizer (no hub access needed).
 
-usage: make_tiny_model.py OUT_DIR
+usage: make_tiny_model.py OUT_DIR [--wide]
 
 2 layers, 4 attention heads, 2 KV heads, hidden 128 (head_dim 32), bf16: one token of KV cache costs
 2 (K and V) x 2 layers x 2 KV heads x 32 x 2 bytes = 512 bytes.
+
+--wide: 6 layers, 24 heads, 8 KV heads, hidden 1,536 (head_dim 64), MLP 6,144: 200 M parameters (400 MB), for the
+latency test. The tiny model's inter-token latency (~9 ms) lies inside vLLM's first histogram bucket (10 ms) at any
+load on 2 cores, so a quantile read from it is interpolation noise; so did a 52 M-parameter one's at one stream. This
+one's rises through several buckets as streams are added (its weights are read, and its matmuls grow, at each step).
 """
 
 import os
@@ -14,6 +19,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 out = sys.argv[1]
+wide = sys.argv[2:] == ["--wide"]
 os.makedirs(out, exist_ok=True)
 torch.manual_seed(0)
 words = [
@@ -63,13 +69,14 @@ hf_tok.chat_template = (
     "{% if add_generation_prompt %}assistant: {% endif %}"
 )
 hf_tok.save_pretrained(out)
+shape = (
+    dict(hidden_size=1536, intermediate_size=6144, num_hidden_layers=6, num_attention_heads=24, num_key_value_heads=8)
+    if wide
+    else dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+)
 cfg = LlamaConfig(
     vocab_size=tok.get_vocab_size(),
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    **shape,
     max_position_embeddings=2048,
     bos_token_id=hf_tok.bos_token_id,
     eos_token_id=hf_tok.eos_token_id,
