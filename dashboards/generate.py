@@ -445,7 +445,7 @@ def capacity_dashboard(c) -> Dashboard:
                 "s",
                 query(
                     f'max by (running) (vllm_capacity_latency_by_concurrency_seconds{{{sel},latency="itl",'
-                    'quantile="0.9"})',
+                    'percentile="p90"})',
                     "ITL p90 at {{running}} running",
                 ),
                 query(f'min(vllm_capacity_max_concurrency{{{sel},basis="slo"}})', "the knee: SLO-bound concurrency"),

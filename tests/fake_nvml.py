@@ -286,3 +286,13 @@ def seed_gpu(vllm_pid: int = 4242) -> FakeGpu:
     graphs + 0.5 GiB context."""
     vllm = int((15.18 + 4.31 + 0.78 + 0.5) * GiB)
     return FakeGpu(uuid="GPU-5eed0000-0000-0000-0000-000000000000", used=vllm, processes=[(vllm_pid, vllm)])
+
+
+# What vLLM logged starting on the seed GPU (the worked example: v1-0.24-seed.prom's server)
+SEED_LOG = """\
+(APIServer pid=1) INFO 11-29 10:00:00 [api_utils.py:286] non-default args: {'max_model_len': 32768}
+(EngineCore_DP0 pid=2) INFO 11-29 10:00:10 [gpu_model_runner.py:3000] Model loading took 15.18 GiB memory and 9.1 seconds
+(EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [gpu_model_runner.py:4000] Graph capturing finished in 7 secs, took 0.78 GiB
+(EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [gpu_worker.py:400] Available KV cache memory: 4.31 GiB
+(EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [kv_cache_utils.py:1147] GPU KV cache size: 208,625 tokens, Maximum concurrency for 32,768 tokens per request: 6.37x
+"""  # noqa: E501

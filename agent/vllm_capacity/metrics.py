@@ -74,7 +74,7 @@ BASIS_SLO = "slo"  # the largest concurrency at which the latency objectives hel
 
 def _latency_quantiles(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
     for (kind, running, q), seconds in e.latency.quantiles.items():
-        yield (kind, f"{q:g}", str(running)), seconds
+        yield (kind, f"p{q * 100:g}", str(running)), seconds
 
 
 def _latency_observations(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
@@ -312,10 +312,11 @@ SPECS: tuple[MetricSpec, ...] = (
     _m(
         "latency_by_concurrency_seconds",
         "gauge",
-        (*E, "latency", "quantile", "running"),
-        "Latency (itl: inter-token, ttft: time to first token) at a quantile, by running requests (the bin's upper "
-        "bound): vLLM's latency histograms, their increase attributed to the concurrency of each interval, decayed "
-        "with a half-life of traffic (--latency-half-life). Present once the bin has 10 / (1 - quantile) observations.",
+        (*E, "latency", "percentile", "running"),
+        "Latency (itl: inter-token, ttft: time to first token) at a percentile (p50, p90, p99), by running requests "
+        "(the bin's upper bound): vLLM's latency histograms, their increase attributed to the concurrency of each "
+        "interval, decayed with a half-life of traffic (--latency-half-life). Present once the bin has "
+        "10 / (1 - quantile) observations (1,000 for p99).",
         rows=_latency_quantiles,
     ),
     _m(

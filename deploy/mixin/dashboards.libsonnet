@@ -1168,7 +1168,7 @@
           "id": 26,
           "targets": [
             {
-              "expr": std.format("max by (running) (vllm_capacity_latency_by_concurrency_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",latency=\"itl\",quantile=\"0.9\"})", [$._config.clusterLabel]),
+              "expr": std.format("max by (running) (vllm_capacity_latency_by_concurrency_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",latency=\"itl\",percentile=\"p90\"})", [$._config.clusterLabel]),
               "refId": "A",
               "legendFormat": "ITL p90 at {{running}} running",
             },
