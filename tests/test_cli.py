@@ -13,6 +13,7 @@ import json
 import logging as stdlib_logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import pytest
 import structlog
 
 from conftest import FakeVllm, fixture_text, value
-from lab import free_port
+from lab import free_port, stop_process
 from vllm_capacity import cli, options
 
 VLLM_CAPACITY = [sys.executable, "-m", "vllm_capacity"]
@@ -248,8 +249,7 @@ async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
                 await asyncio.sleep(0.1)
         assert value(text, "vllm_capacity_kv_cache_capacity_tokens", model_name="gemma-12b") == 208625
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=10)
+        _, stderr = stop_process(proc)
     assert proc.returncode == 0
     events = [json.loads(line) for line in stderr.splitlines()]
     assert {"serving", "vllm_discovered", "stopping"} <= {e["event"] for e in events}
@@ -272,8 +272,7 @@ async def test_the_default_listener_serves_ipv4_and_ipv6(fake_vllm: FakeVllm) ->
                 if len(answers) == 2:
                     break
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+        stop_process(proc)
     assert answers == {"127.0.0.1": 200, "[::1]": 200}
 
 
@@ -298,14 +297,14 @@ def test_a_client_protocol_error_is_one_json_log_line(fake_vllm_thread: str) -> 
                 assert c.recv(64).startswith(b"HTTP/1.0 400")
         text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        _, stderr = proc.communicate(timeout=10)
+        _, stderr = stop_process(proc)
     events = [json.loads(line) for line in stderr.splitlines()]  # each line one JSON object
     (error,) = [e for e in events if e.get("logger") == "aiohttp.server"]  # three bad requests: logged once
     assert error["level"] == "error" and "exception" in error
     assert value(text, "vllm_capacity_http_errors_total", kind="bad_request") == 3  # and each counted
 
 
+@pytest.mark.serial  # bounds the time from SIGTERM to exit
 async def test_sigterm_stops_at_once_while_a_read_of_vllm_hangs(fake_vllm: FakeVllm) -> None:
     """vLLM takes 6 s to answer and --timeout is 5s: SIGTERM still ends the sidecar at once, exit 0 (it waited out
     the timeout before: 20 s at --timeout 20s)."""
@@ -357,17 +356,19 @@ def test_report_text_and_json(fake_vllm_thread: str) -> None:
     assert e["concurrency_limit"] is None and e["latency_by_concurrency"] == []
 
 
-def test_report_watch_redraws_until_interrupted(fake_vllm_thread: str) -> None:
-    """`report --watch 0.2s` reads again and redraws in place (cursor home, clear) until Ctrl-C, then exits 0."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_report_watch_redraws_until_interrupted(fake_vllm_thread: str, sig: signal.Signals) -> None:
+    """`report --watch 0.2s` reads again and redraws in place (cursor home, clear) until Ctrl-C or SIGTERM, then
+    exits 0, also when started as a shell's background job: `&` starts it with SIGINT ignored (``trap "" INT`` here
+    does the same), and Python leaves an ignored SIGINT ignored unless the command installs its own handler."""
+    watch = shlex.join([*VLLM_CAPACITY, "report", "--vllm-url", fake_vllm_thread, "--watch", "0.2s"])
     proc = subprocess.Popen(
-        [*VLLM_CAPACITY, "report", "--vllm-url", fake_vllm_thread, "--watch", "0.2s"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+        ["sh", "-c", f'trap "" INT; exec {watch}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    threading.Event().wait(2.0)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=10)
+    try:
+        threading.Event().wait(2.0)
+    finally:
+        out, err = stop_process(proc, sig)
     assert proc.returncode == 0, err
     assert out.count("\x1b[H\x1b[2J") >= 3, out[:500]
     assert "(every 0.2s; Ctrl-C to stop)" in out and "4,096 tokens" in out

@@ -224,9 +224,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
     finally:
         for p in procs:
             p.terminate()
-        for p in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
+        for p in procs:  # each reaped, whatever happens
+            try:
                 p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
         vllm.stop()
         hook.server.shutdown()
         hook.server.server_close()
@@ -310,8 +313,7 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
         # the other cluster's Prometheus evaluates the same samples with the mixin's rules: it pages too
         other_path, _, other_alert = hook.wait("VLLMKVCacheSaturated", "firing", timeout=60, cluster="east")
     finally:
-        load.terminate()
-        out, _ = load.communicate(timeout=300)
+        out, _ = lab.stop_process(load, timeout=300)
     rounds = [json.loads(line) for line in out.splitlines()]
     completed, errors = sum(r["requests"] for r in rounds), sum(r["errors"] for r in rounds)
     print(f"\nload: {len(rounds)} rounds of {lab.SATURATION_PARALLEL} requests: {completed} completed, {errors} errors")

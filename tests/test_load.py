@@ -20,7 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from lab import free_port
+from lab import free_port, stop_process
 from payloads import data_parallel
 
 INTERVAL = 0.1
@@ -35,8 +35,7 @@ def _process(log: Path, *args: str) -> Iterator[subprocess.Popen[bytes]]:
         try:
             yield proc
         finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+            stop_process(proc)
 
 
 async def _until_ready(session: aiohttp.ClientSession, url: str) -> None:
@@ -50,6 +49,7 @@ async def _until_ready(session: aiohttp.ClientSession, url: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # ten scrapers against the clock: never beside another test
 async def test_ten_scrapers_never_make_vllm_look_down(tmp_path: Path) -> None:
     # vLLM, played by a static file server in its own process (its CPU is not the test's)
     (tmp_path / "v1").mkdir()

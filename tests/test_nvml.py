@@ -16,7 +16,8 @@ import pytest
 import structlog
 
 from conftest import FakeClock, FakeVllm, fixture_text, value
-from fake_nvml import FakeGpu, FakeNvml, GiB, seed_gpu
+from fake_nvml import SEED_LOG, FakeGpu, FakeNvml, GiB, seed_gpu
+from lab import stop_process
 from vllm_capacity.agent import Agent
 from vllm_capacity.budget import COMPONENTS, gpu_budget
 from vllm_capacity.exposition import build_registry
@@ -24,14 +25,6 @@ from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.nvml import NvmlSource, visible_selection, vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower
-
-SEED_LOG = """\
-(APIServer pid=1) INFO 11-29 10:00:00 [api_utils.py:286] non-default args: {'max_model_len': 32768}
-(EngineCore_DP0 pid=2) INFO 11-29 10:00:10 [gpu_model_runner.py:3000] Model loading took 15.18 GiB memory and 9.1 seconds
-(EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [gpu_model_runner.py:4000] Graph capturing finished in 7 secs, took 0.78 GiB
-(EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [gpu_worker.py:400] Available KV cache memory: 4.31 GiB
-(EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [kv_cache_utils.py:1147] GPU KV cache size: 208,625 tokens, Maximum concurrency for 32,768 tokens per request: 6.37x
-"""  # noqa: E501
 
 
 def render(agent: Agent) -> str:
@@ -373,8 +366,7 @@ def test_serve_with_nvml_auto_on_this_machine(fake_vllm_thread: str) -> None:
         assert 'source="nvml"' not in text
         assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096
     finally:
-        proc.terminate()
-        _, stderr = proc.communicate(timeout=10)
+        _, stderr = stop_process(proc)
     events = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
     assert [(e["event"], e["reason"]) for e in events if "nvml" in e["event"]] == [("nvml_absent", "library_not_found")]
     assert not [e for e in events if e["event"] == "source_failed"]

