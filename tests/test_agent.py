@@ -471,7 +471,7 @@ async def test_the_latency_curve_and_the_concurrency_an_objective_allows(fake_vl
     p90 = {
         int(dict(labels)["running"]): v
         for (name, labels), v in samples(text).items()
-        if name == "vllm_capacity_latency_by_concurrency_seconds" and dict(labels)["quantile"] == "0.9"
+        if name == "vllm_capacity_latency_by_concurrency_seconds" and dict(labels)["percentile"] == "p90"
     }
     assert set(p90) == {1, 2, 4, 8, 16}
     assert p90[1] == p90[4] < p90[8] < 0.05 < p90[16]
@@ -503,3 +503,24 @@ async def test_an_engine_asleep_serves_no_capacity(h: Harness, fake_vllm: FakeVl
     assert "vllm_capacity_headroom_requests{" not in text
     assert "vllm_capacity_concurrency_limit{" not in text
     assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096  # what it has when awake
+
+
+async def test_an_objective_below_the_first_bucket_is_named_once(fake_vllm: FakeVllm) -> None:
+    """vLLM's inter-token histogram starts at 10 ms: p90<=5ms cannot be resolved from it, and the agent says so, once
+    (with the bucket), while p90<=50ms, which it can resolve, is never named."""
+    from vllm_capacity.latency import parse_objective
+
+    clock = FakeClock()
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    objectives = [parse_objective("itl", "p90<=5ms"), parse_objective("ttft", "p90<=50ms")]
+    agent = Agent(vllm, interval=5, monotonic=clock, objectives=objectives)
+    fake_vllm.metrics = SATURATED
+    with structlog.testing.capture_logs() as logs:
+        for _ in range(3):
+            await agent.cycle()
+            clock.advance(5)
+    await vllm.aclose()
+    named = [e for e in logs if e["event"] == "slo_objective_below_histogram_resolution"]
+    assert [(e["objective"], e["first_bucket_seconds"], e["log_level"]) for e in named] == [
+        ("itl p90<=5ms", 0.01, "warning")
+    ]

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,9 +31,11 @@ from vllm_capacity.latency import (
     ITL,
     PROMPT,
     TTFT,
+    Buckets,
     ContextTokens,
     LatencyCurve,
     Objective,
+    below_resolution,
     slo_bound,
 )
 from vllm_capacity.snapshot import EngineKey, Snapshot
@@ -175,6 +177,7 @@ class Agent:
         self.max_num_seqs = max_num_seqs  # --max-num-seqs; else what vLLM's log says (self.figures)
         self._preempted: frozenset[EngineKey] = frozenset()
         self._implausible_logged: set[tuple[str, ...]] = set()
+        self._unresolvable_logged: set[str] = set()
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
     def _ok(self, source: str, duration: float) -> None:
@@ -556,6 +559,7 @@ class Agent:
             cc = m.cache_config
             kv_bound = derive.blocks_per_engine(cc.num_gpu_blocks if cc else None, metrics.dp_engines, metrics.schema)
             latency = {k: v for k, v in m.latency.items() if k in (ITL, TTFT)}
+            self._warn_unresolvable(latency)
             curve.observe(latency, total / n if n else None, seconds, kv_bound)
             context = self._contexts.setdefault(key, ContextTokens(half_life=self.latency_half_life))
             context.observe({k: v for k, v in m.latency.items() if k in (PROMPT, GENERATION)}, seconds)
@@ -572,6 +576,18 @@ class Agent:
             del self._curves[gone]
             self._contexts.pop(gone, None)
             self._latency_views.pop(gone, None)
+
+    def _warn_unresolvable(self, histograms: Mapping[str, Buckets]) -> None:
+        """Once per objective: say so when it lies below the first bucket of the histogram it is learned from."""
+        for objective, first in below_resolution(self.objectives, histograms):
+            if _first_time(self._unresolvable_logged, str(objective)):
+                self.logger.warning(
+                    "slo_objective_below_histogram_resolution",
+                    objective=str(objective),
+                    first_bucket_seconds=first,
+                    hint=f"vLLM's histogram cannot tell latencies under {first * 1000:g} ms apart: the concurrency "
+                    "this objective allows is a guess; choose an objective at or above that bucket",
+                )
 
     def _carry_counters(self, metrics: VllmMetrics, restarted: bool) -> dict[EngineKey, float]:
         """Carry vLLM's preemption counters across its restarts; returns the totals to export this cycle: those of

@@ -205,6 +205,20 @@ class SloBound:
     knee_observed: bool
 
 
+def below_resolution(
+    objectives: Sequence[Objective], histograms: Mapping[str, Buckets]
+) -> list[tuple[Objective, float]]:
+    """The objectives a histogram cannot resolve, each with the histogram's first bucket: a latency under the
+    first upper bound (vLLM's inter-token histogram: 10 ms) is only known to be under it, so a quantile there is an
+    interpolation, not a measurement, and the concurrency such an objective allows is noise."""
+    found = []
+    for o in objectives:
+        buckets = histograms.get(o.kind)
+        if buckets and o.seconds < buckets[0][0]:
+            found.append((o, buckets[0][0]))
+    return found
+
+
 def slo_bound(curve: LatencyCurve, objectives: Sequence[Objective]) -> SloBound:
     if not objectives:
         return SloBound(None, False)
