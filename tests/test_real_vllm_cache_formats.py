@@ -19,7 +19,7 @@ import pytest
 
 import lab
 
-pytestmark = pytest.mark.realvllm
+pytestmark = [pytest.mark.realvllm, pytest.mark.vllmcode]
 
 # a DeepSeek-V3.2-shaped config, 3 layers (its MTP layer unused without speculation); index_head_dim 128 as V3.2's
 CONFIG = {

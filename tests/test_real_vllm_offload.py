@@ -16,7 +16,7 @@ import lab
 from vllm_capacity.sizing import cpu_tier_tokens
 from vllm_capacity.sizing.offload import OFFLOAD_RULES
 
-pytestmark = pytest.mark.realvllm
+pytestmark = [pytest.mark.realvllm, pytest.mark.vllmcode]
 
 KV_MEMORY = 16 * 2**20
 CASES = {
