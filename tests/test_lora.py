@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_capacity import plan as planning
+from vllm_capacity import plan_inputs
 from vllm_capacity.sizing import NotModelled
 from vllm_capacity.sizing.lora import LOGITS_VOCAB_LIMIT, Lora, lora_slots
 from vllm_capacity.sizing.memory import MemoryBudget
@@ -173,4 +173,4 @@ def test_qwen3_vl_encoder_outputs_carry_the_deepstack_levels() -> None:
            "vision_config": {"out_hidden_size": 4096, "deepstack_visual_indexes": [8, 16, 24]}}  # fmt: skip
     g = parse_config(cfg)
     assert (g.multimodal, g.encoder_width) == ("vision_config", 4096 * 4)
-    assert planning.encoder_bytes(g, 1000, budgeted=True) == 1000 * 4096 * 4 * 2
+    assert plan_inputs.encoder_bytes(g, 1000, budgeted=True) == 1000 * 4096 * 4 * 2

@@ -11,10 +11,9 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from vllm_capacity import __version__
-from vllm_capacity.geometry import Geometry
 from vllm_capacity.options import (
     PlanConfig,
     ReportConfig,
@@ -26,12 +25,7 @@ from vllm_capacity.options import (
 )
 from vllm_capacity.redaction import redact_url
 
-ONE_MEMORY_SOURCE = "give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)"
 KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays open
-
-if TYPE_CHECKING:
-    from vllm_capacity.sizing import MemoryBudget, PlanInputs, Speculation
-    from vllm_capacity.sizing.lora import Lora
 
 
 def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
@@ -227,23 +221,14 @@ async def _report(values: ReportConfig) -> int:
 
 def _plan(values: PlanConfig) -> int:
     from vllm_capacity import plan as planning
-    from vllm_capacity import sizing
+    from vllm_capacity import plan_inputs, sizing
     from vllm_capacity.geometry import GeometryError
-    from vllm_capacity.sources.model_config import load_config
 
-    if values.model_config_path is not None and values.model_dir_path is None:
-        config_path = values.model_config_path
-    elif values.model_dir_path is not None and values.model_config_path is None:
-        config_path = values.model_dir_path / "config.json"
-    else:
-        raise UsageError("give one of --model-config or --model-dir")
-    if (values.kv_cache_memory is None) == (values.gpu_memory is None):
-        raise UsageError(ONE_MEMORY_SOURCE)
     try:
-        geometry = load_config(config_path)
-        budget = _plan_budget(values, geometry)
-        inputs = _plan_inputs(values, geometry, budget)
+        geometry, inputs, budget = plan_inputs.assemble(values)
         result = sizing.plan(geometry, inputs)
+    except plan_inputs.MissingInput as err:
+        raise UsageError(str(err)) from None
     except (GeometryError, sizing.NotModelled, sizing.ImpossiblePlan, ValueError) as err:
         kind = {
             sizing.NotModelled: "not modelled",
@@ -255,97 +240,6 @@ def _plan(values: PlanConfig) -> int:
     render = planning.render_json if values.format == "json" else planning.render_text
     sys.stdout.write(render(result, geometry, inputs, budget))
     return 0
-
-
-def _plan_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
-    """The GPU's memory budget with --gpu-memory; None when the KV memory is given directly (LoRA slots and the
-    encoder cache are then inside vLLM's figure, but the options are still checked against the model)."""
-    from vllm_capacity import plan as planning
-
-    lora = planning.lora_bytes(geometry, _lora(values), tp=values.tp, pp=values.pp, version=values.vllm_version)
-    try:
-        encoder = planning.encoder_bytes(
-            geometry, values.encoder_cache_tokens, budgeted=values.gpu_memory is not None, version=values.vllm_version
-        )
-        if values.gpu_memory is None:
-            return None
-        return planning.memory_budget(
-            gpu_memory_bytes=values.gpu_memory,
-            gpu_memory_utilization=values.gpu_memory_utilization,
-            weights_bytes=values.weights_memory,
-            activation_bytes=values.activation_memory,
-            cuda_graph_bytes=values.cuda_graph_memory,
-            model_dir=values.model_dir_path,
-            tp=values.tp,
-            pp=values.pp,
-            lora_bytes=lora,
-            encoder_cache_bytes=encoder,
-        )
-    except planning.MissingInput as err:
-        raise UsageError(str(err)) from None
-
-
-def _plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | None) -> PlanInputs:
-    from vllm_capacity.sizing import PlanInputs, default_max_num_batched_tokens
-
-    max_model_len = values.max_model_len or geometry.max_position_embeddings
-    if not max_model_len:
-        raise UsageError("config.json has no max_position_embeddings: give --max-model-len")
-    if budget is not None:
-        kv_cache_memory = budget.kv_cache_bytes
-    elif values.kv_cache_memory is not None:
-        kv_cache_memory = values.kv_cache_memory
-    else:
-        raise UsageError(ONE_MEMORY_SOURCE)
-    return PlanInputs(
-        kv_cache_memory_bytes=kv_cache_memory,
-        max_model_len=max_model_len,
-        tp=values.tp,
-        pp=values.pp,
-        kv_cache_dtype=values.kv_cache_dtype,
-        block_size=values.block_size,
-        version=values.vllm_version,
-        engine=values.engine,
-        max_num_batched_tokens=values.max_num_batched_tokens or default_max_num_batched_tokens(values.gpu_memory),
-        async_scheduling=values.async_scheduling == "on",
-        mamba_cache_mode=values.mamba_cache_mode,
-        mamba_ssm_cache_dtype=values.mamba_ssm_cache_dtype,
-        speculation=_speculation(values),
-        chunked_local_hybrid=values.chunked_local_hybrid,
-        kv_offloading_bytes=values.kv_offloading_size,
-        lora=_lora(values),
-        encoder_cache_tokens=values.encoder_cache_tokens,
-    )
-
-
-def _lora(values: PlanConfig) -> Lora | None:
-    """vLLM's --enable-lora with --max-loras and --max-lora-rank (either turns it on; vLLM's defaults 1 and 16)."""
-    from vllm_capacity.sizing.lora import Lora
-
-    if values.max_loras is None and values.max_lora_rank is None:
-        if values.fully_sharded_loras == "on":
-            raise UsageError("--fully-sharded-loras needs --max-loras or --max-lora-rank (vLLM's --enable-lora)")
-        return None
-    return Lora(values.max_loras or 1, values.max_lora_rank or 16, values.fully_sharded_loras == "on")
-
-
-def _speculation(values: PlanConfig) -> Speculation | None:
-    """vLLM's --speculative-config from --speculative-method, --num-speculative-tokens and --draft-model-config."""
-    from vllm_capacity.sizing import Speculation
-    from vllm_capacity.sources.model_config import load_config
-
-    method, tokens, draft = values.speculative_method, values.num_speculative_tokens, values.draft_model_config_path
-    if method is None:
-        if tokens is not None or draft is not None:
-            raise UsageError("--num-speculative-tokens and --draft-model-config need --speculative-method")
-        return None
-    if tokens is None:
-        raise UsageError(f"--speculative-method {method} needs --num-speculative-tokens")
-    if method == "draft_model" and draft is None:
-        raise UsageError("--speculative-method draft_model needs --draft-model-config (the draft model's config.json)")
-    if method in ("mtp", "ngram") and draft is not None:
-        raise UsageError(f"--speculative-method {method} takes no --draft-model-config")
-    return Speculation(method, tokens, load_config(draft) if draft is not None else None)
 
 
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:

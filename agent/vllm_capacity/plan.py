@@ -4,88 +4,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, replace
-from pathlib import Path
 
 from vllm_capacity import sizing
 from vllm_capacity.geometry import Geometry
+from vllm_capacity.plan_inputs import encoder_bytes, lora_bytes
 from vllm_capacity.sizing import KvPlan, MemoryBudget, PlanInputs, kv_dtype_bytes
-from vllm_capacity.sizing.errors import NotModelled
-from vllm_capacity.sizing.lora import EMBEDDING_SLOTS, Lora, lora_slots
-from vllm_capacity.sizing.memory import encoder_cache_bytes
-from vllm_capacity.sizing.versions import ENCODER_CACHE_PROFILE, MLA_LATENT_CACHE, dotted
-from vllm_capacity.sources.model_config import model_dir_weights_bytes
+from vllm_capacity.sizing.lora import EMBEDDING_SLOTS
+from vllm_capacity.sizing.versions import MLA_LATENT_CACHE
 from vllm_capacity.units import CONTEXTS, format_bytes
-
-
-class MissingInput(ValueError):
-    """The plan needs a figure that was neither given nor can be read: the message says which option gives it."""
-
-
-def lora_bytes(geometry: Geometry, lora: Lora | None, *, tp: int, pp: int, version: tuple[int, int, int]) -> int:
-    """The LoRA adapter slots on the fullest GPU rank (0 without LoRA); NotModelled where they cannot be sized."""
-    if lora is None:
-        return 0
-    dtype_bytes = kv_dtype_bytes("auto", geometry.dtype)
-    return lora_slots(geometry, lora, tp=tp, pp=pp, dtype_bytes=dtype_bytes, version=version).total_bytes
-
-
-def encoder_bytes(
-    geometry: Geometry, tokens: int | None, *, budgeted: bool, version: tuple[int, int, int] = ENCODER_CACHE_PROFILE
-) -> int:
-    """A multimodal model's encoder cache held by vLLM's memory profile. ``budgeted``: planning from the GPU's
-    memory, where a multimodal model without the figure would give a KV cache vLLM does not have."""
-    if geometry.multimodal is None:
-        if tokens is not None:
-            raise MissingInput("--encoder-cache-tokens: config.json has no vision_config or audio_config")
-        return 0
-    if tokens is None:
-        if budgeted:
-            raise MissingInput(
-                f"config.json is multimodal ({geometry.multimodal}): vLLM's memory profile holds the encoder's "
-                "outputs, so --gpu-memory needs --encoder-cache-tokens N, from vLLM's log line 'Encoder cache will "
-                "be initialized with a budget of N tokens' (0 with --skip-mm-profiling or --limit-mm-per-prompt of 0)"
-            )
-        return 0
-    if tokens and version < ENCODER_CACHE_PROFILE:
-        raise NotModelled(
-            f"the encoder cache is sized as vLLM {dotted(ENCODER_CACHE_PROFILE)}'s memory profile holds it, not "
-            f"{dotted(version)}'s: measure the profile's peak into --activation-memory with --encoder-cache-tokens 0"
-        )
-    if geometry.encoder_width is None:
-        raise MissingInput("--encoder-cache-tokens needs config.json's hidden_size")
-    return encoder_cache_bytes(tokens, geometry.encoder_width, kv_dtype_bytes("auto", geometry.dtype))
-
-
-def memory_budget(
-    *,
-    gpu_memory_bytes: int,
-    gpu_memory_utilization: float,
-    weights_bytes: int | None,
-    activation_bytes: int,
-    cuda_graph_bytes: int,
-    model_dir: Path | None,
-    tp: int,
-    pp: int,
-    lora_bytes: int = 0,
-    encoder_cache_bytes: int = 0,
-) -> MemoryBudget:
-    """vLLM's budget on one GPU rank; the weights, when not given, from the model directory's safetensors headers,
-    divided over the TP x PP ranks. Raises ImpossiblePlan when nothing is left for the KV cache."""
-    if weights_bytes is None:
-        if model_dir is None:
-            raise MissingInput("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
-        weights_bytes = model_dir_weights_bytes(model_dir) // (tp * pp)
-    budget = MemoryBudget(
-        gpu_memory_bytes,
-        gpu_memory_utilization,
-        weights_bytes,
-        activation_bytes,
-        cuda_graph_bytes,
-        lora_bytes=lora_bytes,
-        encoder_cache_bytes=encoder_cache_bytes,
-    )
-    budget.check()
-    return budget
 
 
 def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> list[str]:

@@ -1,0 +1,191 @@
+"""What `vllm-capacity plan` is asked: from the command's options and the model's config.json to the planner's
+inputs (:class:`~vllm_capacity.sizing.PlanInputs`) and, with --gpu-memory, the GPU's memory budget.
+
+The command line parses the options (:mod:`vllm_capacity.options`) and renders the plan (:mod:`vllm_capacity.plan`);
+everything between, including which combinations of options make sense, is here. A missing or contradictory input
+raises :class:`MissingInput`, whose message names the option that gives it (the command exits 2 with it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vllm_capacity.geometry import Geometry
+from vllm_capacity.options import PlanConfig
+from vllm_capacity.sizing import MemoryBudget, PlanInputs, Speculation, default_max_num_batched_tokens, kv_dtype_bytes
+from vllm_capacity.sizing.errors import NotModelled
+from vllm_capacity.sizing.lora import Lora, lora_slots
+from vllm_capacity.sizing.memory import encoder_cache_bytes
+from vllm_capacity.sizing.versions import ENCODER_CACHE_PROFILE, dotted
+from vllm_capacity.sources.model_config import load_config, model_dir_weights_bytes
+
+ONE_MEMORY_SOURCE = "give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)"
+
+
+class MissingInput(ValueError):
+    """The plan needs a figure that was neither given nor can be read: the message says which option gives it."""
+
+
+def lora_bytes(geometry: Geometry, lora: Lora | None, *, tp: int, pp: int, version: tuple[int, int, int]) -> int:
+    """The LoRA adapter slots on the fullest GPU rank (0 without LoRA); NotModelled where they cannot be sized."""
+    if lora is None:
+        return 0
+    dtype_bytes = kv_dtype_bytes("auto", geometry.dtype)
+    return lora_slots(geometry, lora, tp=tp, pp=pp, dtype_bytes=dtype_bytes, version=version).total_bytes
+
+
+def encoder_bytes(
+    geometry: Geometry, tokens: int | None, *, budgeted: bool, version: tuple[int, int, int] = ENCODER_CACHE_PROFILE
+) -> int:
+    """A multimodal model's encoder cache held by vLLM's memory profile. ``budgeted``: planning from the GPU's
+    memory, where a multimodal model without the figure would give a KV cache vLLM does not have."""
+    if geometry.multimodal is None:
+        if tokens is not None:
+            raise MissingInput("--encoder-cache-tokens: config.json has no vision_config or audio_config")
+        return 0
+    if tokens is None:
+        if budgeted:
+            raise MissingInput(
+                f"config.json is multimodal ({geometry.multimodal}): vLLM's memory profile holds the encoder's "
+                "outputs, so --gpu-memory needs --encoder-cache-tokens N, from vLLM's log line 'Encoder cache will "
+                "be initialized with a budget of N tokens' (0 with --skip-mm-profiling or --limit-mm-per-prompt of 0)"
+            )
+        return 0
+    if tokens and version < ENCODER_CACHE_PROFILE:
+        raise NotModelled(
+            f"the encoder cache is sized as vLLM {dotted(ENCODER_CACHE_PROFILE)}'s memory profile holds it, not "
+            f"{dotted(version)}'s: measure the profile's peak into --activation-memory with --encoder-cache-tokens 0"
+        )
+    if geometry.encoder_width is None:
+        raise MissingInput("--encoder-cache-tokens needs config.json's hidden_size")
+    return encoder_cache_bytes(tokens, geometry.encoder_width, kv_dtype_bytes("auto", geometry.dtype))
+
+
+def memory_budget(
+    *,
+    gpu_memory_bytes: int,
+    gpu_memory_utilization: float,
+    weights_bytes: int | None,
+    activation_bytes: int,
+    cuda_graph_bytes: int,
+    model_dir: Path | None,
+    tp: int,
+    pp: int,
+    lora_bytes: int = 0,
+    encoder_cache_bytes: int = 0,
+) -> MemoryBudget:
+    """vLLM's budget on one GPU rank; the weights, when not given, from the model directory's safetensors headers,
+    divided over the TP x PP ranks. Raises ImpossiblePlan when nothing is left for the KV cache."""
+    if weights_bytes is None:
+        if model_dir is None:
+            raise MissingInput("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
+        weights_bytes = model_dir_weights_bytes(model_dir) // (tp * pp)
+    budget = MemoryBudget(
+        gpu_memory_bytes,
+        gpu_memory_utilization,
+        weights_bytes,
+        activation_bytes,
+        cuda_graph_bytes,
+        lora_bytes=lora_bytes,
+        encoder_cache_bytes=encoder_cache_bytes,
+    )
+    budget.check()
+    return budget
+
+
+def assemble(values: PlanConfig) -> tuple[Geometry, PlanInputs, MemoryBudget | None]:
+    """The model's geometry, the plan's inputs and (with --gpu-memory) the GPU's budget. Raises MissingInput for
+    options that do not go together, GeometryError for a config.json that cannot be read, NotModelled or
+    ImpossiblePlan where the budget cannot be given."""
+    if values.model_config_path is not None and values.model_dir_path is None:
+        config_path = values.model_config_path
+    elif values.model_dir_path is not None and values.model_config_path is None:
+        config_path = values.model_dir_path / "config.json"
+    else:
+        raise MissingInput("give one of --model-config or --model-dir")
+    if (values.kv_cache_memory is None) == (values.gpu_memory is None):
+        raise MissingInput(ONE_MEMORY_SOURCE)
+    geometry = load_config(config_path)
+    budget = gpu_budget(values, geometry)
+    return geometry, plan_inputs(values, geometry, budget), budget
+
+
+def gpu_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
+    """The GPU's memory budget with --gpu-memory; None when the KV memory is given directly (LoRA slots and the
+    encoder cache are then inside vLLM's figure, but the options are still checked against the model)."""
+    lora = lora_bytes(geometry, lora_option(values), tp=values.tp, pp=values.pp, version=values.vllm_version)
+    encoder = encoder_bytes(
+        geometry, values.encoder_cache_tokens, budgeted=values.gpu_memory is not None, version=values.vllm_version
+    )
+    if values.gpu_memory is None:
+        return None
+    return memory_budget(
+        gpu_memory_bytes=values.gpu_memory,
+        gpu_memory_utilization=values.gpu_memory_utilization,
+        weights_bytes=values.weights_memory,
+        activation_bytes=values.activation_memory,
+        cuda_graph_bytes=values.cuda_graph_memory,
+        model_dir=values.model_dir_path,
+        tp=values.tp,
+        pp=values.pp,
+        lora_bytes=lora,
+        encoder_cache_bytes=encoder,
+    )
+
+
+def plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | None) -> PlanInputs:
+    max_model_len = values.max_model_len or geometry.max_position_embeddings
+    if not max_model_len:
+        raise MissingInput("config.json has no max_position_embeddings: give --max-model-len")
+    if budget is not None:
+        kv_cache_memory = budget.kv_cache_bytes
+    elif values.kv_cache_memory is not None:
+        kv_cache_memory = values.kv_cache_memory
+    else:
+        raise MissingInput(ONE_MEMORY_SOURCE)
+    return PlanInputs(
+        kv_cache_memory_bytes=kv_cache_memory,
+        max_model_len=max_model_len,
+        tp=values.tp,
+        pp=values.pp,
+        kv_cache_dtype=values.kv_cache_dtype,
+        block_size=values.block_size,
+        version=values.vllm_version,
+        engine=values.engine,
+        max_num_batched_tokens=values.max_num_batched_tokens or default_max_num_batched_tokens(values.gpu_memory),
+        async_scheduling=values.async_scheduling == "on",
+        mamba_cache_mode=values.mamba_cache_mode,
+        mamba_ssm_cache_dtype=values.mamba_ssm_cache_dtype,
+        speculation=speculation_option(values),
+        chunked_local_hybrid=values.chunked_local_hybrid,
+        kv_offloading_bytes=values.kv_offloading_size,
+        lora=lora_option(values),
+        encoder_cache_tokens=values.encoder_cache_tokens,
+    )
+
+
+def lora_option(values: PlanConfig) -> Lora | None:
+    """vLLM's --enable-lora with --max-loras and --max-lora-rank (either turns it on; vLLM's defaults 1 and 16)."""
+    if values.max_loras is None and values.max_lora_rank is None:
+        if values.fully_sharded_loras == "on":
+            raise MissingInput("--fully-sharded-loras needs --max-loras or --max-lora-rank (vLLM's --enable-lora)")
+        return None
+    return Lora(values.max_loras or 1, values.max_lora_rank or 16, values.fully_sharded_loras == "on")
+
+
+def speculation_option(values: PlanConfig) -> Speculation | None:
+    """vLLM's --speculative-config from --speculative-method, --num-speculative-tokens and --draft-model-config."""
+    method, tokens, draft = values.speculative_method, values.num_speculative_tokens, values.draft_model_config_path
+    if method is None:
+        if tokens is not None or draft is not None:
+            raise MissingInput("--num-speculative-tokens and --draft-model-config need --speculative-method")
+        return None
+    if tokens is None:
+        raise MissingInput(f"--speculative-method {method} needs --num-speculative-tokens")
+    if method == "draft_model" and draft is None:
+        raise MissingInput(
+            "--speculative-method draft_model needs --draft-model-config (the draft model's config.json)"
+        )
+    if method in ("mtp", "ngram") and draft is not None:
+        raise MissingInput(f"--speculative-method {method} takes no --draft-model-config")
+    return Speculation(method, tokens, load_config(draft) if draft is not None else None)
