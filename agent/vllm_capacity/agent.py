@@ -15,8 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import structlog
@@ -25,19 +24,9 @@ from vllm_capacity import derive
 from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.geometry import Geometry
-from vllm_capacity.latency import (
-    DEFAULT_HALF_LIFE,
-    GENERATION,
-    ITL,
-    PROMPT,
-    TTFT,
-    Buckets,
-    ContextTokens,
-    LatencyCurve,
-    Objective,
-    below_resolution,
-    slo_bound,
-)
+from vllm_capacity.latency import DEFAULT_HALF_LIFE, Objective
+from vllm_capacity.live.latency import LatencyLearner
+from vllm_capacity.live.status import SourceBook, first_time
 from vllm_capacity.snapshot import EngineKey, Snapshot
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.nvml import GpuReading, NvmlSource, vllm_pids_in_namespace
@@ -54,20 +43,7 @@ NVML_MAX_BACKOFF = 300.0
 # the first read of NVML (nvmlInit, and each GPU's first query) can take seconds a GPU where persistence mode is
 # off: for this long after the first attempt, a first read that outlasts --timeout is "starting", not a failure
 NVML_FIRST_READ_GRACE = 60.0
-LOG_EVERY = 10.0  # seconds: at most one line a source about its state changes
-LATENCY_EVERY = 5.0  # seconds: how often a cycle reads vLLM's latency histograms (most of its lines) to learn from
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
-
-
-@dataclass
-class SourceStatus:
-    up: bool = False
-    duration_seconds: float | None = None
-    failing_reason: str | None = None  # the current failure's reason; None while the source is up
-    # what the log last said of this source (None: up, or never logged), when, and the changes not logged since
-    logged_reason: str | None = None
-    logged_at: float = -float("inf")
-    unlogged_changes: int = 0
 
 
 def _first(items: list[Any], n: int = 8) -> list[Any]:
@@ -80,17 +56,6 @@ def _alike(values: Iterable[float | None], within: float = 0.02) -> bool:
     """Whether the known values agree within ``within`` of the largest (true when fewer than two are known)."""
     known = [v for v in values if v is not None]
     return len(known) < 2 or max(known) - min(known) <= within * max(known)
-
-
-def _first_time(seen: set[Any], cause: object, remember: int = 256) -> bool:
-    """Whether ``cause`` is new to ``seen`` (then remembered). Causes are remembered up to ``remember``, then forgotten
-    all at once: a stream of distinct causes (a count in each message, say) cannot grow the set without bound."""
-    if cause in seen:
-        return False
-    if len(seen) >= remember:
-        seen.clear()
-    seen.add(cause)
-    return True
 
 
 def _internal(err: Exception, doing: str) -> SourceError:
@@ -131,15 +96,14 @@ class Agent:
         self.clock = clock
         self.monotonic = monotonic
         self.logger = structlog.get_logger("vllm_capacity")
-        self.snapshot = Snapshot()
-        self.sources: dict[str, SourceStatus] = {SOURCE_VLLM: SourceStatus(), SOURCE_MODELS: SourceStatus()}
+        self.sources = SourceBook((SOURCE_VLLM, SOURCE_MODELS), monotonic)
         self.vllm_log = vllm_log
         self.geometry, self.tp, self.pp = geometry, tp, pp
         self.figures = StartupFigures()
         self._disagreements_logged: set[tuple[str, str]] = set()
         self._plans_logged: set[tuple[str, str]] = set()
         if vllm_log is not None:
-            self.sources[SOURCE_LOG] = SourceStatus()
+            self.sources.add(SOURCE_LOG)
         self.nvml, self.nvml_required, self.vllm_pids = nvml, nvml_required, vllm_pids
         self._gpus: tuple[GpuReading, ...] = ()
         self._vllm_pids: set[int] = set()
@@ -151,8 +115,8 @@ class Agent:
         self._nvml_first_attempt: float | None = None  # when NVML was first asked
         self._nvml_answered = False  # whether NVML ever answered a read
         if nvml is not None:
-            self.sources[SOURCE_NVML] = SourceStatus()
-        self.errors: Counter[tuple[str, str]] = Counter()
+            self.sources.add(SOURCE_NVML)
+        self.errors = self.sources.errors
         #: what the sidecar's own listener refused or failed, by kind (fed by the server: listener.py, log.py)
         self.http_errors: Counter[str] = Counter()
         # latched once the first cycle has finished, whatever it found: the sidecar then serves a true view (vLLM
@@ -167,60 +131,23 @@ class Agent:
         self._announced: tuple[object, ...] | None = None
         self._crashes_logged: set[str] = set()
         self._gpu_failures_logged: set[str] = set()
-        # latency by concurrency (latency.py): a curve per engine, the running requests seen since it last learned
-        self.objectives, self.latency_half_life = tuple(objectives), latency_half_life
-        self._curves: dict[EngineKey, LatencyCurve] = {}
-        self._contexts: dict[EngineKey, ContextTokens] = {}
-        self._latency_views: dict[EngineKey, derive.LatencyView] = {}
-        self._running_seen: dict[EngineKey, tuple[float, int]] = {}
-        self._latency_read_at: float | None = None
+        self.latency = LatencyLearner(objectives, latency_half_life, monotonic)  # latency by concurrency
         self.max_num_seqs = max_num_seqs  # --max-num-seqs; else what vLLM's log says (self.figures)
         self._preempted: frozenset[EngineKey] = frozenset()
         self._implausible_logged: set[tuple[str, ...]] = set()
-        self._unresolvable_logged: set[str] = set()
+        self.snapshot = self._snapshot()  # before the first cycle: nothing read, the sources down
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
-    def _ok(self, source: str, duration: float) -> None:
-        status = self.sources[source]
-        if status.failing_reason is not None:
-            status.unlogged_changes += 1
-        status.up, status.duration_seconds, status.failing_reason = True, duration, None
-        self._log_state(source, status, None)
-
-    def _fail(self, source: str, err: SourceError, duration: float) -> None:
-        """Count the failure; log its cause once (again when the reason changes or after a recovery)."""
-        status = self.sources[source]
-        self.errors[(source, err.reason)] += 1
-        if status.failing_reason != err.reason:
-            status.unlogged_changes += 1
-        status.up, status.duration_seconds, status.failing_reason = False, duration, err.reason
-        self._log_state(source, status, err)
-
-    def _log_state(self, source: str, status: SourceStatus, err: SourceError | None) -> None:
-        """Log a source's state when it differs from what the log last said, at most once per LOG_EVERY seconds a
-        source: a source that flaps every cycle makes a line every LOG_EVERY seconds (with the changes in between
-        counted), not one a cycle; the log always comes to say the state the source is in."""
-        same = status.failing_reason == status.logged_reason
-        if same and not status.unlogged_changes:
-            return
-        now = self.monotonic()
-        if now - status.logged_at < LOG_EVERY:
-            return
-        changes = {"changes_since_last_line": status.unlogged_changes} if status.unlogged_changes > 1 else {}
-        if same:  # back where the last line left it, after changes in between: it flaps
-            self.logger.warning("source_flapping", source=source, state=status.failing_reason or "up", **changes)
-        elif err is None:
-            self.logger.info("source_recovered", source=source, after=status.logged_reason, **changes)
-        else:
-            self.logger.warning("source_failed", source=source, reason=err.reason, error=str(err), **changes)
-        status.logged_reason, status.logged_at, status.unlogged_changes = status.failing_reason, now, 0
+    def _snapshot(self, **fields: Any) -> Snapshot:
+        """A snapshot of ``fields`` with the sources' states and the failures counted as they stand now."""
+        return Snapshot(**fields, sources=self.sources.states(), errors=dict(self.errors))
 
     def _note_implausible(self, families: tuple[str, ...]) -> None:
         """Values vLLM sent that cannot be right (left out of this cycle): counted each cycle, logged once a cause."""
         if not families:
             return
         self.errors[(SOURCE_VLLM, Reason.IMPLAUSIBLE_VALUE)] += 1
-        if _first_time(self._implausible_logged, families):
+        if first_time(self._implausible_logged, families):
             self.logger.warning("implausible_values", families=list(families), hint="left out of this cycle's metrics")
 
     def _restarted(self, metrics: VllmMetrics) -> bool:
@@ -258,20 +185,22 @@ class Agent:
         try:
             lines = await asyncio.to_thread(self.vllm_log.read_lines)
         except FileNotFoundError as err:
-            self._fail(SOURCE_LOG, SourceError(Reason.MISSING, f"vLLM log {err.filename} does not exist (yet)"), 0.0)
+            self.sources.fail(
+                SOURCE_LOG, SourceError(Reason.MISSING, f"vLLM log {err.filename} does not exist (yet)"), 0.0
+            )
             return
         except PermissionError as err:
-            self._fail(SOURCE_LOG, SourceError(Reason.PERMISSION, f"cannot read vLLM log {err.filename}"), 0.0)
+            self.sources.fail(SOURCE_LOG, SourceError(Reason.PERMISSION, f"cannot read vLLM log {err.filename}"), 0.0)
             return
         except OSError as err:
-            self._fail(SOURCE_LOG, SourceError(Reason.IO_ERROR, f"reading the vLLM log: {err}"), 0.0)
+            self.sources.fail(SOURCE_LOG, SourceError(Reason.IO_ERROR, f"reading the vLLM log: {err}"), 0.0)
             return
         except Exception as err:  # what nothing expected: named and counted, never a crashed cycle
-            self._fail(SOURCE_LOG, _internal(err, "reading the vLLM log"), 0.0)
+            self.sources.fail(SOURCE_LOG, _internal(err, "reading the vLLM log"), 0.0)
             return
         for line in lines:
             self.figures.feed(line)
-        self._ok(SOURCE_LOG, self.monotonic() - t0)
+        self.sources.ok(SOURCE_LOG, self.monotonic() - t0)
 
     async def _read_nvml(self) -> None:
         """Read the GPUs; after a failure wait (interval, doubling up to 5 min) before trying again."""
@@ -294,15 +223,15 @@ class Agent:
                 # read. One line, no error series, and NVML is not asked again.
                 self.logger.info("nvml_absent", reason=err.reason, error=str(err), hint="--nvml off silences this")
                 self.nvml = None
-                del self.sources[SOURCE_NVML]
+                self.sources.remove(SOURCE_NVML)
                 return
-            self._fail(SOURCE_NVML, err, self.monotonic() - t0)
+            self.sources.fail(SOURCE_NVML, err, self.monotonic() - t0)
             self._nvml_next_attempt = self.monotonic() + self._nvml_backoff
             self._nvml_backoff = min(NVML_MAX_BACKOFF, self._nvml_backoff * 2)
             return
         for skipped in self.nvml.skipped:  # a GPU that failed alone: counted and logged, the others served
             self.errors[(SOURCE_NVML, skipped.reason)] += 1
-            if _first_time(self._gpu_failures_logged, str(skipped)):
+            if first_time(self._gpu_failures_logged, str(skipped)):
                 self.logger.warning("gpu_skipped", source=SOURCE_NVML, reason=skipped.reason, error=str(skipped))
         # which processes are vLLM's: a walk of /proc, so off the event loop, and only when there are GPUs to use it
         self._vllm_pids = await asyncio.to_thread(self.vllm_pids) if self._gpus else set()
@@ -318,7 +247,7 @@ class Agent:
         )
         self._nvml_backoff = self.interval
         self._nvml_answered = True
-        self._ok(SOURCE_NVML, self.monotonic() - t0)
+        self.sources.ok(SOURCE_NVML, self.monotonic() - t0)
 
     def _nvml_starting(self, err: SourceError, t0: float) -> bool:
         """Whether ``err`` is NVML's first read still running (it outlasted --timeout, or a later cycle found it
@@ -330,7 +259,7 @@ class Agent:
             return False
         if self.monotonic() - self._nvml_first_attempt >= NVML_FIRST_READ_GRACE:
             return False
-        if _first_time(self._gpu_failures_logged, "nvml_starting"):
+        if first_time(self._gpu_failures_logged, "nvml_starting"):
             self.logger.info(
                 "nvml_starting",
                 source=SOURCE_NVML,
@@ -350,7 +279,7 @@ class Agent:
             self.logger.info("gpus_of_vllm", gpus=sorted(running), of=len(gpus), how="vLLM's processes on them")
         if self._vllm_gpus:
             return tuple(g for g in gpus if g.uuid in self._vllm_gpus)
-        if len(gpus) > 1 and _first_time(self._gpu_failures_logged, "gpus_unattributed"):
+        if len(gpus) > 1 and first_time(self._gpu_failures_logged, "gpus_unattributed"):
             self.logger.warning(
                 "gpus_unattributed",
                 gpus=len(gpus),
@@ -417,7 +346,7 @@ class Agent:
     def _gpu_doubt(self, g: GpuReading, reason: Reason, event: str, hint: str, **extra: float) -> None:
         """A reading the budget cannot take at its word: counted under ``reason``, one warning per GPU."""
         self.errors[(SOURCE_NVML, reason)] += 1
-        if _first_time(self._gpu_failures_logged, (reason, g.uuid)):
+        if first_time(self._gpu_failures_logged, (reason, g.uuid)):
             self.logger.warning(event, source=SOURCE_NVML, gpu=g.index, uuid=g.uuid, hint=hint, **extra)
 
     async def _fetch_metrics(self, latency: bool) -> tuple[VllmMetrics | SourceError, float]:
@@ -431,7 +360,7 @@ class Agent:
 
     def _check_agreement(self, engines: tuple[EngineCapacity, ...]) -> None:
         for e in engines:
-            if e.layout is not None and e.layout.mismatch and _first_time(self._plans_logged, (e.model_name, e.engine)):
+            if e.layout is not None and e.layout.mismatch and first_time(self._plans_logged, (e.model_name, e.engine)):
                 self.logger.warning(
                     "plan_disagrees",
                     engine=f"{e.model_name}/{e.engine}",
@@ -458,15 +387,15 @@ class Agent:
 
     async def cycle(self) -> Snapshot:
         # the sources are read side by side: a slow or hung one never delays the others
-        read_latency = self._latency_read_at is None or self.monotonic() - self._latency_read_at >= LATENCY_EVERY
+        read_latency = self.latency.due()
         _, _, (metrics, took) = await asyncio.gather(
             self._read_log(), self._read_nvml(), self._fetch_metrics(read_latency)
         )
         if isinstance(metrics, SourceError):
-            self._fail(SOURCE_VLLM, metrics, took)
+            self.sources.fail(SOURCE_VLLM, metrics, took)
             # vLLM is gone (or is not vLLM): drop every derived series now; re-read /v1/models when it is back.
             # The GPUs stay: their memory (now without vLLM) is still what NVML says.
-            self.snapshot = Snapshot(
+            self.snapshot = self._snapshot(
                 up=False,
                 timestamp=self.snapshot.timestamp,
                 gpus=self._gpus,
@@ -476,7 +405,7 @@ class Agent:
             self._models_fetched_at = -float("inf")
             self.ready = True
             return self.snapshot
-        self._ok(SOURCE_VLLM, took)
+        self.sources.ok(SOURCE_VLLM, took)
         self._note_implausible(metrics.implausible)
 
         was_down = self._last_metrics is None
@@ -489,7 +418,7 @@ class Agent:
 
         max_model_len = dict(self._models.max_model_len) if self._models else {}
         carried = self._carry_counters(metrics, restarted)
-        self._learn_latency(metrics, read_latency)
+        self.latency.learn(metrics, read_latency)
         engines = tuple(
             derive.derive_all(
                 metrics,
@@ -501,7 +430,7 @@ class Agent:
                 pp=self.pp,
                 version=self._version,
                 preemptions=carried,
-                latency=self._latency_views,
+                latency=self.latency.views,
                 preempted=self._preempted,
                 max_num_seqs=self.max_num_seqs or self.figures.max_num_seqs,
                 max_num_batched_tokens=self.figures.max_num_batched_tokens,
@@ -510,7 +439,7 @@ class Agent:
         )
         self._check_agreement(engines)
         self._last_metrics = metrics
-        self.snapshot = Snapshot(
+        self.snapshot = self._snapshot(
             up=True,
             timestamp=self.clock(),
             schema=metrics.schema,
@@ -530,64 +459,12 @@ class Agent:
         try:
             models = await self.client.fetch_models()
         except SourceError as err:
-            self._fail(SOURCE_MODELS, err, self.monotonic() - t0)
+            self.sources.fail(SOURCE_MODELS, err, self.monotonic() - t0)
             self._models_fetched_at = self.monotonic() - self.models_refresh + min(30.0, self.models_refresh)
             return
         self._version = await self.client.fetch_version()
-        self._ok(SOURCE_MODELS, self.monotonic() - t0)
+        self.sources.ok(SOURCE_MODELS, self.monotonic() - t0)
         self._models, self._models_fetched_at = models, self.monotonic()
-
-    def _learn_latency(self, metrics: VllmMetrics, read: bool) -> None:
-        """Note each engine's running requests every cycle; when this cycle read the latency histograms (every
-        LATENCY_EVERY seconds), teach each engine's curve the interval since the last time, and refresh what is
-        exported of it (computed here, not every cycle: quantiles of every bin are the costly part)."""
-        for m in metrics.engines:
-            if m.running is not None:
-                total, n = self._running_seen.get((m.model_name, m.engine), (0.0, 0))
-                self._running_seen[(m.model_name, m.engine)] = (total + m.running, n + 1)
-        if not read:
-            return
-        now = self.monotonic()
-        seconds = now - self._latency_read_at if self._latency_read_at is not None else 0.0
-        self._latency_read_at = now
-        present = set()
-        for m in metrics.engines:
-            key = (m.model_name, m.engine)
-            present.add(key)
-            total, n = self._running_seen.pop(key, (0.0, 0))
-            curve = self._curves.setdefault(key, LatencyCurve(half_life=self.latency_half_life))
-            cc = m.cache_config
-            kv_bound = derive.blocks_per_engine(cc.num_gpu_blocks if cc else None, metrics.dp_engines, metrics.schema)
-            latency = {k: v for k, v in m.latency.items() if k in (ITL, TTFT)}
-            self._warn_unresolvable(latency)
-            curve.observe(latency, total / n if n else None, seconds, kv_bound)
-            context = self._contexts.setdefault(key, ContextTokens(half_life=self.latency_half_life))
-            context.observe({k: v for k, v in m.latency.items() if k in (PROMPT, GENERATION)}, seconds)
-            bound = slo_bound(curve, self.objectives)
-            self._latency_views[key] = derive.LatencyView(
-                quantiles=curve.quantiles(),
-                observations=curve.observations(),
-                slo_max_concurrency=bound.max_concurrency,
-                slo_knee_observed=bound.knee_observed if self.objectives else None,
-                context_p90_tokens=context.quantile(),
-            )
-        self._running_seen.clear()  # what is left belongs to engines that went away
-        for gone in set(self._curves) - present:  # an engine that went away takes what it taught with it
-            del self._curves[gone]
-            self._contexts.pop(gone, None)
-            self._latency_views.pop(gone, None)
-
-    def _warn_unresolvable(self, histograms: Mapping[str, Buckets]) -> None:
-        """Once per objective: say so when it lies below the first bucket of the histogram it is learned from."""
-        for objective, first in below_resolution(self.objectives, histograms):
-            if _first_time(self._unresolvable_logged, str(objective)):
-                self.logger.warning(
-                    "slo_objective_below_histogram_resolution",
-                    objective=str(objective),
-                    first_bucket_seconds=first,
-                    hint=f"vLLM's histogram cannot tell latencies under {first * 1000:g} ms apart: the concurrency "
-                    "this objective allows is a guess; choose an objective at or above that bucket",
-                )
 
     def _carry_counters(self, metrics: VllmMetrics, restarted: bool) -> dict[EngineKey, float]:
         """Carry vLLM's preemption counters across its restarts; returns the totals to export this cycle: those of
@@ -652,9 +529,11 @@ class Agent:
         the derived series it could not compute."""
         self.errors[(SOURCE_AGENT, Reason.INTERNAL)] += 1
         cause = f"{type(err).__name__}: {err}"
-        if _first_time(self._crashes_logged, cause):
+        if first_time(self._crashes_logged, cause):
             self.logger.exception("cycle_crashed", cause=cause)
-        self.snapshot = Snapshot(up=self.sources[SOURCE_VLLM].up, timestamp=self.snapshot.timestamp, gpus=self._gpus)
+        self.snapshot = self._snapshot(
+            up=self.sources[SOURCE_VLLM].up, timestamp=self.snapshot.timestamp, gpus=self._gpus
+        )
         self.ready = True
 
     async def run(self, stop: asyncio.Event) -> None:

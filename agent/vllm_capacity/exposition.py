@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import platform
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -18,15 +19,23 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from vllm_capacity import __version__
-from vllm_capacity.agent import Agent
 from vllm_capacity.budget import COMPONENTS
-from vllm_capacity.metrics import BY_NAME, NAMESPACE, SPECS, MetricSpec
+from vllm_capacity.metrics import BY_NAME, NAMESPACE, NOT_THROTTLING, SPECS, MetricSpec
 from vllm_capacity.snapshot import Snapshot
-from vllm_capacity.sources.nvml import NOT_THROTTLING
 
 ENGINE_SPECS = tuple(s for s in SPECS if s.engine_values or s.engine_rows)
 
 Family = CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily
+
+
+class Served(Protocol):
+    """What exposition reads (the agent is one): the latest snapshot, and what the listener refused, by kind."""
+
+    @property
+    def snapshot(self) -> Snapshot: ...
+
+    @property
+    def http_errors(self) -> Mapping[str, int]: ...
 
 
 class _Families:
@@ -77,13 +86,13 @@ def _new_family(spec: MetricSpec) -> Family:
 
 
 class AgentCollector(Collector):
-    """A custom collector over :attr:`Agent.snapshot`; collecting does no I/O."""
+    """A custom collector over the latest snapshot; collecting does no I/O."""
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, served: Served) -> None:
+        self.served = served
 
     def collect(self) -> Iterator[Metric]:
-        agent, snap = self.agent, self.agent.snapshot
+        snap = self.served.snapshot
         f = _Families()
         n = f"{NAMESPACE}_"
         f.add(n + "up", [], 1.0 if snap.up else 0.0)
@@ -139,20 +148,20 @@ class AgentCollector(Collector):
                 f.add(n + "gpu_memory_budget_bytes", key, budget.budget_bytes)
             f.add(n + "gpu_info", key, {"name": g.name, "mig_parent": g.mig_parent or ""})
         f.add(n + "build_info", [], {"version": __version__, "python_version": platform.python_version()})
-        for source, status in sorted(agent.sources.items()):
+        for source, status in sorted(snap.sources.items()):
             f.add(n + "source_up", [source], 1.0 if status.up else 0.0)
             f.add(n + "source_duration_seconds", [source], status.duration_seconds)
-        for (source, reason), count in sorted(agent.errors.items()):
+        for (source, reason), count in sorted(snap.errors.items()):
             f.add(n + "source_errors_total", [source, reason], float(count))
-        for kind, count in sorted(agent.http_errors.items()):
+        for kind, count in sorted(self.served.http_errors.items()):
             f.add(n + "http_errors_total", [kind], float(count))
         f.add(n + "last_update_timestamp_seconds", [], snap.timestamp)
         yield from f
 
 
-def build_registry(agent: Agent, *, process_metrics: bool = True) -> CollectorRegistry:
+def build_registry(served: Served, *, process_metrics: bool = True) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(agent))
+    registry.register(AgentCollector(served))
     if process_metrics:
         ProcessCollector(namespace=NAMESPACE, registry=registry)
     return registry
@@ -177,14 +186,14 @@ class RenderCache:
     render, and the event loop (``/healthz``, the vLLM reads) never waits on the encoding. What is served is as fresh
     as the latest snapshot; the process metrics beside it too (one interval at most)."""
 
-    def __init__(self, agent: Agent, registry: CollectorRegistry) -> None:
-        self._agent, self._registry = agent, registry
+    def __init__(self, served: Served, registry: CollectorRegistry) -> None:
+        self._served, self._registry = served, registry
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-render")
         self._cached: dict[str, tuple[Snapshot, asyncio.Future[bytes]]] = {}
 
     async def body(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_format(accept)
-        snapshot = self._agent.snapshot
+        snapshot = self._served.snapshot
         entry = self._cached.get(content_type)
         if entry is None or entry[0] is not snapshot:
             entry = (snapshot, asyncio.get_running_loop().run_in_executor(self._executor, encoder, self._registry))

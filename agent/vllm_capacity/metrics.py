@@ -105,6 +105,10 @@ def _headroom(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
 
 E = ENGINE_LABELS
 G = GPU_LABELS
+# NVML's clock-event reasons that lower the clocks without throttling the work: the GPU idles, or its clocks were set
+# so by the application or an administrator. Exported apart (gpu_clock_event), never as gpu_throttled.
+NOT_THROTTLING = frozenset({"gpu_idle", "applications_clocks_setting"})
+
 SPECS: tuple[MetricSpec, ...] = (
     _m("up", "gauge", (), "1 if the last scrape of vLLM's /metrics succeeded, 0 if not (vLLM down, or not vLLM)."),
     _m(

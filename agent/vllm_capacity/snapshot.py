@@ -13,6 +13,14 @@ EngineKey = tuple[str, str]  # (model_name, engine)
 
 
 @dataclass(frozen=True)
+class SourceState:
+    """A source's state as the snapshot shows it: up, and how long its last read took."""
+
+    up: bool
+    duration_seconds: float | None = None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What /metrics shows. Immutable: the loop swaps in a new one; a scrape renders one consistent view."""
 
@@ -26,3 +34,6 @@ class Snapshot:
     gpu_budgets: Mapping[str, GpuBudget] = field(default_factory=dict)
     #: (index, uuid) of GPUs read before that NVML cannot read now while it reads the others (lost, reset, ...)
     gpus_unreadable: tuple[tuple[str, str], ...] = ()
+    #: each source's state and the failures counted by (source, reason), as they stood when the snapshot was taken
+    sources: Mapping[str, SourceState] = field(default_factory=dict)
+    errors: Mapping[tuple[str, str], int] = field(default_factory=dict)

@@ -133,11 +133,6 @@ def wide_process_infos(nvml: Any, handle: Any, function: str) -> list[Any]:
     ]
 
 
-# reasons that lower the clocks without throttling the work: the GPU idles, or its clocks were set so by the
-# application or an administrator. Exported apart (gpu_clock_event), never as throttling.
-NOT_THROTTLING = frozenset({"gpu_idle", "applications_clocks_setting"})
-
-
 @dataclass(frozen=True)
 class GpuProcess:
     pid: int

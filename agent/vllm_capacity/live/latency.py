@@ -1,0 +1,110 @@
+"""The latency learner: one curve of latency by concurrency and one context distribution per engine, taught from
+vLLM's histograms as the loop reads them (the curves themselves: :mod:`vllm_capacity.latency`)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+import structlog
+
+from vllm_capacity import derive
+from vllm_capacity.latency import (
+    DEFAULT_HALF_LIFE,
+    GENERATION,
+    ITL,
+    PROMPT,
+    TTFT,
+    Buckets,
+    ContextTokens,
+    LatencyCurve,
+    Objective,
+    below_resolution,
+    slo_bound,
+)
+from vllm_capacity.live.status import first_time
+from vllm_capacity.snapshot import EngineKey
+from vllm_capacity.sources.vllm_parse import VllmMetrics
+
+LATENCY_EVERY = 5.0  # seconds: how often a cycle reads vLLM's latency histograms (most of its lines) to learn from
+
+
+class LatencyLearner:
+    """Notes each engine's running requests every cycle and, every LATENCY_EVERY seconds, teaches its curve the
+    interval since the last time: the histograms' increase at the mean running requests of those seconds."""
+
+    def __init__(
+        self,
+        objectives: Sequence[Objective] = (),
+        half_life: float = DEFAULT_HALF_LIFE,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.objectives, self.half_life, self.monotonic = tuple(objectives), half_life, monotonic
+        self.logger = structlog.get_logger("vllm_capacity")
+        self._curves: dict[EngineKey, LatencyCurve] = {}
+        self._contexts: dict[EngineKey, ContextTokens] = {}
+        self._views: dict[EngineKey, derive.LatencyView] = {}
+        self._running_seen: dict[EngineKey, tuple[float, int]] = {}
+        self._read_at: float | None = None
+        self._unresolvable_logged: set[str] = set()
+
+    @property
+    def views(self) -> Mapping[EngineKey, derive.LatencyView]:
+        """What is exported of each engine's curve, as of the last time it learned."""
+        return self._views
+
+    def due(self) -> bool:
+        """Whether this cycle should read vLLM's latency histograms (the first one does, then every LATENCY_EVERY)."""
+        return self._read_at is None or self.monotonic() - self._read_at >= LATENCY_EVERY
+
+    def learn(self, metrics: VllmMetrics, read: bool) -> None:
+        """Note each engine's running requests; when this cycle read the latency histograms, teach each engine's
+        curve the interval since the last time, and refresh what is exported of it (computed here, not every
+        cycle: quantiles of every bin are the costly part)."""
+        for m in metrics.engines:
+            if m.running is not None:
+                total, n = self._running_seen.get((m.model_name, m.engine), (0.0, 0))
+                self._running_seen[(m.model_name, m.engine)] = (total + m.running, n + 1)
+        if not read:
+            return
+        now = self.monotonic()
+        seconds = now - self._read_at if self._read_at is not None else 0.0
+        self._read_at = now
+        present = set()
+        for m in metrics.engines:
+            key = (m.model_name, m.engine)
+            present.add(key)
+            total, n = self._running_seen.pop(key, (0.0, 0))
+            curve = self._curves.setdefault(key, LatencyCurve(half_life=self.half_life))
+            cc = m.cache_config
+            kv_bound = derive.blocks_per_engine(cc.num_gpu_blocks if cc else None, metrics.dp_engines, metrics.schema)
+            latency = {k: v for k, v in m.latency.items() if k in (ITL, TTFT)}
+            self._warn_unresolvable(latency)
+            curve.observe(latency, total / n if n else None, seconds, kv_bound)
+            context = self._contexts.setdefault(key, ContextTokens(half_life=self.half_life))
+            context.observe({k: v for k, v in m.latency.items() if k in (PROMPT, GENERATION)}, seconds)
+            bound = slo_bound(curve, self.objectives)
+            self._views[key] = derive.LatencyView(
+                quantiles=curve.quantiles(),
+                observations=curve.observations(),
+                slo_max_concurrency=bound.max_concurrency,
+                slo_knee_observed=bound.knee_observed if self.objectives else None,
+                context_p90_tokens=context.quantile(),
+            )
+        self._running_seen.clear()  # what is left belongs to engines that went away
+        for gone in set(self._curves) - present:  # an engine that went away takes what it taught with it
+            del self._curves[gone]
+            self._contexts.pop(gone, None)
+            self._views.pop(gone, None)
+
+    def _warn_unresolvable(self, histograms: Mapping[str, Buckets]) -> None:
+        """Once per objective: say so when it lies below the first bucket of the histogram it is learned from."""
+        for objective, first in below_resolution(self.objectives, histograms):
+            if first_time(self._unresolvable_logged, str(objective)):
+                self.logger.warning(
+                    "slo_objective_below_histogram_resolution",
+                    objective=str(objective),
+                    first_bucket_seconds=first,
+                    hint=f"vLLM's histogram cannot tell latencies under {first * 1000:g} ms apart: the concurrency "
+                    "this objective allows is a guess; choose an objective at or above that bucket",
+                )
