@@ -57,3 +57,16 @@ def test_nothing_reads_or_cites_a_folder_beside_the_repository() -> None:
     grep = ["git", "grep", "--untracked", "-n", "-F", sibling]
     found = subprocess.run(grep, cwd=ROOT, capture_output=True, text=True)
     assert found.returncode == 1, f"references outside the repository:\n{found.stdout}"
+
+
+def test_the_layout_table_lists_every_module() -> None:
+    """docs/development.md's layout table has a row for each module of the package, and none for one that is gone."""
+    import re
+
+    package = ROOT / "agent" / "vllm_capacity"
+    modules = {f"agent/vllm_capacity/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")}
+    text = (ROOT / "docs" / "development.md").read_text()
+    rows = dict(re.findall(r"^\| `(agent/vllm_capacity/[\w/]+\.py)` \| (.+) \|$", text, re.MULTILINE))
+    assert not modules - set(rows), f"docs/development.md's layout table lacks {sorted(modules - set(rows))}"
+    assert not set(rows) - modules, f"the layout table lists modules that are gone: {sorted(set(rows) - modules)}"
+    assert all(len(what.split()) >= 3 for what in rows.values()), "each row says what its module owns"
