@@ -683,7 +683,7 @@ async def test_a_slow_first_read_is_starting_not_a_failure(fake_vllm: FakeVllm, 
 
 
 async def test_a_first_read_hanging_past_the_grace_is_a_failure(fake_vllm: FakeVllm, tmp_path) -> None:
-    from vllm_capacity.agent import NVML_FIRST_READ_GRACE
+    from vllm_capacity.live.gpus import NVML_FIRST_READ_GRACE
 
     gpu = seed_gpu()
     gpu.hang = threading.Event()

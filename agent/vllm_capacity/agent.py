@@ -15,21 +15,21 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import structlog
 
 from vllm_capacity import derive
-from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.latency import DEFAULT_HALF_LIFE, Objective
+from vllm_capacity.live.gpus import GpuReader
 from vllm_capacity.live.latency import LatencyLearner
-from vllm_capacity.live.status import SourceBook, first_time
+from vllm_capacity.live.status import SourceBook, first_time, internal
 from vllm_capacity.snapshot import EngineKey, Snapshot
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.nvml import GpuReading, NvmlSource, vllm_pids_in_namespace
+from vllm_capacity.sources.nvml import NvmlSource, vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
 from vllm_capacity.sources.vllm_parse import VllmMetrics
@@ -37,12 +37,7 @@ from vllm_capacity.sources.vllm_parse import VllmMetrics
 SOURCE_VLLM = "vllm"
 SOURCE_MODELS = "vllm_models"
 SOURCE_LOG = "vllm_log"
-SOURCE_NVML = "nvml"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error
-NVML_MAX_BACKOFF = 300.0
-# the first read of NVML (nvmlInit, and each GPU's first query) can take seconds a GPU where persistence mode is
-# off: for this long after the first attempt, a first read that outlasts --timeout is "starting", not a failure
-NVML_FIRST_READ_GRACE = 60.0
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
 
 
@@ -50,22 +45,6 @@ def _first(items: list[Any], n: int = 8) -> list[Any]:
     """A list for a log line: its first ``n`` items, and how many more there are (a line stays short: log pipelines
     cut lines at 16 KB, and 5,000 engines once made one of 250 KB)."""
     return items if len(items) <= n else [*items[:n], f"... {len(items) - n} more"]
-
-
-def _alike(values: Iterable[float | None], within: float = 0.02) -> bool:
-    """Whether the known values agree within ``within`` of the largest (true when fewer than two are known)."""
-    known = [v for v in values if v is not None]
-    return len(known) < 2 or max(known) - min(known) <= within * max(known)
-
-
-def _internal(err: Exception, doing: str) -> SourceError:
-    return SourceError(Reason.INTERNAL, f"{doing}: {type(err).__name__}: {err}")
-
-
-def _only(values: Iterable[float | None]) -> float | None:
-    """The one value every item agrees on, else None."""
-    distinct = set(values)
-    return distinct.pop() if len(distinct) == 1 else None
 
 
 class Agent:
@@ -104,18 +83,13 @@ class Agent:
         self._plans_logged: set[tuple[str, str]] = set()
         if vllm_log is not None:
             self.sources.add(SOURCE_LOG)
-        self.nvml, self.nvml_required, self.vllm_pids = nvml, nvml_required, vllm_pids
-        self._gpus: tuple[GpuReading, ...] = ()
-        self._vllm_pids: set[int] = set()
-        self._vllm_gpus: set[str] = set()  # UUIDs of the GPUs vLLM's processes were seen on (see _pods_gpus)
-        self._known_gpus: dict[str, str] = {}  # index -> UUID of every GPU read so far
-        self._gpus_unreadable: tuple[tuple[str, str], ...] = ()
-        self._nvml_next_attempt = 0.0
-        self._nvml_backoff = interval
-        self._nvml_first_attempt: float | None = None  # when NVML was first asked
-        self._nvml_answered = False  # whether NVML ever answered a read
-        if nvml is not None:
-            self.sources.add(SOURCE_NVML)
+        # the GPUs through NVML, when asked (--nvml auto or on)
+        self.gpus = (
+            GpuReader(nvml, self.sources, interval=interval, required=nvml_required, vllm_pids=vllm_pids,
+                      monotonic=monotonic)
+            if nvml is not None
+            else None
+        )  # fmt: skip
         self.errors = self.sources.errors
         #: what the sidecar's own listener refused or failed, by kind (fed by the server: listener.py, log.py)
         self.http_errors: Counter[str] = Counter()
@@ -130,7 +104,6 @@ class Agent:
         self._preemptions_total: dict[EngineKey, float] = {}
         self._announced: tuple[object, ...] | None = None
         self._crashes_logged: set[str] = set()
-        self._gpu_failures_logged: set[str] = set()
         self.latency = LatencyLearner(objectives, latency_half_life, monotonic)  # latency by concurrency
         self.max_num_seqs = max_num_seqs  # --max-num-seqs; else what vLLM's log says (self.figures)
         self._preempted: frozenset[EngineKey] = frozenset()
@@ -196,158 +169,27 @@ class Agent:
             self.sources.fail(SOURCE_LOG, SourceError(Reason.IO_ERROR, f"reading the vLLM log: {err}"), 0.0)
             return
         except Exception as err:  # what nothing expected: named and counted, never a crashed cycle
-            self.sources.fail(SOURCE_LOG, _internal(err, "reading the vLLM log"), 0.0)
+            self.sources.fail(SOURCE_LOG, internal(err, "reading the vLLM log"), 0.0)
             return
         for line in lines:
             self.figures.feed(line)
         self.sources.ok(SOURCE_LOG, self.monotonic() - t0)
 
-    async def _read_nvml(self) -> None:
-        """Read the GPUs; after a failure wait (interval, doubling up to 5 min) before trying again."""
-        if self.nvml is None or self.monotonic() < self._nvml_next_attempt:
-            return
-        t0 = self.monotonic()
-        try:
-            try:
-                self._gpus = tuple(await self.nvml.read())
-            except SourceError:
-                raise
-            except Exception as unexpected:  # e.g. a binding that raises a plain Exception: named, not a crash
-                raise _internal(unexpected, "reading NVML") from None
-        except SourceError as err:
-            self._gpus, self._gpus_unreadable = (), ()  # nothing stale: the GPU series go away while NVML is unread
-            if self._nvml_starting(err, t0):
-                return
-            if err.reason in (Reason.LIBRARY_NOT_FOUND, Reason.DRIVER_NOT_LOADED) and not self.nvml_required:
-                # --nvml auto on a machine without NVIDIA's library or driver: nothing failed, there is no GPU to
-                # read. One line, no error series, and NVML is not asked again.
-                self.logger.info("nvml_absent", reason=err.reason, error=str(err), hint="--nvml off silences this")
-                self.nvml = None
-                self.sources.remove(SOURCE_NVML)
-                return
-            self.sources.fail(SOURCE_NVML, err, self.monotonic() - t0)
-            self._nvml_next_attempt = self.monotonic() + self._nvml_backoff
-            self._nvml_backoff = min(NVML_MAX_BACKOFF, self._nvml_backoff * 2)
-            return
-        for skipped in self.nvml.skipped:  # a GPU that failed alone: counted and logged, the others served
-            self.errors[(SOURCE_NVML, skipped.reason)] += 1
-            if first_time(self._gpu_failures_logged, str(skipped)):
-                self.logger.warning("gpu_skipped", source=SOURCE_NVML, reason=skipped.reason, error=str(skipped))
-        # which processes are vLLM's: a walk of /proc, so off the event loop, and only when there are GPUs to use it
-        self._vllm_pids = await asyncio.to_thread(self.vllm_pids) if self._gpus else set()
-        if self.nvml.narrow_to_vllm:
-            self._gpus = self._pods_gpus(self._gpus)
-        # a GPU of ours read before that NVML cannot read now (its MIG instances too): its own gpu_up 0
-        self._known_gpus.update((g.index, g.uuid) for g in self._gpus)
-        self._gpus_unreadable = tuple(
-            (index, uuid)
-            for index, uuid in sorted(self._known_gpus.items())
-            for i in self.nvml.skipped_indices
-            if index == i or index.startswith(f"{i}/")
-        )
-        self._nvml_backoff = self.interval
-        self._nvml_answered = True
-        self.sources.ok(SOURCE_NVML, self.monotonic() - t0)
+    async def _read_gpus(self) -> None:
+        if self.gpus is not None:
+            await self.gpus.read()
+            if self.gpus.nvml is None:  # --nvml auto without NVIDIA's library or driver: never asked again
+                self.gpus = None
 
-    def _nvml_starting(self, err: SourceError, t0: float) -> bool:
-        """Whether ``err`` is NVML's first read still running (it outlasted --timeout, or a later cycle found it
-        busy) within NVML_FIRST_READ_GRACE of the first attempt: then no failure is counted, the backoff does not
-        grow, and the next cycle asks again (the driver's first answer can take seconds a GPU)."""
-        if self._nvml_first_attempt is None:
-            self._nvml_first_attempt = t0
-        if self._nvml_answered or err.reason not in (Reason.TIMEOUT, Reason.HUNG):
-            return False
-        if self.monotonic() - self._nvml_first_attempt >= NVML_FIRST_READ_GRACE:
-            return False
-        if first_time(self._gpu_failures_logged, "nvml_starting"):
-            self.logger.info(
-                "nvml_starting",
-                source=SOURCE_NVML,
-                hint=f"NVML's first read takes longer than --timeout; waiting up to {NVML_FIRST_READ_GRACE:g}s "
-                "(persistence mode off? nvidia-smi -pm 1 makes it fast)",
-            )
-        return True
-
-    def _pods_gpus(self, gpus: tuple[GpuReading, ...]) -> tuple[GpuReading, ...]:
-        """With nothing naming the pod's GPUs (NVIDIA_VISIBLE_DEVICES=all in the sidecar, or unset) NVML shows every
-        GPU of the node: keep those running vLLM's processes. A pod's GPUs do not change while it lives, so once
-        seen they are kept while vLLM is away (restarting, asleep); with no evidence yet, every GPU is shown and one
-        warning says why."""
-        running = {g.uuid for g in gpus if any(p.pid in self._vllm_pids for p in g.processes or ())}
-        if running and running != self._vllm_gpus:
-            self._vllm_gpus = running
-            self.logger.info("gpus_of_vllm", gpus=sorted(running), of=len(gpus), how="vLLM's processes on them")
-        if self._vllm_gpus:
-            return tuple(g for g in gpus if g.uuid in self._vllm_gpus)
-        if len(gpus) > 1 and first_time(self._gpu_failures_logged, "gpus_unattributed"):
-            self.logger.warning(
-                "gpus_unattributed",
-                gpus=len(gpus),
-                hint="every GPU this container sees is reported: none runs a vLLM process this sidecar can see; "
-                "set --gpus (vLLM's GPU UUIDs), or share the pod's process namespace (shareProcessNamespace: true)",
-            )
-        return gpus
-
-    def _budgets(self, engines: tuple[EngineCapacity, ...], metrics: VllmMetrics | None) -> dict[str, GpuBudget]:
-        """Per-GPU budgets (of GPUs that report their memory). vLLM's per-rank figures apply when every engine
-        reports the same ones."""
-        gpus = [g for g in self._gpus if g.memory_total_bytes is not None and g.memory_free_bytes is not None]
-        if not gpus:
+    def _gpu_fields(self, engines: tuple[EngineCapacity, ...], metrics: VllmMetrics | None) -> dict[str, Any]:
+        """The snapshot's GPU fields: the readings, their budgets (with vLLM's figures while it is up), the lost."""
+        if self.gpus is None:
             return {}
-        if metrics is None:  # vLLM is down: no memory on the GPUs is vLLM's now
-            down = {g.index: gpu_budget(g, vllm_up=False) for g in gpus}
-            self._count_doubts(gpus, down)
-            return down
-        weights = _only(e.weights_bytes for e in engines)
-        pool = _only(e.kv_pool_bytes for e in engines)
-        utilization = _only(e.cache_config.gpu_memory_utilization for e in metrics.engines if e.cache_config)
-        ranks = self.figures.ranks
-        # under pipeline parallelism the stages hold different layers: their weights and KV differ, and one rank's
-        # figure would be wrong on the others' GPUs. A GPU takes its own rank's weights (the worker PID of its log
-        # lines running on it), the engine's figures only where every rank loaded the same weights (tensor
-        # parallelism: vLLM then sizes every rank's KV cache to the smallest, the engine's figure).
-        if not _alike(r.weights_bytes for r in ranks.values()):
-            weights = pool = None
-        budgets = {}
-        for g in gpus:
-            mine = next((ranks[p.pid] for p in g.processes or () if p.pid in ranks), None)
-            budgets[g.index] = gpu_budget(
-                g,
-                vllm_pids=self._vllm_pids,
-                weights_bytes=mine.weights_bytes if mine is not None and mine.weights_bytes is not None else weights,
-                kv_cache_bytes=pool,
-                gpu_memory_utilization=utilization,
-            )
-        self._count_doubts(gpus, budgets)
-        return budgets
-
-    def _count_doubts(self, gpus: list[GpuReading], budgets: dict[str, GpuBudget]) -> None:
-        """A GPU whose memory is in use while NVML lists no process, or whose processes hold more than its used
-        memory: counted, and said once per GPU."""
-        for g in gpus:
-            over = budgets[g.index].overcommitted_bytes
-            if over is not None:
-                self._gpu_doubt(
-                    g,
-                    Reason.MEMORY_INCONSISTENT,
-                    "gpu_memory_inconsistent",
-                    "NVML's process list holds more memory than the GPU uses: the system share is left out",
-                    processes_over_used_bytes=over,
-                )
-            if budgets[g.index].identified_by == "hidden":
-                self._gpu_doubt(
-                    g,
-                    Reason.PROCESSES_HIDDEN,
-                    "gpu_processes_hidden",
-                    "memory is in use but NVML lists no process: they are in a PID namespace this sidecar cannot "
-                    "see; share the pod's (shareProcessNamespace: true) for vLLM's and other processes' shares",
-                )
-
-    def _gpu_doubt(self, g: GpuReading, reason: Reason, event: str, hint: str, **extra: float) -> None:
-        """A reading the budget cannot take at its word: counted under ``reason``, one warning per GPU."""
-        self.errors[(SOURCE_NVML, reason)] += 1
-        if first_time(self._gpu_failures_logged, (reason, g.uuid)):
-            self.logger.warning(event, source=SOURCE_NVML, gpu=g.index, uuid=g.uuid, hint=hint, **extra)
+        return {
+            "gpus": self.gpus.readings,
+            "gpu_budgets": self.gpus.budgets(engines, metrics, self.figures.ranks),
+            "gpus_unreadable": self.gpus.unreadable,
+        }
 
     async def _fetch_metrics(self, latency: bool) -> tuple[VllmMetrics | SourceError, float]:
         t0 = self.monotonic()
@@ -356,7 +198,7 @@ class Agent:
         except SourceError as err:
             return err, self.monotonic() - t0
         except Exception as err:  # a parse no rule covers: named and counted, never a crashed cycle
-            return _internal(err, "reading vLLM's /metrics"), self.monotonic() - t0
+            return internal(err, "reading vLLM's /metrics"), self.monotonic() - t0
 
     def _check_agreement(self, engines: tuple[EngineCapacity, ...]) -> None:
         for e in engines:
@@ -389,7 +231,7 @@ class Agent:
         # the sources are read side by side: a slow or hung one never delays the others
         read_latency = self.latency.due()
         _, _, (metrics, took) = await asyncio.gather(
-            self._read_log(), self._read_nvml(), self._fetch_metrics(read_latency)
+            self._read_log(), self._read_gpus(), self._fetch_metrics(read_latency)
         )
         if isinstance(metrics, SourceError):
             self.sources.fail(SOURCE_VLLM, metrics, took)
@@ -398,9 +240,7 @@ class Agent:
             self.snapshot = self._snapshot(
                 up=False,
                 timestamp=self.snapshot.timestamp,
-                gpus=self._gpus,
-                gpu_budgets=self._budgets((), None),
-                gpus_unreadable=self._gpus_unreadable,
+                **self._gpu_fields((), None),
             )
             self._models_fetched_at = -float("inf")
             self.ready = True
@@ -446,9 +286,7 @@ class Agent:
             version=self._version,
             itl_metric=metrics.itl_metric,
             engines=engines,
-            gpus=self._gpus,
-            gpu_budgets=self._budgets(engines, metrics),
-            gpus_unreadable=self._gpus_unreadable,
+            **self._gpu_fields(engines, metrics),
         )
         self.ready = True
         self._announce(metrics, engines)
@@ -532,7 +370,9 @@ class Agent:
         if first_time(self._crashes_logged, cause):
             self.logger.exception("cycle_crashed", cause=cause)
         self.snapshot = self._snapshot(
-            up=self.sources[SOURCE_VLLM].up, timestamp=self.snapshot.timestamp, gpus=self._gpus
+            up=self.sources[SOURCE_VLLM].up,
+            timestamp=self.snapshot.timestamp,
+            gpus=self.gpus.readings if self.gpus else (),
         )
         self.ready = True
 

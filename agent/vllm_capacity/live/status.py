@@ -11,7 +11,7 @@ from typing import Any
 import structlog
 
 from vllm_capacity.snapshot import SourceState
-from vllm_capacity.sources import SourceError
+from vllm_capacity.sources import Reason, SourceError
 
 LOG_EVERY = 10.0  # seconds: at most one line a source about its state changes
 
@@ -25,6 +25,11 @@ class SourceStatus:
     logged_reason: str | None = None
     logged_at: float = -float("inf")
     unlogged_changes: int = 0
+
+
+def internal(err: Exception, doing: str) -> SourceError:
+    """What nothing expected, named and counted (reason internal), never a crashed cycle."""
+    return SourceError(Reason.INTERNAL, f"{doing}: {type(err).__name__}: {err}")
 
 
 def first_time(seen: set[Any], cause: object, remember: int = 256) -> bool:
