@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -308,7 +309,6 @@ def test_a_client_protocol_error_is_one_json_log_line(fake_vllm_thread: str) -> 
 async def test_sigterm_stops_at_once_while_a_read_of_vllm_hangs(fake_vllm: FakeVllm) -> None:
     """vLLM takes 6 s to answer and --timeout is 5s: SIGTERM still ends the sidecar at once, exit 0 (it waited out
     the timeout before: 20 s at --timeout 20s)."""
-    import time
 
     port = free_port()
     fake_vllm.delay = 6.0
@@ -357,18 +357,25 @@ def test_report_text_and_json(fake_vllm_thread: str) -> None:
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_report_watch_redraws_until_interrupted(fake_vllm_thread: str, sig: signal.Signals) -> None:
+def test_report_watch_redraws_until_interrupted(fake_vllm_thread: str, sig: signal.Signals, tmp_path: Path) -> None:
     """`report --watch 0.2s` reads again and redraws in place (cursor home, clear) until Ctrl-C or SIGTERM, then
     exits 0, also when started as a shell's background job: `&` starts it with SIGINT ignored (``trap "" INT`` here
-    does the same), and Python leaves an ignored SIGINT ignored unless the command installs its own handler."""
+    does the same), and Python leaves an ignored SIGINT ignored unless the command installs its own handler. The
+    signal goes once it has redrawn three times (its handlers are in place before the first), however slow the
+    machine."""
     watch = shlex.join([*VLLM_CAPACITY, "report", "--vllm-url", fake_vllm_thread, "--watch", "0.2s"])
-    proc = subprocess.Popen(
-        ["sh", "-c", f'trap "" INT; exec {watch}'], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    screen = tmp_path / "screen"
+    with screen.open("w") as stdout:
+        proc = subprocess.Popen(
+            ["sh", "-c", f'trap "" INT; exec {watch}'], stdout=stdout, stderr=subprocess.PIPE, text=True
+        )
     try:
-        threading.Event().wait(2.0)
+        deadline = time.monotonic() + 60
+        while screen.read_text().count("\x1b[H\x1b[2J") < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
     finally:
-        out, err = stop_process(proc, sig)
+        _, err = stop_process(proc, sig)
+    out = screen.read_text()
     assert proc.returncode == 0, err
     assert out.count("\x1b[H\x1b[2J") >= 3, out[:500]
     assert "(every 0.2s; Ctrl-C to stop)" in out and "4,096 tokens" in out
