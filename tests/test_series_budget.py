@@ -20,7 +20,7 @@ from vllm_capacity.budget import gpu_budget
 from vllm_capacity.derive import LatencyView, LoraSlots, derive_engine
 from vllm_capacity.exposition import build_registry
 from vllm_capacity.latency import MAX_BINS, QUANTILES, bin_bounds
-from vllm_capacity.snapshot import Snapshot
+from vllm_capacity.snapshot import Snapshot, SourceState
 from vllm_capacity.sources.model_config import load_config
 from vllm_capacity.sources.nvml import NvmlSource
 from vllm_capacity.sources.vllm_log import StartupFigures
@@ -73,12 +73,11 @@ def worst_case_series(engines: int) -> int:
         r.index: gpu_budget(r, vllm_pids={4242}, weights_bytes=2**30, kv_cache_bytes=2**30, gpu_memory_utilization=0.9)
         for r in readings
     }
-    snap = Snapshot(up=True, timestamp=0.0, schema="v1-capacity", engines=derived, gpus=readings, gpu_budgets=budgets)
-    status = SimpleNamespace(up=True, duration_seconds=0.01)
-    agent = SimpleNamespace(
-        snapshot=snap, sources={s: status for s in ("vllm", "models", "nvml", "vllm_log")}, errors={}, http_errors={}
-    )
-    text = generate_latest(build_registry(agent, process_metrics=True)).decode()  # type: ignore[arg-type]
+    sources = {s: SourceState(up=True, duration_seconds=0.01) for s in ("vllm", "models", "nvml", "vllm_log")}
+    snap = Snapshot(up=True, timestamp=0.0, schema="v1-capacity", engines=derived, gpus=readings, gpu_budgets=budgets,
+                    sources=sources)  # fmt: skip
+    served = SimpleNamespace(snapshot=snap, http_errors={})
+    text = generate_latest(build_registry(served, process_metrics=True)).decode()  # type: ignore[arg-type]
     series = [line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")]
     assert len(set(series)) == len(series), "a series twice"
     return len(series)

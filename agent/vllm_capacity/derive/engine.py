@@ -1,0 +1,289 @@
+"""One engine's figures, all of them (:class:`EngineCapacity`), and every engine of a scrape: the capacity
+formulas, the features and the planned layout put together."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vllm_capacity.derive.capacity import (
+    blocks_per_engine,
+    capacity_tokens,
+    concurrency_limit,
+    concurrency_utilization,
+    free_tokens,
+    headroom,
+    kv_bytes_per_token,
+    max_concurrency_at_context,
+    max_concurrency_at_max_model_len,
+    mean_context_tokens,
+    sizing_rules,
+    used_tokens,
+)
+from vllm_capacity.derive.features import LatencyView, LoraSlots, SpecDecode, lora_slots, spec_decode
+from vllm_capacity.derive.layout import (
+    LiveSpeculation,
+    PlannedLayout,
+    cpu_capacity_tokens,
+    planned_bytes_per_token,
+    planned_layout,
+)
+from vllm_capacity.geometry import Geometry
+from vllm_capacity.sources.vllm_log import EngineFigures
+from vllm_capacity.sources.vllm_parse import (
+    EngineMetrics,
+    VllmMetrics,
+)
+
+
+@dataclass(frozen=True)
+class EngineCapacity:
+    """Everything derived for one engine. ``None`` = cannot be known from what vLLM reported."""
+
+    model_name: str
+    engine: str
+    max_model_len: int | None
+    usage_ratio: float | None
+    blocks: int | None
+    block_size: int | None
+    capacity_tokens: int | None
+    used_tokens: float | None
+    free_tokens: float | None
+    max_concurrency: float | None
+    mean_context_tokens: float | None
+    max_concurrency_observed: float | None
+    concurrency_utilization: float | None
+    concurrency_utilization_observed: float | None
+    running: float | None
+    waiting: float | None
+    waiting_for_capacity: float | None
+    swapped: float | None
+    kv_bytes_per_token_cache_config: float | None  # kv_cache_memory_bytes / capacity
+    kv_bytes_per_token_startup_log: float | None = None  # method startup_log
+    kv_bytes_per_token_model_config: float | None = None  # method model_config
+    kv_pool_bytes: float | None = None
+    weights_bytes: float | None = None
+    cuda_graph_bytes: float | None = None
+    activation_peak_bytes: float | None = None
+    memory_device: str | None = None  # GPU or CPU: where vLLM's log says its KV cache lives
+    preemptions_total: float | None = None  # vLLM's counter carried across its restarts (set by the agent)
+    cache_info: Mapping[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels
+    latency: LatencyView = field(default_factory=LatencyView)
+    concurrency_utilization_slo: float | None = None
+    max_concurrency_p90_context: float | None = None
+    headroom_requests: float | None = None
+    headroom_basis: str | None = None  # the max_concurrency basis that binds: observed_context or slo
+    concurrency_limit: str | None = None  # one of LIMITS: what limits concurrency now
+    waiting_deferred: float | None = None
+    asleep: bool | None = None  # vLLM's sleep mode: its KV cache is freed (None: vLLM does not say)
+    spec_decode: SpecDecode | None = None  # speculative decoding's acceptance, when vLLM counts it
+    cpu_capacity_tokens: int | None = None  # the CPU tier: V0 swap space, V1 KV offloading
+    layout: PlannedLayout | None = None  # the KV-cache groups planned from --model-config for vLLM's own budget
+    lora: LoraSlots | None = None  # multi-LoRA serving: vLLM's adapter slots and the adapters using them
+
+    def concurrency_at(self, context_tokens: int) -> float | None:
+        """Max concurrency if every request held ``context_tokens`` tokens (None past max_model_len)."""
+        if self.max_model_len and context_tokens > self.max_model_len:
+            return None
+        return max_concurrency_at_context(self.capacity_tokens, context_tokens)
+
+
+def derive_engine(
+    m: EngineMetrics,
+    *,
+    schema: str,
+    dp_engines: int,
+    max_model_len: int | None,
+    startup: EngineFigures | None = None,
+    geometry: Geometry | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    rules: tuple[str, tuple[int, int, int]] | None = None,
+    preemptions_total: float | None = None,
+    latency: LatencyView | None = None,
+    preempted: bool = False,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    speculation: tuple[str, int] | None = None,
+    lora: LoraSlots | None = None,
+) -> EngineCapacity:
+    """One engine's figures. ``rules``: the engine and release whose sizing rules apply (:func:`sizing_rules`;
+    None: the metric generation's); ``preemptions_total``: vLLM's counter as the agent carries it over restarts."""
+    cc = m.cache_config
+    block_size = cc.block_size if cc else None
+    rules = rules or sizing_rules(schema, None)
+    blocks, cap, max_conc = _cache_size(m, schema, dp_engines, max_model_len, startup, rules)
+    used = used_tokens(m.kv_cache_usage, cap)
+    overridden = cc is not None and cc.num_gpu_blocks_override is not None
+    pool = startup.kv_pool_bytes if startup is not None else None
+    if pool is None and cc is not None and not overridden:
+        pool = cc.kv_cache_memory_bytes
+    mean_ctx = mean_context_tokens(used, m.running)
+    max_conc_obs = max_concurrency_at_context(cap, mean_ctx)
+    latency = latency or LatencyView()
+    slo = latency.slo_max_concurrency
+    room, binding = headroom(m.running, {"observed_context": max_conc_obs, "slo": slo})
+    limit = concurrency_limit(
+        running=m.running,
+        waiting=m.waiting,
+        waiting_for_capacity=m.waiting_for_capacity,
+        preempted=preempted,
+        usage=m.kv_cache_usage,
+        max_num_seqs=max_num_seqs,
+        slo_max_concurrency=slo,
+        lora_blocked=bool(lora and lora.blocked),
+    )
+    asleep = None if m.sleep_state is None else m.sleep_state != "awake"
+    layout = planned_layout(
+        geometry,
+        cc,
+        max_model_len=max_model_len,
+        capacity_tokens=None if overridden else cap,  # blocks forced by an override: nothing to compare
+        pool_bytes=cc.kv_cache_memory_bytes if cc and not overridden and cc.kv_cache_memory_bytes else pool,
+        rules=rules,
+        tp=tp,
+        pp=pp,
+        max_num_batched_tokens=max_num_batched_tokens,
+        device=startup.device if startup is not None else None,
+        speculation=LiveSpeculation(speculation, counting=m.spec_draft_tokens_total is not None),
+    )
+    if asleep:  # sleep mode freed the KV cache: none of it is there to serve, and no limit or headroom applies
+        limit, room, binding = None, None, None
+    return EngineCapacity(
+        max_concurrency_p90_context=max_concurrency_at_context(cap, latency.context_p90_tokens),
+        asleep=asleep,
+        concurrency_limit=limit,
+        waiting_deferred=m.waiting_by_reason.get("deferred"),
+        latency=latency,
+        concurrency_utilization_slo=concurrency_utilization(m.running, slo),
+        headroom_requests=room,
+        headroom_basis=binding,
+        model_name=m.model_name,
+        engine=m.engine,
+        preemptions_total=preemptions_total,
+        max_model_len=max_model_len,
+        usage_ratio=m.kv_cache_usage,
+        blocks=blocks,
+        block_size=block_size,
+        capacity_tokens=cap,
+        used_tokens=used,
+        free_tokens=0.0 if asleep and cap is not None else free_tokens(cap, used),
+        max_concurrency=max_conc,
+        mean_context_tokens=mean_ctx,
+        max_concurrency_observed=max_conc_obs,
+        concurrency_utilization=concurrency_utilization(m.running, max_conc),
+        concurrency_utilization_observed=concurrency_utilization(m.running, max_conc_obs),
+        running=m.running,
+        waiting=m.waiting,
+        waiting_for_capacity=m.waiting_for_capacity,
+        swapped=m.swapped,
+        kv_bytes_per_token_cache_config=kv_bytes_per_token(cc.kv_cache_memory_bytes if cc else None, cap, overridden),
+        kv_bytes_per_token_startup_log=startup.kv_bytes_per_token if startup is not None else None,
+        kv_bytes_per_token_model_config=planned_bytes_per_token(geometry, cc, tp, pp, layout),
+        kv_pool_bytes=pool,
+        weights_bytes=startup.weights_bytes if startup is not None else None,
+        cuda_graph_bytes=startup.cuda_graph_bytes if startup is not None else None,
+        activation_peak_bytes=startup.activation_peak_bytes if startup is not None else None,
+        memory_device=startup.device if startup is not None else None,
+        cache_info=dict(cc.labels) if cc else {},
+        spec_decode=spec_decode(m),
+        layout=layout,
+        cpu_capacity_tokens=cpu_capacity_tokens(cc, schema, layout, tp=tp, pp=pp, version=rules[1]),
+        lora=lora,
+    )
+
+
+def _cache_size(
+    m: EngineMetrics,
+    schema: str,
+    dp_engines: int,
+    max_model_len: int | None,
+    startup: EngineFigures | None,
+    rules: tuple[str, tuple[int, int, int]],
+) -> tuple[int | None, int | None, float | None]:
+    """The engine's blocks, capacity in tokens and maximum concurrency at max_model_len: from vLLM's metrics,
+    else from its startup log (V1 0.8.x reports no block count)."""
+    cc = m.cache_config
+    block_size = cc.block_size if cc else None
+    blocks = blocks_per_engine(cc.num_gpu_blocks if cc else None, dp_engines, schema)
+    if blocks is None and startup is not None:
+        blocks = startup.num_gpu_blocks
+    cap = capacity_tokens(cc.kv_cache_size_tokens if cc else None, blocks, block_size)
+    if cap is None and startup is not None:
+        cap = startup.kv_cache_tokens  # V1 0.8.x: only the log says it
+    engine, rules_version = rules
+    max_conc = max_concurrency_at_max_model_len(
+        reported=cc.kv_cache_max_concurrency if cc else None,
+        blocks=blocks,
+        block_size=block_size,
+        max_model_len=max_model_len,
+        engine=engine,
+        version=rules_version,
+    )
+    if max_conc is None and startup is not None and startup.max_model_len == max_model_len:
+        max_conc = startup.max_concurrency
+    return blocks, cap, max_conc
+
+
+def max_model_len_from_cache_config(m: EngineMetrics) -> int | None:
+    """vLLM >= 0.24: kv_cache_size_tokens = int(max_concurrency x max_model_len), so their ratio is max_model_len."""
+    cc = m.cache_config
+    if cc is None or not cc.kv_cache_size_tokens or not cc.kv_cache_max_concurrency:
+        return None
+    return round(cc.kv_cache_size_tokens / cc.kv_cache_max_concurrency)
+
+
+def derive_all(
+    metrics: VllmMetrics,
+    max_model_len: dict[str, int],
+    fallback_max_model_len: int | None,
+    *,
+    startup: dict[str, EngineFigures] | None = None,
+    geometry: Geometry | None = None,
+    tp: int = 1,
+    pp: int = 1,
+    version: str | None = None,
+    preemptions: Mapping[tuple[str, str], float] | None = None,
+    latency: Mapping[tuple[str, str], LatencyView] | None = None,
+    preempted: frozenset[tuple[str, str]] = frozenset(),
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    speculation: tuple[str, int] | None = None,
+) -> list[EngineCapacity]:
+    """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``startup`` engine -> its
+    startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation);
+    ``preemptions`` (model_name, engine) -> the preemption counter the agent carries."""
+    out = []
+    rules = sizing_rules(metrics.schema, version)  # once a scrape, not once an engine
+    for m in metrics.engines:
+        figures = (startup or {}).get(m.engine)
+        mml = max_model_len.get(m.model_name)
+        if mml is None and len(max_model_len) == 1:
+            mml = next(iter(max_model_len.values()))  # one base model served under another name
+        if mml is None:
+            mml = (
+                fallback_max_model_len
+                or max_model_len_from_cache_config(m)
+                or (figures.max_model_len if figures is not None else None)
+            )
+        out.append(
+            derive_engine(
+                m,
+                schema=metrics.schema,
+                dp_engines=metrics.dp_engines,
+                max_model_len=mml,
+                startup=figures,
+                geometry=geometry,
+                tp=tp,
+                pp=pp,
+                rules=rules,
+                preemptions_total=(preemptions or {}).get((m.model_name, m.engine)),
+                latency=(latency or {}).get((m.model_name, m.engine)),
+                preempted=(m.model_name, m.engine) in preempted,
+                max_num_seqs=max_num_seqs,
+                max_num_batched_tokens=max_num_batched_tokens,
+                speculation=speculation,
+                lora=lora_slots(metrics.lora, m, len(metrics.engines), metrics.schema),
+            )
+        )
+    return out

@@ -1,0 +1,91 @@
+"""What the agent reads of vLLM's features beside the KV cache, per engine: the latency it learned (for export),
+speculative decoding's acceptance, LoRA's adapter slots. Plain records and the functions that make them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vllm_capacity.sources.vllm_parse import (
+    SCHEMA_V0,
+    EngineMetrics,
+    LoraRequests,
+)
+
+
+@dataclass(frozen=True)
+class LatencyView:
+    """What the agent learned of an engine's latency by concurrency (:mod:`vllm_capacity.latency`), for export."""
+
+    quantiles: Mapping[tuple[str, int, float], float] = field(default_factory=dict)  # (kind, bin, q) -> seconds
+    observations: Mapping[tuple[str, int], float] = field(default_factory=dict)  # (kind, bin) -> decayed count
+    slo_max_concurrency: int | None = None  # with objectives, once known
+    slo_knee_observed: bool | None = None  # None without objectives
+    context_p90_tokens: float | None = None  # p90 prompt + p90 generation tokens of finished requests
+
+
+@dataclass(frozen=True)
+class SpecDecode:
+    """Speculative decoding's acceptance since vLLM started, from its spec_decode_* counters."""
+
+    draft_tokens: float
+    accepted_tokens: float
+    drafts: float | None  # V1 only
+
+    @property
+    def acceptance_ratio(self) -> float | None:
+        """The share of drafted tokens the target accepted (None before the first draft)."""
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens > 0 else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens each verification step emits on average: the target's own and the accepted drafts (vLLM's
+        "Mean acceptance length": 1 + accepted / drafts)."""
+        return 1 + self.accepted_tokens / self.drafts if self.drafts else None
+
+
+@dataclass(frozen=True)
+class LoraSlots:
+    """Multi-LoRA serving, from ``vllm:lora_requests_info``: the adapters one batch can hold (vLLM's --max-loras),
+    those with requests in the batch, and whether requests wait for a slot that other adapters hold (None: vLLM does
+    not say enough to tell)."""
+
+    slots: int | None
+    running: tuple[str, ...]
+    blocked: bool | None
+
+
+def lora_slots(lora: LoraRequests | None, m: EngineMetrics, engines: int, schema: str) -> LoraSlots | None:
+    """The server's LoRA series for its one engine (None without LoRA, or with several engines, whose one series
+    vLLM says misleads).
+
+    What the lists say differs by engine. V0's scheduler lists the adapters of its running and of its waiting
+    queue. V1 (read in 0.32, and seen on its server) tracks requests in the front end, which learns of a request
+    only from the engine's outputs, once it runs; and it puts every adapter it tracks in both lists. So under V1 the
+    lists name the adapters with requests in the batch, and a request waiting for a slot shows as one vLLM defers
+    (``num_requests_waiting_by_reason{reason="deferred"}``) while every slot is in use. vLLM records the series only
+    while it steps (0.32's last one, once idle, has empty lists), so an adapter counts only while vLLM reports
+    requests running: a series left from a step that no longer is never counts."""
+    if lora is None or engines != 1:
+        return None
+    running = () if m.running == 0 else lora.running
+    full = lora.max_loras is not None and len(running) >= lora.max_loras
+    blocked: bool | None
+    if m.waiting == 0:
+        blocked = False  # nothing waits, for a slot or anything else
+    elif m.waiting is None:
+        blocked = None
+    elif schema == SCHEMA_V0:
+        blocked = full and any(a not in running for a in lora.waiting)
+    elif "deferred" in m.waiting_by_reason:
+        blocked = full and m.waiting_by_reason["deferred"] > 0
+    else:  # V1 before vLLM gave reasons for waiting: its lists cannot say
+        blocked = None
+    return LoraSlots(lora.max_loras, running, blocked)
+
+
+def spec_decode(m: EngineMetrics) -> SpecDecode | None:
+    """The engine's acceptance figures; None when it does not decode speculatively (no counters)."""
+    if m.spec_draft_tokens_total is None or m.spec_accepted_tokens_total is None:
+        return None
+    return SpecDecode(m.spec_draft_tokens_total, m.spec_accepted_tokens_total, m.spec_drafts_total)
