@@ -382,7 +382,7 @@ def test_report_watch_redraws_until_interrupted(fake_vllm_thread: str, sig: sign
 
 
 def test_the_report_shows_the_learned_curve_and_its_knee() -> None:
-    from vllm_capacity.derive import LatencyView, derive_engine
+    from vllm_capacity.derive import EngineInputs, LatencyView, derive_engine
     from vllm_capacity.report import render_text
     from vllm_capacity.snapshot import Snapshot
     from vllm_capacity.sources.vllm_parse import parse_metrics
@@ -393,7 +393,7 @@ def test_the_report_shows_the_learned_curve_and_its_knee() -> None:
         slo_max_concurrency=4,
         slo_knee_observed=True,
     )
-    e = derive_engine(m, schema="v1-capacity", dp_engines=1, max_model_len=1024, latency=view)
+    e = derive_engine(m, EngineInputs(schema="v1-capacity", max_model_len=1024, latency=view))
     out = render_text(Snapshot(up=True, timestamp=0, schema="v1-capacity", engines=(e,)), "http://vllm")
     table = out[out.index("Inter-token latency by running requests") :].splitlines()
     assert table[1].split() == ["running", "p50", "p90", "p99"]
@@ -596,15 +596,15 @@ def test_documented_option_tables_match_the_code(options: tuple, environment: bo
 def test_the_report_shows_speculative_acceptance_next_to_capacity() -> None:
     from dataclasses import replace
 
-    from vllm_capacity.derive import derive_engine
+    from vllm_capacity.derive import EngineInputs, derive_engine
     from vllm_capacity.report import render_json, render_text
     from vllm_capacity.snapshot import Snapshot
     from vllm_capacity.sources.vllm_parse import parse_metrics
 
     (m,) = parse_metrics(fixture_text("v1-0.32.0-cpu-saturated.prom")).engines
-    plain = derive_engine(m, schema="v1-capacity", dp_engines=1, max_model_len=1024)
+    plain = derive_engine(m, EngineInputs(schema="v1-capacity", max_model_len=1024))
     drafted = replace(m, spec_drafts_total=40.0, spec_draft_tokens_total=80.0, spec_accepted_tokens_total=20.0)
-    e = derive_engine(drafted, schema="v1-capacity", dp_engines=1, max_model_len=1024)
+    e = derive_engine(drafted, EngineInputs(schema="v1-capacity", max_model_len=1024))
     snap = Snapshot(up=True, timestamp=0, schema="v1-capacity", engines=(e,))
     out = render_text(snap, "http://vllm")
     section = out[out.index("Speculative decoding (since vLLM started)") :].splitlines()
@@ -617,6 +617,6 @@ def test_the_report_shows_speculative_acceptance_next_to_capacity() -> None:
     plain_out = render_text(Snapshot(up=True, timestamp=0, schema="v1-capacity", engines=(plain,)), "http://vllm")
     assert "Speculative decoding" not in plain_out
     v0 = replace(drafted, spec_drafts_total=None)  # V0 counts no drafts: the length is unknown, not made up
-    out0 = render_text(Snapshot(up=True, timestamp=0, schema="v0", engines=(derive_engine(v0, schema="v0",
-                       dp_engines=1, max_model_len=1024),)), "http://vllm")  # fmt: skip
+    out0 = render_text(Snapshot(up=True, timestamp=0, schema="v0", engines=(derive_engine(v0,
+                       EngineInputs(schema="v0", max_model_len=1024)),)), "http://vllm")  # fmt: skip
     assert "tokens per step       unknown" in out0

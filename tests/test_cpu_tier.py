@@ -68,8 +68,8 @@ def test_an_mla_models_ranks_share_one_copy_under_tp_alone() -> None:
     live = {
         (tp, pp): derive.cpu_capacity_tokens(
             cc, SCHEMA_V1_CAPACITY,
-            derive.planned_layout(MLA, cc, max_model_len=4096, capacity_tokens=None, pool_bytes=GiB,
-                                  rules=("v1", (0, 32, 0)), tp=tp, pp=pp, max_num_batched_tokens=None, device=None),
+            derive.planned_layout(cc, derive.ServerFacts(geometry=MLA, tp=tp, pp=pp), max_model_len=4096,
+                                  capacity_tokens=None, pool_bytes=GiB, rules=("v1", (0, 32, 0)), device=None),
             tp=tp, pp=pp, version=(0, 32, 0),
         )
         for tp, pp in ((1, 1), (4, 1), (1, 2))
@@ -81,16 +81,20 @@ def test_an_mla_models_ranks_share_one_copy_under_tp_alone() -> None:
 
 
 def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:
-    (v0,) = derive.derive_all(parse_metrics(fixture_text("v0-0.6.6-multiprocess.prom")), {}, 8192)
+    (v0,) = derive.derive_all(
+        parse_metrics(fixture_text("v0-0.6.6-multiprocess.prom")), derive.ServerFacts(fallback_max_model_len=8192)
+    )
     assert v0.cpu_capacity_tokens == 2048 * 16  # num_cpu_blocks="2048" of 16 tokens: V0's swap space
-    (plain,) = derive.derive_all(parse_metrics(fixture_text("v1-0.24-seed.prom")), {"gemma-12b": 32768}, None)
+    (plain,) = derive.derive_all(
+        parse_metrics(fixture_text("v1-0.24-seed.prom")), derive.ServerFacts(max_model_len={"gemma-12b": 32768})
+    )
     assert plain.cpu_capacity_tokens is None  # V1 without offloading: no CPU tier, not zero
     labels = {"block_size": "16", "kv_cache_memory_bytes": str(40 * GiB), "kv_offloading_size": "64.0",
               "kv_offloading_backend": "native"}  # fmt: skip
     cc = CacheConfig(labels)
     layout = derive.planned_layout(
-        LLAMA_8B, cc, max_model_len=32768, capacity_tokens=None, pool_bytes=40 * GiB, rules=("v1", (0, 32, 0)),
-        tp=2, pp=1, max_num_batched_tokens=None, device=None,
+        cc, derive.ServerFacts(geometry=LLAMA_8B, tp=2), max_model_len=32768, capacity_tokens=None,
+        pool_bytes=40 * GiB, rules=("v1", (0, 32, 0)), device=None,
     )  # fmt: skip
     assert layout is not None
     tokens = derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, tp=2, pp=1, version=(0, 32, 0))

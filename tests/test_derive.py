@@ -8,11 +8,14 @@ from vllm_capacity.sizing import plan_kv
 from vllm_capacity.sources.model_config import parse_config
 from vllm_capacity.sources.vllm_parse import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_LEGACY, parse_metrics
 
+MML_GEMMA = derive.ServerFacts(max_model_len={"gemma-12b": 32768})  # /v1/models of the worked example's server
+MML_8192 = derive.ServerFacts(fallback_max_model_len=8192)  # --max-model-len, no /v1/models
+
 
 def test_worked_example() -> None:
     """The worked example (a 22 GiB GPU, 4.31 GiB of KV cache): 208,625 tokens at max_model_len 32,768 is
     vLLM's 'Maximum concurrency ... 6.37x'."""
-    (e,) = derive.derive_all(parse_metrics(fixture_text("v1-0.24-seed.prom")), {"gemma-12b": 32768}, None)
+    (e,) = derive.derive_all(parse_metrics(fixture_text("v1-0.24-seed.prom")), MML_GEMMA)
     assert e.capacity_tokens == 208625
     assert round(e.max_concurrency, 2) == 6.37
     # "Real concurrency can be much higher": 208,625 / 4,000 and / 8,192
@@ -29,14 +32,16 @@ def test_worked_example() -> None:
 
 def test_v0_formula_matches_vllm_log() -> None:
     """vLLM issue #12330: '# GPU blocks: 5691' and 'Maximum concurrency for 8192 tokens per request: 11.12x'."""
-    (e,) = derive.derive_all(parse_metrics(fixture_text("v0-0.6.6-multiprocess.prom")), {}, 8192)
+    (e,) = derive.derive_all(parse_metrics(fixture_text("v0-0.6.6-multiprocess.prom")), MML_8192)
     assert e.capacity_tokens == 5691 * 16
     assert f"{e.max_concurrency:.2f}" == "11.12"
 
 
 def test_data_parallel_blocks_are_split_per_engine() -> None:
     """Qwen3-14B 0.10.2: 'GPU KV cache size: 42,656 tokens', 'Maximum concurrency for 32,768 ...: 1.30x'."""
-    engines = derive.derive_all(parse_metrics(fixture_text("v1-0.10.2-dp2.prom")), {"qwen3-14b": 32768}, None)
+    engines = derive.derive_all(
+        parse_metrics(fixture_text("v1-0.10.2-dp2.prom")), derive.ServerFacts(max_model_len={"qwen3-14b": 32768})
+    )
     assert [e.capacity_tokens for e in engines] == [42656, 42656]
     assert [f"{e.max_concurrency:.2f}" for e in engines] == ["1.30", "1.30"]
     assert engines[1].mean_context_tokens is None  # idle engine: unknown, not 0
@@ -44,7 +49,7 @@ def test_data_parallel_blocks_are_split_per_engine() -> None:
 
 
 def test_unknown_capacity_stays_unknown() -> None:
-    (e,) = derive.derive_all(parse_metrics(fixture_text("v1-0.8.5-legacy.prom")), {}, None)
+    (e,) = derive.derive_all(parse_metrics(fixture_text("v1-0.8.5-legacy.prom")))
     assert e.capacity_tokens is None
     assert e.used_tokens is None and e.free_tokens is None and e.max_concurrency is None
     assert e.max_model_len is None
@@ -144,7 +149,7 @@ def test_bytes_per_token_from_fixed_kv_budget() -> None:
 def test_max_model_len_from_cache_config() -> None:
     m = parse_metrics(fixture_text("v1-0.32.0-cpu-idle.prom"))
     assert derive.max_model_len_from_cache_config(m.engines[0]) == 1024
-    (e,) = derive.derive_all(m, {}, None)
+    (e,) = derive.derive_all(m)
     assert e.max_model_len == 1024
 
 
@@ -209,30 +214,29 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
     memory = 21 * 2**30
     plan = plan_kv(gemma, kv_cache_memory_bytes=memory, max_model_len=32768, max_num_batched_tokens=8192)
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
-    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 33, 0)), "tp": 1, "pp": 1}
-    layout = derive.planned_layout(gemma, cc, capacity_tokens=plan.kv_cache_tokens, max_num_batched_tokens=8192,
-                                   device="GPU", **kw)  # fmt: skip
+    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 33, 0))}
+    gemma_8192 = derive.ServerFacts(geometry=gemma, max_num_batched_tokens=8192)
+    layout = derive.planned_layout(cc, gemma_8192, capacity_tokens=plan.kv_cache_tokens, device="GPU", **kw)
     assert layout is not None and layout.mismatch is False
     assert layout.groups == {"sliding": 6, "full": 1}
     assert layout.blocks_per_request == {"sliding": 6 * (-(-(1023 + 16384) // 16) + 1), "full": 2048}
     assert sum(layout.blocks_per_request.values()) == round(plan.num_gpu_blocks / plan.max_concurrency)
     # vLLM's capacity off by more than a block per group (7 groups x 16 tokens): flagged, with what was assumed
-    off = derive.planned_layout(gemma, cc, capacity_tokens=plan.kv_cache_tokens + 7 * 16 + 1,
-                                max_num_batched_tokens=None, device="CPU", **kw)  # fmt: skip
+    gemma_alone = derive.ServerFacts(geometry=gemma)  # no max_num_batched_tokens in the log: 2048 assumed
+    off = derive.planned_layout(cc, gemma_alone, capacity_tokens=plan.kv_cache_tokens + 7 * 16 + 1, device="CPU", **kw)
     assert off is not None and off.mismatch is True
     assert off.assumed == "max_num_batched_tokens 2048 (assumed), async scheduling off (CPU backend)"
-    within = derive.planned_layout(gemma, cc, capacity_tokens=plan.kv_cache_tokens + 7 * 16,
-                                   max_num_batched_tokens=8192, device="GPU", **kw)  # fmt: skip
+    within = derive.planned_layout(cc, gemma_8192, capacity_tokens=plan.kv_cache_tokens + 7 * 16, device="GPU", **kw)
     assert within is not None and within.mismatch is False
     # a dense model: one group; nothing without a config, a budget, or where the planner refuses
     llama = parse_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                           "head_dim": 128, "torch_dtype": "bfloat16"})  # fmt: skip
-    dense = derive.planned_layout(llama, cc, capacity_tokens=None, max_num_batched_tokens=None, device=None, **kw)
+    dense = derive.planned_layout(cc, derive.ServerFacts(geometry=llama), capacity_tokens=None, device=None, **kw)
     assert dense is not None and (dense.groups, dense.blocks_per_request, dense.mismatch) == (
         {"full": 1}, {"full": 2048}, None)  # fmt: skip
-    assert derive.planned_layout(None, cc, capacity_tokens=1, max_num_batched_tokens=None, device=None, **kw) is None
+    assert derive.planned_layout(cc, derive.NO_FACTS, capacity_tokens=1, device=None, **kw) is None
     tiny = {**kw, "pool_bytes": 2**20}  # one request of 32K does not fit: the planner refuses, no layout
-    assert derive.planned_layout(llama, cc, capacity_tokens=1, max_num_batched_tokens=None, device=None, **tiny) is None
+    assert derive.planned_layout(cc, derive.ServerFacts(geometry=llama), capacity_tokens=1, device=None, **tiny) is None
 
 
 def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
@@ -247,14 +251,18 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
     memory = 40 * 2**30
     eagle = plan_kv(llama, kv_cache_memory_bytes=memory, max_model_len=32768, speculation=Speculation("eagle", 2))
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
-    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 32, 0)), "tp": 1, "pp": 1,
-          "capacity_tokens": eagle.kv_cache_tokens, "max_num_batched_tokens": None, "device": "GPU"}  # fmt: skip
-    told = derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation(("eagle", 2), counting=True))
+    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 32, 0)),
+          "capacity_tokens": eagle.kv_cache_tokens, "device": "GPU"}  # fmt: skip
+
+    def logged(speculation: tuple[str, int] | None) -> derive.ServerFacts:
+        return derive.ServerFacts(geometry=llama, speculation=speculation)
+
+    told = derive.planned_layout(cc, logged(("eagle", 2)), **kw, counting=True)
     assert told is not None and told.mismatch is False and "eagle speculation of 2 tokens" in told.assumed
     # the same server without the log: it counts drafts, so the agent knows it speculates but not how
-    assert derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation(None, counting=True)) is None
+    assert derive.planned_layout(cc, logged(None), **kw, counting=True) is None
     # before, the agent planned the model alone and flagged vLLM's capacity (33 layers, not 32) as a disagreement
-    alone = derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation())
+    alone = derive.planned_layout(cc, logged(None), **kw)
     assert alone is not None and alone.mismatch is True
     # bytes per token from the model: the head's layer counts too where the log names it (vLLM's figure has it)
     per_layer = 2 * 8 * 128 * 2
@@ -264,7 +272,7 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
     # methods: n-gram family without layers, MTP of the model's own kind, a separate draft model not sized
     assert derive.live_speculation(derive.LiveSpeculation(("suffix", 4)))[0] == Speculation("ngram", 4)
     assert derive.live_speculation(derive.LiveSpeculation(("deepseek_mtp", 1)))[0] == Speculation("mtp", 1)
-    assert derive.planned_layout(llama, cc, **kw, speculation=derive.LiveSpeculation(("draft_model", 2))) is None
+    assert derive.planned_layout(cc, logged(("draft_model", 2)), **kw) is None
 
 
 def test_lora_slots_from_vllms_series() -> None:

@@ -24,7 +24,7 @@ import pytest
 
 import lab
 from conftest import run_plan, samples, value
-from vllm_capacity.derive import derive_all
+from vllm_capacity.derive import ServerFacts, derive_all
 from vllm_capacity.latency import histogram_quantile
 from vllm_capacity.sources.vllm import parse_models
 from vllm_capacity.sources.vllm_parse import SCHEMA_V1_CAPACITY, parse_metrics
@@ -204,7 +204,7 @@ def test_parser_on_live_captures(vllm: lab.VllmServer) -> None:
     assert e.kv_cache_usage == value(raw, "vllm:kv_cache_usage_perc")
     assert e.preemptions_total == value(raw, "vllm:num_preemptions_total")
     assert set(e.waiting_by_reason) == {"capacity", "deferred"}
-    (d,) = derive_all(m, {lab.MODEL_NAME: vllm.max_model_len}, None)
+    (d,) = derive_all(m, ServerFacts(max_model_len={lab.MODEL_NAME: vllm.max_model_len}))
     assert d.capacity_tokens == int(_cache_config(raw)["kv_cache_size_tokens"])
 
 

@@ -162,7 +162,7 @@ def test_live_lora_slots_on_a_real_server(tmp_path: Path) -> None:
     assert busy_raw is not None, f"never saw one adapter running while the other waited ({polls} reads of /metrics)"
     # the agent's reading of that scrape (its own parse and derivation, as a cycle runs them): vLLM 0.32 names the
     # running adapter in both of its lists; the other's requests are deferred while the one slot is in use
-    (busy,) = derive.derive_all(parse_metrics(busy_raw), {"tiny-llama": 1024}, None)
+    (busy,) = derive.derive_all(parse_metrics(busy_raw), derive.ServerFacts(max_model_len={"tiny-llama": 1024}))
     assert busy.lora is not None and busy.lora.slots == 1 and len(busy.lora.running) == 1
     assert busy.waiting_deferred and busy.waiting_deferred > 0
     assert busy.lora.blocked is True and busy.concurrency_limit == "lora_slots"

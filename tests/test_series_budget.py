@@ -17,7 +17,7 @@ from conftest import FIXTURES, VLLM_FIXTURES
 from fake_nvml import FakeGpu, FakeNvml, seed_gpu
 from payloads import data_parallel
 from vllm_capacity.budget import gpu_budget
-from vllm_capacity.derive import LatencyView, LoraSlots, derive_engine
+from vllm_capacity.derive import EngineInputs, LatencyView, LoraSlots, ServerFacts, derive_engine
 from vllm_capacity.exposition import build_registry
 from vllm_capacity.latency import MAX_BINS, QUANTILES, bin_bounds
 from vllm_capacity.snapshot import Snapshot, SourceState
@@ -46,21 +46,17 @@ def worst_case_series(engines: int) -> int:
     startup = log.engines["0"]
     startup = dataclasses.replace(startup, cuda_graph_bytes=2**30, weights_bytes=2**30, activation_peak_bytes=2**29)
     geometry = load_config(FIXTURES / "models" / "tiny-llama" / "config.json")
-    derived = tuple(
-        derive_engine(
-            m,
-            schema="v1-capacity",
-            dp_engines=engines,
-            max_model_len=1024,
-            startup=startup,
-            geometry=geometry,
-            latency=view,
-            preemptions_total=3.0,
-            max_num_seqs=16,
-            lora=LoraSlots(2, ("a", "b"), blocked=True) if engines == 1 else None,  # vLLM's LoRA series: one engine
-        )
-        for m in parse_metrics(data_parallel(engines)).engines
+    inputs = EngineInputs(
+        schema="v1-capacity",
+        dp_engines=engines,
+        max_model_len=1024,
+        startup=startup,
+        latency=view,
+        preemptions_total=3.0,
+        lora=LoraSlots(2, ("a", "b"), blocked=True) if engines == 1 else None,  # vLLM's LoRA series: one engine
     )
+    facts = ServerFacts(geometry=geometry, max_num_seqs=16)
+    derived = tuple(derive_engine(m, inputs, facts) for m in parse_metrics(data_parallel(engines)).engines)
     assert len(derived) == engines
     gpus: list[FakeGpu] = [
         dataclasses.replace(

@@ -256,27 +256,22 @@ class Agent:
         if restarted or was_down or self.monotonic() - self._models_fetched_at >= self.models_refresh:
             await self._refresh_models()
 
-        max_model_len = dict(self._models.max_model_len) if self._models else {}
         carried = self._carry_counters(metrics, restarted)
         self.latency.learn(metrics, read_latency)
-        engines = tuple(
-            derive.derive_all(
-                metrics,
-                max_model_len,
-                self.max_model_len_override,
-                startup=self.figures.engines,
-                geometry=self.geometry,
-                tp=self.tp,
-                pp=self.pp,
-                version=self._version,
-                preemptions=carried,
-                latency=self.latency.views,
-                preempted=self._preempted,
-                max_num_seqs=self.max_num_seqs or self.figures.max_num_seqs,
-                max_num_batched_tokens=self.figures.max_num_batched_tokens,
-                speculation=self.figures.speculation,
-            )
+        facts = derive.ServerFacts(
+            max_model_len=dict(self._models.max_model_len) if self._models else {},
+            fallback_max_model_len=self.max_model_len_override,
+            startup=self.figures.engines,
+            geometry=self.geometry,
+            tp=self.tp,
+            pp=self.pp,
+            version=self._version,
+            max_num_seqs=self.max_num_seqs or self.figures.max_num_seqs,
+            max_num_batched_tokens=self.figures.max_num_batched_tokens,
+            speculation=self.figures.speculation,
         )
+        history = derive.EngineHistory(carried, self.latency.views, self._preempted)
+        engines = tuple(derive.derive_all(metrics, facts, history))
         self._check_agreement(engines)
         self._last_metrics = metrics
         self.snapshot = self._snapshot(

@@ -1,8 +1,9 @@
 """Capacity derivations: plain functions over plain data, no I/O.
 
 ``capacity`` the per-engine formulas (their table is its docstring); ``features`` the records of latency, speculative
-decoding and LoRA slots; ``layout`` the bridge to the planner (the live KV-cache layout, the CPU tier, bytes per
-token from the model); ``engine`` one engine's figures put together, and every engine of a scrape.
+decoding and LoRA slots; ``facts`` what the derivations are given beside the metrics (``ServerFacts``,
+``EngineHistory``); ``layout`` the bridge to the planner (the live KV-cache layout, the CPU tier, bytes per token
+from the model); ``engine`` one engine's figures put together, and every engine of a scrape.
 """
 
 from vllm_capacity.derive.capacity import (
@@ -23,7 +24,14 @@ from vllm_capacity.derive.capacity import (
     sizing_rules,
     used_tokens,
 )
-from vllm_capacity.derive.engine import EngineCapacity, derive_all, derive_engine, max_model_len_from_cache_config
+from vllm_capacity.derive.engine import (
+    EngineCapacity,
+    EngineInputs,
+    derive_all,
+    derive_engine,
+    max_model_len_from_cache_config,
+)
+from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServerFacts
 from vllm_capacity.derive.features import LatencyView, LoraSlots, SpecDecode, lora_slots, spec_decode
 from vllm_capacity.derive.layout import (
     LiveSpeculation,
@@ -39,11 +47,16 @@ __all__ = [
     "GENERATION_OLDEST",
     "LIMITS",
     "NEARLY_FULL",
+    "NO_FACTS",
+    "NO_HISTORY",
     "EngineCapacity",
+    "EngineHistory",
+    "EngineInputs",
     "LatencyView",
     "LiveSpeculation",
     "LoraSlots",
     "PlannedLayout",
+    "ServerFacts",
     "SpecDecode",
     "accumulate_counter",
     "blocks_per_engine",

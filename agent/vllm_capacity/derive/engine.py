@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from vllm_capacity.derive.capacity import (
     blocks_per_engine,
@@ -20,15 +21,14 @@ from vllm_capacity.derive.capacity import (
     sizing_rules,
     used_tokens,
 )
+from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServerFacts
 from vllm_capacity.derive.features import LatencyView, LoraSlots, SpecDecode, lora_slots, spec_decode
 from vllm_capacity.derive.layout import (
-    LiveSpeculation,
     PlannedLayout,
     cpu_capacity_tokens,
     planned_bytes_per_token,
     planned_layout,
 )
-from vllm_capacity.geometry import Geometry
 from vllm_capacity.sources.vllm_log import EngineFigures
 from vllm_capacity.sources.vllm_parse import (
     EngineMetrics,
@@ -88,86 +88,54 @@ class EngineCapacity:
         return max_concurrency_at_context(self.capacity_tokens, context_tokens)
 
 
-def derive_engine(
-    m: EngineMetrics,
-    *,
-    schema: str,
-    dp_engines: int,
-    max_model_len: int | None,
-    startup: EngineFigures | None = None,
-    geometry: Geometry | None = None,
-    tp: int = 1,
-    pp: int = 1,
-    rules: tuple[str, tuple[int, int, int]] | None = None,
-    preemptions_total: float | None = None,
-    latency: LatencyView | None = None,
-    preempted: bool = False,
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    speculation: tuple[str, int] | None = None,
-    lora: LoraSlots | None = None,
-) -> EngineCapacity:
-    """One engine's figures. ``rules``: the engine and release whose sizing rules apply (:func:`sizing_rules`;
-    None: the metric generation's); ``preemptions_total``: vLLM's counter as the agent carries it over restarts."""
+@dataclass(frozen=True)
+class EngineInputs:
+    """One engine's share of the facts and history, resolved: its metric generation and data-parallel engines,
+    max_model_len, start-up figures, the sizing rules that apply, and what the agent learned of it."""
+
+    schema: str
+    dp_engines: int = 1
+    max_model_len: int | None = None
+    startup: EngineFigures | None = None
+    rules: tuple[str, tuple[int, int, int]] | None = None  # (engine, version) of sizing_rules; None: the schema's
+    preemptions_total: float | None = None  # vLLM's counter as the agent carries it over restarts
+    latency: LatencyView = field(default_factory=LatencyView)
+    preempted: bool = False
+    lora: LoraSlots | None = None
+
+
+def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = NO_FACTS) -> EngineCapacity:
+    """One engine's figures from its metrics, its resolved inputs and what the agent knows of the server."""
     cc = m.cache_config
-    block_size = cc.block_size if cc else None
-    rules = rules or sizing_rules(schema, None)
-    blocks, cap, max_conc = _cache_size(m, schema, dp_engines, max_model_len, startup, rules)
+    rules = inputs.rules or sizing_rules(inputs.schema, None)
+    blocks, cap, max_conc = _cache_size(m, inputs, rules)
     used = used_tokens(m.kv_cache_usage, cap)
     overridden = cc is not None and cc.num_gpu_blocks_override is not None
+    startup = inputs.startup
     pool = startup.kv_pool_bytes if startup is not None else None
     if pool is None and cc is not None and not overridden:
         pool = cc.kv_cache_memory_bytes
     mean_ctx = mean_context_tokens(used, m.running)
     max_conc_obs = max_concurrency_at_context(cap, mean_ctx)
-    latency = latency or LatencyView()
-    slo = latency.slo_max_concurrency
-    room, binding = headroom(m.running, {"observed_context": max_conc_obs, "slo": slo})
-    limit = concurrency_limit(
-        running=m.running,
-        waiting=m.waiting,
-        waiting_for_capacity=m.waiting_for_capacity,
-        preempted=preempted,
-        usage=m.kv_cache_usage,
-        max_num_seqs=max_num_seqs,
-        slo_max_concurrency=slo,
-        lora_blocked=bool(lora and lora.blocked),
-    )
-    asleep = None if m.sleep_state is None else m.sleep_state != "awake"
     layout = planned_layout(
-        geometry,
         cc,
-        max_model_len=max_model_len,
+        facts,
+        max_model_len=inputs.max_model_len,
         capacity_tokens=None if overridden else cap,  # blocks forced by an override: nothing to compare
         pool_bytes=cc.kv_cache_memory_bytes if cc and not overridden and cc.kv_cache_memory_bytes else pool,
         rules=rules,
-        tp=tp,
-        pp=pp,
-        max_num_batched_tokens=max_num_batched_tokens,
         device=startup.device if startup is not None else None,
-        speculation=LiveSpeculation(speculation, counting=m.spec_draft_tokens_total is not None),
+        counting=m.spec_draft_tokens_total is not None,
     )
-    if asleep:  # sleep mode freed the KV cache: none of it is there to serve, and no limit or headroom applies
-        limit, room, binding = None, None, None
     return EngineCapacity(
-        max_concurrency_p90_context=max_concurrency_at_context(cap, latency.context_p90_tokens),
-        asleep=asleep,
-        concurrency_limit=limit,
-        waiting_deferred=m.waiting_by_reason.get("deferred"),
-        latency=latency,
-        concurrency_utilization_slo=concurrency_utilization(m.running, slo),
-        headroom_requests=room,
-        headroom_basis=binding,
         model_name=m.model_name,
         engine=m.engine,
-        preemptions_total=preemptions_total,
-        max_model_len=max_model_len,
+        max_model_len=inputs.max_model_len,
         usage_ratio=m.kv_cache_usage,
         blocks=blocks,
-        block_size=block_size,
+        block_size=cc.block_size if cc else None,
         capacity_tokens=cap,
         used_tokens=used,
-        free_tokens=0.0 if asleep and cap is not None else free_tokens(cap, used),
         max_concurrency=max_conc,
         mean_context_tokens=mean_ctx,
         max_concurrency_observed=max_conc_obs,
@@ -178,34 +146,80 @@ def derive_engine(
         waiting_for_capacity=m.waiting_for_capacity,
         swapped=m.swapped,
         kv_bytes_per_token_cache_config=kv_bytes_per_token(cc.kv_cache_memory_bytes if cc else None, cap, overridden),
-        kv_bytes_per_token_startup_log=startup.kv_bytes_per_token if startup is not None else None,
-        kv_bytes_per_token_model_config=planned_bytes_per_token(geometry, cc, tp, pp, layout),
+        kv_bytes_per_token_model_config=planned_bytes_per_token(facts.geometry, cc, facts.tp, facts.pp, layout),
         kv_pool_bytes=pool,
-        weights_bytes=startup.weights_bytes if startup is not None else None,
-        cuda_graph_bytes=startup.cuda_graph_bytes if startup is not None else None,
-        activation_peak_bytes=startup.activation_peak_bytes if startup is not None else None,
-        memory_device=startup.device if startup is not None else None,
+        preemptions_total=inputs.preemptions_total,
         cache_info=dict(cc.labels) if cc else {},
         spec_decode=spec_decode(m),
         layout=layout,
-        cpu_capacity_tokens=cpu_capacity_tokens(cc, schema, layout, tp=tp, pp=pp, version=rules[1]),
-        lora=lora,
+        cpu_capacity_tokens=cpu_capacity_tokens(cc, inputs.schema, layout, tp=facts.tp, pp=facts.pp, version=rules[1]),
+        lora=inputs.lora,
+        **_startup_fields(startup),
+        **_load_fields(m, inputs, facts, cap=cap, used=used, max_conc_obs=max_conc_obs),
     )
 
 
-def _cache_size(
+def _startup_fields(startup: EngineFigures | None) -> dict[str, Any]:
+    """What the start-up log says of the engine's memory."""
+    if startup is None:
+        return {}
+    return {
+        "kv_bytes_per_token_startup_log": startup.kv_bytes_per_token,
+        "weights_bytes": startup.weights_bytes,
+        "cuda_graph_bytes": startup.cuda_graph_bytes,
+        "activation_peak_bytes": startup.activation_peak_bytes,
+        "memory_device": startup.device,
+    }
+
+
+def _load_fields(
     m: EngineMetrics,
-    schema: str,
-    dp_engines: int,
-    max_model_len: int | None,
-    startup: EngineFigures | None,
-    rules: tuple[str, tuple[int, int, int]],
+    inputs: EngineInputs,
+    facts: ServerFacts,
+    *,
+    cap: int | None,
+    used: float | None,
+    max_conc_obs: float | None,
+) -> dict[str, Any]:
+    """The engine under its load: free tokens, the SLO and context bounds, headroom, what limits concurrency, and
+    sleep mode (which frees the KV cache: nothing of it to serve, no limit or headroom)."""
+    latency = inputs.latency
+    slo = latency.slo_max_concurrency
+    room, binding = headroom(m.running, {"observed_context": max_conc_obs, "slo": slo})
+    limit = concurrency_limit(
+        running=m.running,
+        waiting=m.waiting,
+        waiting_for_capacity=m.waiting_for_capacity,
+        preempted=inputs.preempted,
+        usage=m.kv_cache_usage,
+        max_num_seqs=facts.max_num_seqs,
+        slo_max_concurrency=slo,
+        lora_blocked=bool(inputs.lora and inputs.lora.blocked),
+    )
+    asleep = None if m.sleep_state is None else m.sleep_state != "awake"
+    if asleep:
+        limit, room, binding = None, None, None
+    return {
+        "free_tokens": 0.0 if asleep and cap is not None else free_tokens(cap, used),
+        "max_concurrency_p90_context": max_concurrency_at_context(cap, latency.context_p90_tokens),
+        "asleep": asleep,
+        "concurrency_limit": limit,
+        "waiting_deferred": m.waiting_by_reason.get("deferred"),
+        "latency": latency,
+        "concurrency_utilization_slo": concurrency_utilization(m.running, slo),
+        "headroom_requests": room,
+        "headroom_basis": binding,
+    }
+
+
+def _cache_size(
+    m: EngineMetrics, inputs: EngineInputs, rules: tuple[str, tuple[int, int, int]]
 ) -> tuple[int | None, int | None, float | None]:
     """The engine's blocks, capacity in tokens and maximum concurrency at max_model_len: from vLLM's metrics,
     else from its startup log (V1 0.8.x reports no block count)."""
-    cc = m.cache_config
+    cc, startup, max_model_len = m.cache_config, inputs.startup, inputs.max_model_len
     block_size = cc.block_size if cc else None
-    blocks = blocks_per_engine(cc.num_gpu_blocks if cc else None, dp_engines, schema)
+    blocks = blocks_per_engine(cc.num_gpu_blocks if cc else None, inputs.dp_engines, inputs.schema)
     if blocks is None and startup is not None:
         blocks = startup.num_gpu_blocks
     cap = capacity_tokens(cc.kv_cache_size_tokens if cc else None, blocks, block_size)
@@ -234,56 +248,39 @@ def max_model_len_from_cache_config(m: EngineMetrics) -> int | None:
 
 
 def derive_all(
-    metrics: VllmMetrics,
-    max_model_len: dict[str, int],
-    fallback_max_model_len: int | None,
-    *,
-    startup: dict[str, EngineFigures] | None = None,
-    geometry: Geometry | None = None,
-    tp: int = 1,
-    pp: int = 1,
-    version: str | None = None,
-    preemptions: Mapping[tuple[str, str], float] | None = None,
-    latency: Mapping[tuple[str, str], LatencyView] | None = None,
-    preempted: frozenset[tuple[str, str]] = frozenset(),
-    max_num_seqs: int | None = None,
-    max_num_batched_tokens: int | None = None,
-    speculation: tuple[str, int] | None = None,
+    metrics: VllmMetrics, facts: ServerFacts = NO_FACTS, history: EngineHistory = NO_HISTORY
 ) -> list[EngineCapacity]:
-    """Derive every engine. ``max_model_len`` maps model_name -> value from /v1/models; ``startup`` engine -> its
-    startup-log figures; ``version`` is vLLM's /version (its sizing rules; None: those of the metric generation);
-    ``preemptions`` (model_name, engine) -> the preemption counter the agent carries."""
+    """Derive every engine of a scrape, with what the agent knows of the server and learned of each engine."""
+    rules = sizing_rules(metrics.schema, facts.version)  # once a scrape, not once an engine
     out = []
-    rules = sizing_rules(metrics.schema, version)  # once a scrape, not once an engine
     for m in metrics.engines:
-        figures = (startup or {}).get(m.engine)
-        mml = max_model_len.get(m.model_name)
-        if mml is None and len(max_model_len) == 1:
-            mml = next(iter(max_model_len.values()))  # one base model served under another name
-        if mml is None:
-            mml = (
-                fallback_max_model_len
-                or max_model_len_from_cache_config(m)
-                or (figures.max_model_len if figures is not None else None)
-            )
-        out.append(
-            derive_engine(
-                m,
-                schema=metrics.schema,
-                dp_engines=metrics.dp_engines,
-                max_model_len=mml,
-                startup=figures,
-                geometry=geometry,
-                tp=tp,
-                pp=pp,
-                rules=rules,
-                preemptions_total=(preemptions or {}).get((m.model_name, m.engine)),
-                latency=(latency or {}).get((m.model_name, m.engine)),
-                preempted=(m.model_name, m.engine) in preempted,
-                max_num_seqs=max_num_seqs,
-                max_num_batched_tokens=max_num_batched_tokens,
-                speculation=speculation,
-                lora=lora_slots(metrics.lora, m, len(metrics.engines), metrics.schema),
-            )
+        key = (m.model_name, m.engine)
+        figures = facts.startup.get(m.engine)
+        inputs = EngineInputs(
+            schema=metrics.schema,
+            dp_engines=metrics.dp_engines,
+            max_model_len=_max_model_len(m, facts, figures),
+            startup=figures,
+            rules=rules,
+            preemptions_total=history.preemptions.get(key),
+            latency=history.latency.get(key) or LatencyView(),
+            preempted=key in history.preempted,
+            lora=lora_slots(metrics.lora, m, len(metrics.engines), metrics.schema),
         )
+        out.append(derive_engine(m, inputs, facts))
     return out
+
+
+def _max_model_len(m: EngineMetrics, facts: ServerFacts, figures: EngineFigures | None) -> int | None:
+    """The engine's max_model_len: /v1/models' for its model (or the one model it serves under another name), else
+    --max-model-len, else what cache_config_info or the start-up log imply."""
+    mml = facts.max_model_len.get(m.model_name)
+    if mml is None and len(facts.max_model_len) == 1:
+        mml = next(iter(facts.max_model_len.values()))  # one base model served under another name
+    if mml is None:
+        mml = (
+            facts.fallback_max_model_len
+            or max_model_len_from_cache_config(m)
+            or (figures.max_model_len if figures is not None else None)
+        )
+    return mml

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_capacity import sizing
+from vllm_capacity.derive.facts import ServerFacts
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sources.vllm_parse import (
     SCHEMA_V0,
@@ -33,30 +34,29 @@ class PlannedLayout:
 
 
 def planned_layout(
-    geometry: Geometry | None,
     cc: CacheConfig | None,
+    facts: ServerFacts,
     *,
     max_model_len: int | None,
     capacity_tokens: int | None,
     pool_bytes: float | None,
     rules: tuple[str, tuple[int, int, int]],
-    tp: int,
-    pp: int,
-    max_num_batched_tokens: int | None,
     device: str | None,
-    speculation: LiveSpeculation | None = None,
+    counting: bool = False,
 ) -> PlannedLayout | None:
     """The planner's layout for vLLM's own budget (``kv_cache_memory_bytes``, else the log's KV memory), block size,
     dtype and Mamba settings; None without --model-config, a budget or max_model_len, or where the planner does not
     model the server. vLLM does not report its max_num_batched_tokens or async scheduling: the log's
     "Chunked prefill is enabled with max_num_batched_tokens=N" (else 2048) and async off only on the CPU backend.
-    A speculative drafter is planned from the engine's logged config (:func:`live_speculation`); where it cannot be
-    known, there is no layout rather than one that would disagree with vLLM for want of it."""
+    A speculative drafter is planned from the engine's logged config (:func:`live_speculation`; ``counting``: vLLM
+    counts drafts); where it cannot be known, there is no layout rather than one that would disagree with vLLM for
+    want of it."""
+    geometry, tp, pp, max_num_batched_tokens = facts.geometry, facts.tp, facts.pp, facts.max_num_batched_tokens
     if geometry is None or cc is None or not max_model_len or not pool_bytes or cc.block_size is None:
         return None
     if _backend_decides(geometry, cc.cache_dtype):
         return None
-    spec, spec_assumed = live_speculation(speculation or LiveSpeculation())
+    spec, spec_assumed = live_speculation(LiveSpeculation(facts.speculation, counting))
     if spec is _UNKNOWN:
         return None
     batched = max_num_batched_tokens or 2048

@@ -1,0 +1,44 @@
+"""What the derivations are given beside one scrape of vLLM's /metrics, in two frozen records: what the agent knows
+of the server (its flags, /v1/models, /version, start-up log, model config) and what it learned of each engine over
+its reads. They replace the long keyword lists of ``derive_all`` and ``derive_engine``, as
+:class:`~vllm_capacity.sizing.PlanInputs` does for the planner."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from vllm_capacity.derive.features import LatencyView
+from vllm_capacity.geometry import Geometry
+from vllm_capacity.sources.vllm_log import EngineFigures
+
+EngineKey = tuple[str, str]  # (model_name, engine)
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """The server as the agent knows it beside its metrics."""
+
+    max_model_len: Mapping[str, int] = field(default_factory=dict)  # model_name -> /v1/models' max_model_len
+    fallback_max_model_len: int | None = None  # --max-model-len, for when /v1/models gives none
+    startup: Mapping[str, EngineFigures] = field(default_factory=dict)  # engine -> its start-up log figures
+    geometry: Geometry | None = None  # --model-config
+    tp: int = 1
+    pp: int = 1
+    version: str | None = None  # vLLM's /version: whose sizing rules apply (None: the metric generation's)
+    max_num_seqs: int | None = None  # --max-num-seqs, else the log's
+    max_num_batched_tokens: int | None = None  # the log's "Chunked prefill is enabled with max_num_batched_tokens"
+    speculation: tuple[str, int] | None = None  # the (method, num_speculative_tokens) the engine logged
+
+
+@dataclass(frozen=True)
+class EngineHistory:
+    """What the agent learned of each engine over its reads, by (model_name, engine)."""
+
+    preemptions: Mapping[EngineKey, float] = field(default_factory=dict)  # vLLM's counter, carried over restarts
+    latency: Mapping[EngineKey, LatencyView] = field(default_factory=dict)
+    preempted: frozenset[EngineKey] = frozenset()  # engines that preempted since the last read
+
+
+NO_FACTS = ServerFacts()  # the server known from its metrics alone
+NO_HISTORY = EngineHistory()  # a first read: nothing learned yet
