@@ -409,17 +409,17 @@ async def test_scrapers_of_one_snapshot_share_one_render_per_format(
     """Ten scrapers at once cost one render per exposition format; a new snapshot is rendered afresh."""
     import asyncio
 
-    from vllm_capacity.exposition import AgentCollector
+    from vllm_capacity.exposition import EngineCollector
 
     renders = 0
-    collect = AgentCollector.collect
+    collect = EngineCollector.collect
 
-    def counted(self: AgentCollector):  # type: ignore[no-untyped-def]
+    def counted(self: EngineCollector):  # type: ignore[no-untyped-def]
         nonlocal renders
         renders += 1
         yield from collect(self)
 
-    monkeypatch.setattr(AgentCollector, "collect", counted)
+    monkeypatch.setattr(EngineCollector, "collect", counted)
     async for h in _harness(fake_vllm.url):
         await h.agent.cycle()
         openmetrics = {"Accept": "application/openmetrics-text; version=1.0.0"}

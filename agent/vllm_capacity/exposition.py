@@ -24,6 +24,8 @@ from vllm_capacity.metrics import BY_NAME, NAMESPACE, NOT_THROTTLING, SPECS, Met
 from vllm_capacity.snapshot import Snapshot
 
 ENGINE_SPECS = tuple(s for s in SPECS if s.engine_values or s.engine_rows)
+GPU_SPECS = tuple(s for s in SPECS if s.gpu_value)
+N = f"{NAMESPACE}_"
 
 Family = CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily
 
@@ -85,83 +87,97 @@ def _new_family(spec: MetricSpec) -> Family:
     return GaugeMetricFamily(spec.name, spec.help, labels=spec.labels)
 
 
-class AgentCollector(Collector):
-    """A custom collector over the latest snapshot; collecting does no I/O."""
+class _SnapshotCollector(Collector):
+    """A collector over the latest snapshot (and the listener's refusals); collecting does no I/O. Each of the three
+    yields its part of the catalogue, in catalogue order, so that together they give it whole."""
 
     def __init__(self, served: Served) -> None:
         self.served = served
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.served.snapshot
         f = _Families()
-        n = f"{NAMESPACE}_"
-        f.add(n + "up", [], 1.0 if snap.up else 0.0)
+        self.add(f, self.served.snapshot)
+        yield from f
+
+    def add(self, f: _Families, snap: Snapshot) -> None:
+        raise NotImplementedError
+
+
+class EngineCollector(_SnapshotCollector):
+    """Whether vLLM is read, and every per-engine series, as the catalogue says to read it from the engine's record."""
+
+    def add(self, f: _Families, snap: Snapshot) -> None:
+        f.add(N + "up", [], 1.0 if snap.up else 0.0)
         for e in snap.engines:
             key = [e.model_name, e.engine]
-            for spec in ENGINE_SPECS:  # every per-engine value metric, as the catalogue says to read it
+            for spec in ENGINE_SPECS:
                 for label, read in spec.engine_values:
                     f.add(spec.name, key if label is None else [*key, label], read(e))
                 if spec.engine_rows is not None:
                     for values, v in spec.engine_rows(e):
                         f.add(spec.name, [*key, *values], v)
-            cc = e.cache_info  # vllm_info: the one per-engine metric with facts of the whole server too
-            f.add(
-                n + "vllm_info",
-                key,
-                {
-                    "schema": snap.schema or "",
-                    "version": snap.version or "",
-                    "itl_metric": snap.itl_metric or "",
-                    "block_size": cc.get("block_size", ""),
-                    "cache_dtype": cc.get("cache_dtype", ""),
-                    "gpu_memory_utilization": cc.get("gpu_memory_utilization", ""),
-                    "enable_prefix_caching": cc.get("enable_prefix_caching", ""),
-                },
-            )
+            f.add(N + "vllm_info", key, _vllm_info(snap, e.cache_info))
+
+
+def _vllm_info(snap: Snapshot, cc: Mapping[str, str]) -> dict[str, str]:
+    """vllm_info's labels: the one per-engine metric with facts of the whole server too."""
+    return {
+        "schema": snap.schema or "",
+        "version": snap.version or "",
+        "itl_metric": snap.itl_metric or "",
+        "block_size": cc.get("block_size", ""),
+        "cache_dtype": cc.get("cache_dtype", ""),
+        "gpu_memory_utilization": cc.get("gpu_memory_utilization", ""),
+        "enable_prefix_caching": cc.get("enable_prefix_caching", ""),
+    }
+
+
+class GpuCollector(_SnapshotCollector):
+    """Each GPU NVML reads (the catalogue's per-GPU values), its clock reasons, processes and memory budget."""
+
+    def add(self, f: _Families, snap: Snapshot) -> None:
         for index, uuid in snap.gpus_unreadable:
-            f.add(n + "gpu_up", [index, uuid], 0.0)
+            f.add(N + "gpu_up", [index, uuid], 0.0)
         for g in snap.gpus:
             key = [g.index, g.uuid]
-            f.add(n + "gpu_up", key, 1.0)
-            f.add(n + "gpu_memory_total_bytes", key, g.memory_total_bytes)
-            f.add(n + "gpu_memory_used_bytes", key, g.memory_used_bytes)
-            f.add(n + "gpu_memory_free_bytes", key, g.memory_free_bytes)
-            f.add(n + "gpu_memory_reserved_bytes", key, g.memory_reserved_bytes)
-            f.add(n + "gpu_utilization_ratio", key, g.utilization_ratio)
-            f.add(n + "gpu_memory_bandwidth_utilization_ratio", key, g.memory_bandwidth_utilization_ratio)
-            f.add(n + "gpu_power_watts", key, g.power_watts)
-            f.add(n + "gpu_power_limit_watts", key, g.power_limit_watts)
-            f.add(n + "gpu_temperature_celsius", key, g.temperature_celsius)
-            f.add(n + "gpu_sm_clock_hertz", key, g.sm_clock_hertz)
-            f.add(n + "gpu_sm_clock_max_hertz", key, g.sm_clock_max_hertz)
+            f.add(N + "gpu_up", key, 1.0)
+            for spec in GPU_SPECS:
+                f.add(spec.name, key, spec.gpu_value(g) if spec.gpu_value else None)
             for reason, active in (g.throttle_reasons or {}).items():
                 name = "gpu_clock_event" if reason in NOT_THROTTLING else "gpu_throttled"
-                f.add(n + name, [*key, reason], 1.0 if active else 0.0)
+                f.add(N + name, [*key, reason], 1.0 if active else 0.0)
             budget = snap.gpu_budgets.get(g.index)
             ours = set(budget.vllm_pids) if budget else set()
             for p in g.processes or ():
                 owner = "vllm" if p.pid in ours else "other"
-                f.add(n + "gpu_process_memory_bytes", [*key, str(p.pid), owner], p.used_bytes)
+                f.add(N + "gpu_process_memory_bytes", [*key, str(p.pid), owner], p.used_bytes)
             if budget:
                 for component in COMPONENTS:
-                    f.add(n + "gpu_memory_bytes", [*key, component], budget.components.get(component))
-                f.add(n + "gpu_memory_budget_bytes", key, budget.budget_bytes)
-            f.add(n + "gpu_info", key, {"name": g.name, "mig_parent": g.mig_parent or ""})
-        f.add(n + "build_info", [], {"version": __version__, "python_version": platform.python_version()})
+                    f.add(N + "gpu_memory_bytes", [*key, component], budget.components.get(component))
+                f.add(N + "gpu_memory_budget_bytes", key, budget.budget_bytes)
+            f.add(N + "gpu_info", key, {"name": g.name, "mig_parent": g.mig_parent or ""})
+
+
+class HealthCollector(_SnapshotCollector):
+    """The agent's own health: its build, each source's state and failures, what the listener refused, when the
+    snapshot was taken."""
+
+    def add(self, f: _Families, snap: Snapshot) -> None:
+        f.add(N + "build_info", [], {"version": __version__, "python_version": platform.python_version()})
         for source, status in sorted(snap.sources.items()):
-            f.add(n + "source_up", [source], 1.0 if status.up else 0.0)
-            f.add(n + "source_duration_seconds", [source], status.duration_seconds)
+            f.add(N + "source_up", [source], 1.0 if status.up else 0.0)
+            f.add(N + "source_duration_seconds", [source], status.duration_seconds)
         for (source, reason), count in sorted(snap.errors.items()):
-            f.add(n + "source_errors_total", [source, reason], float(count))
+            f.add(N + "source_errors_total", [source, reason], float(count))
         for kind, count in sorted(self.served.http_errors.items()):
-            f.add(n + "http_errors_total", [kind], float(count))
-        f.add(n + "last_update_timestamp_seconds", [], snap.timestamp)
-        yield from f
+            f.add(N + "http_errors_total", [kind], float(count))
+        f.add(N + "last_update_timestamp_seconds", [], snap.timestamp)
 
 
 def build_registry(served: Served, *, process_metrics: bool = True) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(served))
+    for collector in (EngineCollector, GpuCollector, HealthCollector):  # in catalogue order
+        registry.register(collector(served))
     if process_metrics:
         ProcessCollector(namespace=NAMESPACE, registry=registry)
     return registry

@@ -17,12 +17,14 @@ from vllm_capacity.derive import LIMITS
 
 if TYPE_CHECKING:
     from vllm_capacity.derive import EngineCapacity
+    from vllm_capacity.sources.nvml import GpuReading
 
 
 EngineValue = Callable[["EngineCapacity"], float | None]
 #: For a per-engine metric with several labels after model_name and engine: the engine's series, as (values of
 #: those labels, value) pairs.
 EngineRows = Callable[["EngineCapacity"], Iterable[tuple[tuple[str, ...], float]]]
+GpuValue = Callable[["GpuReading"], float | None]
 
 NAMESPACE = "vllm_capacity"
 ENGINE_LABELS = ("model_name", "engine")
@@ -42,6 +44,8 @@ class MetricSpec:
     engine_values: tuple[tuple[str | None, EngineValue], ...] = ()
     #: For per-engine metrics with several labels of their own: every series of an engine.
     engine_rows: EngineRows | None = None
+    #: For per-GPU metrics of one series a GPU: how the value is read from NVML's reading of it.
+    gpu_value: GpuValue | None = None
 
     @property
     def all_labels(self) -> tuple[str, ...]:
@@ -58,11 +62,12 @@ def _m(
     value: EngineValue | None = None,
     by: tuple[tuple[str, EngineValue], ...] = (),
     rows: EngineRows | None = None,
+    gpu: GpuValue | None = None,
 ) -> MetricSpec:
     """A catalogue row; a per-engine metric gives ``value`` (one series per engine), ``by`` (one per label value)
-    or ``rows`` (its series, for several labels of its own)."""
+    or ``rows`` (its series, for several labels of its own); a per-GPU metric of one series a GPU gives ``gpu``."""
     engine_values = ((None, value),) if value is not None else by
-    return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info, engine_values, rows)
+    return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info, engine_values, rows, gpu)
 
 
 # values of the basis label of max_concurrency and concurrency_utilization_ratio
@@ -404,7 +409,13 @@ SPECS: tuple[MetricSpec, ...] = (
         "1 while NVML reads the GPU, 0 while it cannot read a GPU it read before (lost, needing a reset, no "
         "permission) and still reads the others: NVML per-device calls.",
     ),
-    _m("gpu_memory_total_bytes", "gauge", G, "GPU memory: NVML nvmlDeviceGetMemoryInfo total."),
+    _m(
+        "gpu_memory_total_bytes",
+        "gauge",
+        G,
+        "GPU memory: NVML nvmlDeviceGetMemoryInfo total.",
+        gpu=lambda g: g.memory_total_bytes,
+    ),
     _m(
         "gpu_memory_used_bytes",
         "gauge",
@@ -412,21 +423,65 @@ SPECS: tuple[MetricSpec, ...] = (
         "GPU memory allocated by processes and their contexts: NVML memory info v2 used (total = reserved + used + "
         "free). Drivers without v2 (before 510): v1 used, which counts the driver's reservation too (reserved then "
         "absent).",
+        gpu=lambda g: g.memory_used_bytes,
     ),
-    _m("gpu_memory_free_bytes", "gauge", G, "GPU memory free: NVML nvmlDeviceGetMemoryInfo free."),
-    _m("gpu_memory_reserved_bytes", "gauge", G, "GPU memory the driver reserves: NVML memory info v2 reserved."),
-    _m("gpu_utilization_ratio", "gauge", G, "Share of time a kernel ran, 0-1: NVML nvmlDeviceGetUtilizationRates gpu."),
+    _m(
+        "gpu_memory_free_bytes",
+        "gauge",
+        G,
+        "GPU memory free: NVML nvmlDeviceGetMemoryInfo free.",
+        gpu=lambda g: g.memory_free_bytes,
+    ),
+    _m(
+        "gpu_memory_reserved_bytes",
+        "gauge",
+        G,
+        "GPU memory the driver reserves: NVML memory info v2 reserved.",
+        gpu=lambda g: g.memory_reserved_bytes,
+    ),
+    _m(
+        "gpu_utilization_ratio",
+        "gauge",
+        G,
+        "Share of time a kernel ran, 0-1: NVML nvmlDeviceGetUtilizationRates gpu.",
+        gpu=lambda g: g.utilization_ratio,
+    ),
     _m(
         "gpu_memory_bandwidth_utilization_ratio",
         "gauge",
         G,
         "Share of time memory was read or written, 0-1: NVML nvmlDeviceGetUtilizationRates memory.",
+        gpu=lambda g: g.memory_bandwidth_utilization_ratio,
     ),
-    _m("gpu_power_watts", "gauge", G, "Power draw: NVML nvmlDeviceGetPowerUsage."),
-    _m("gpu_power_limit_watts", "gauge", G, "Enforced power limit: NVML nvmlDeviceGetEnforcedPowerLimit."),
-    _m("gpu_temperature_celsius", "gauge", G, "GPU temperature: NVML nvmlDeviceGetTemperature."),
-    _m("gpu_sm_clock_hertz", "gauge", G, "SM clock: NVML nvmlDeviceGetClockInfo(NVML_CLOCK_SM)."),
-    _m("gpu_sm_clock_max_hertz", "gauge", G, "Maximum SM clock: NVML nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM)."),
+    _m("gpu_power_watts", "gauge", G, "Power draw: NVML nvmlDeviceGetPowerUsage.", gpu=lambda g: g.power_watts),
+    _m(
+        "gpu_power_limit_watts",
+        "gauge",
+        G,
+        "Enforced power limit: NVML nvmlDeviceGetEnforcedPowerLimit.",
+        gpu=lambda g: g.power_limit_watts,
+    ),
+    _m(
+        "gpu_temperature_celsius",
+        "gauge",
+        G,
+        "GPU temperature: NVML nvmlDeviceGetTemperature.",
+        gpu=lambda g: g.temperature_celsius,
+    ),
+    _m(
+        "gpu_sm_clock_hertz",
+        "gauge",
+        G,
+        "SM clock: NVML nvmlDeviceGetClockInfo(NVML_CLOCK_SM).",
+        gpu=lambda g: g.sm_clock_hertz,
+    ),
+    _m(
+        "gpu_sm_clock_max_hertz",
+        "gauge",
+        G,
+        "Maximum SM clock: NVML nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM).",
+        gpu=lambda g: g.sm_clock_max_hertz,
+    ),
     _m(
         "gpu_throttled",
         "gauge",
