@@ -117,53 +117,104 @@ def _gated_delta_net(cfg: dict[str, Any]) -> GatedDeltaNetGeometry | None:
 
 
 def _layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int | None]:
+    """Each layer's kind and the sliding window, from whichever way the config says them (the first of
+    ``_KIND_READERS`` that finds its fields); every layer full attention when none does."""
+    window = _sliding_window(cfg)
+    for read in _KIND_READERS:
+        kinds = read(cfg, num_layers, window)
+        if kinds is not None:
+            return kinds, window
+    return ["full"] * num_layers, window
+
+
+def _sliding_window(cfg: dict[str, Any]) -> int | None:
     window = cfg.get("sliding_window")
     if cfg.get("use_sliding_window") is False:
-        window = None  # Qwen2/2.5 carry a window they do not use
+        return None  # Qwen2/2.5 carry a window they do not use
     if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window <= 0):
         raise GeometryError("sliding_window", f"{window!r} is not a positive integer or null")
+    return window
 
-    if cfg.get("layer_types") is not None:
-        types = cfg["layer_types"]
-        if not isinstance(types, list) or len(types) != num_layers:
-            raise GeometryError("layer_types", f"expected a list of {num_layers} layer types")
-        kinds = []
-        # transformers >= 5 writes Granite-4.0-H's Mamba-2 layers as "linear_attention": the mamba_* fields say which
-        linear = "mamba" if _mamba2(cfg) is not None else "linear"
-        for i, t in enumerate(types):
-            if t not in _LAYER_TYPE_NAMES:
-                raise GeometryError(f"layer_types[{i}]", f"unknown layer type {t!r}")
-            kinds.append(linear if _LAYER_TYPE_NAMES[t] == "linear" else _LAYER_TYPE_NAMES[t])
-        if "sliding" in kinds and window is None:
-            raise GeometryError("sliding_window", "layer_types has sliding-window layers, but no window is given")
-        return kinds, window
-    if cfg.get("hybrid_override_pattern") is not None:  # Nemotron-H: M = Mamba, * = attention, - = MLP
-        pattern = cfg["hybrid_override_pattern"]
-        mapping = {"M": "mamba", "*": "full", "-": "none", "E": "none"}
-        if not isinstance(pattern, str) or len(pattern) != num_layers or set(pattern) - set(mapping):
-            raise GeometryError("hybrid_override_pattern", f"{pattern!r} is not {num_layers} of M, *, -")
-        return [mapping[c] for c in pattern], window
-    if cfg.get("layers_block_type") is not None:  # Jamba, Granite-4.0-H
-        types = cfg["layers_block_type"]
-        if not isinstance(types, list) or len(types) != num_layers or set(types) - {"mamba", "attention"}:
-            raise GeometryError("layers_block_type", f"expected {num_layers} of 'mamba' / 'attention'")
-        return [_LAYER_TYPE_NAMES[t] for t in types], window
-    if cfg.get("attn_layer_period") is not None:  # Jamba: layer i is attention when i % period == offset
-        period, offset = _int(cfg, "attn_layer_period"), cfg.get("attn_layer_offset", 0)
-        if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < period:
-            raise GeometryError("attn_layer_offset", f"{offset!r} is not a layer offset below {period}")
-        return ["full" if i % period == offset else "mamba" for i in range(num_layers)], window
-    if cfg.get("full_attention_interval") is not None:  # Qwen3-Next / 3.5: every k-th layer is full attention
-        k = _int(cfg, "full_attention_interval")
-        return ["full" if (i + 1) % k == 0 else "linear" for i in range(num_layers)], window
-    if window is not None and cfg.get("sliding_window_pattern") is not None:  # Gemma 3: every n-th is global
+
+def _from_layer_types(cfg: dict[str, Any], num_layers: int, window: int | None) -> list[str] | None:
+    """``layer_types``, one name a layer (transformers' own spelling)."""
+    if cfg.get("layer_types") is None:
+        return None
+    types = cfg["layer_types"]
+    if not isinstance(types, list) or len(types) != num_layers:
+        raise GeometryError("layer_types", f"expected a list of {num_layers} layer types")
+    kinds = []
+    # transformers >= 5 writes Granite-4.0-H's Mamba-2 layers as "linear_attention": the mamba_* fields say which
+    linear = "mamba" if _mamba2(cfg) is not None else "linear"
+    for i, t in enumerate(types):
+        if t not in _LAYER_TYPE_NAMES:
+            raise GeometryError(f"layer_types[{i}]", f"unknown layer type {t!r}")
+        kinds.append(linear if _LAYER_TYPE_NAMES[t] == "linear" else _LAYER_TYPE_NAMES[t])
+    if "sliding" in kinds and window is None:
+        raise GeometryError("sliding_window", "layer_types has sliding-window layers, but no window is given")
+    return kinds
+
+
+def _from_hybrid_pattern(cfg: dict[str, Any], num_layers: int, window: int | None) -> list[str] | None:
+    """Nemotron-H's ``hybrid_override_pattern``: M = Mamba, * = attention, - = MLP (E: an expert layer)."""
+    if cfg.get("hybrid_override_pattern") is None:
+        return None
+    pattern = cfg["hybrid_override_pattern"]
+    mapping = {"M": "mamba", "*": "full", "-": "none", "E": "none"}
+    if not isinstance(pattern, str) or len(pattern) != num_layers or set(pattern) - set(mapping):
+        raise GeometryError("hybrid_override_pattern", f"{pattern!r} is not {num_layers} of M, *, -")
+    return [mapping[c] for c in pattern]
+
+
+def _from_block_types(cfg: dict[str, Any], num_layers: int, window: int | None) -> list[str] | None:
+    """Jamba's and Granite-4.0-H's ``layers_block_type``: mamba or attention."""
+    if cfg.get("layers_block_type") is None:
+        return None
+    types = cfg["layers_block_type"]
+    if not isinstance(types, list) or len(types) != num_layers or set(types) - {"mamba", "attention"}:
+        raise GeometryError("layers_block_type", f"expected {num_layers} of 'mamba' / 'attention'")
+    return [_LAYER_TYPE_NAMES[t] for t in types]
+
+
+def _from_attention_period(cfg: dict[str, Any], num_layers: int, window: int | None) -> list[str] | None:
+    """Jamba: layer i is attention when i % attn_layer_period == attn_layer_offset, Mamba otherwise."""
+    if cfg.get("attn_layer_period") is None:
+        return None
+    period, offset = _int(cfg, "attn_layer_period"), cfg.get("attn_layer_offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < period:
+        raise GeometryError("attn_layer_offset", f"{offset!r} is not a layer offset below {period}")
+    return ["full" if i % period == offset else "mamba" for i in range(num_layers)]
+
+
+def _from_full_interval(cfg: dict[str, Any], num_layers: int, window: int | None) -> list[str] | None:
+    """Qwen3-Next / 3.5: every ``full_attention_interval``-th layer is full attention, the others linear."""
+    if cfg.get("full_attention_interval") is None:
+        return None
+    k = _int(cfg, "full_attention_interval")
+    return ["full" if (i + 1) % k == 0 else "linear" for i in range(num_layers)]
+
+
+def _from_window(cfg: dict[str, Any], num_layers: int, window: int | None) -> list[str] | None:
+    """A window and no layer list: Gemma 3 (every sliding_window_pattern-th layer global), Gemma 2 (alternating,
+    sliding first), else every layer slides (Mistral v0.1, Phi-3)."""
+    if window is None:
+        return None
+    if cfg.get("sliding_window_pattern") is not None:
         n = _int(cfg, "sliding_window_pattern")
-        return ["full" if (i + 1) % n == 0 else "sliding" for i in range(num_layers)], window
-    if window is not None and cfg.get("model_type") == "gemma2":  # Gemma 2 alternates, sliding first
-        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)], window
-    if window is not None:  # Mistral v0.1, Phi-3: every layer slides
-        return ["sliding"] * num_layers, window
-    return ["full"] * num_layers, None
+        return ["full" if (i + 1) % n == 0 else "sliding" for i in range(num_layers)]
+    if cfg.get("model_type") == "gemma2":
+        return ["sliding" if i % 2 == 0 else "full" for i in range(num_layers)]
+    return ["sliding"] * num_layers
+
+
+_KIND_READERS = (
+    _from_layer_types,
+    _from_hybrid_pattern,
+    _from_block_types,
+    _from_attention_period,
+    _from_full_interval,
+    _from_window,
+)
 
 
 def parse_config(doc: dict[str, Any]) -> Geometry:
