@@ -24,18 +24,18 @@ from vllm_capacity import derive
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.latency import DEFAULT_HALF_LIFE, Objective
+from vllm_capacity.live.counters import SOURCE_MODELS, Counters, ModelsReader
 from vllm_capacity.live.gpus import GpuReader
 from vllm_capacity.live.latency import LatencyLearner
 from vllm_capacity.live.status import SourceBook, first_time, internal
-from vllm_capacity.snapshot import EngineKey, Snapshot
+from vllm_capacity.snapshot import Snapshot
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.nvml import NvmlSource, vllm_pids_in_namespace
-from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
+from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
 from vllm_capacity.sources.vllm_parse import VllmMetrics
 
 SOURCE_VLLM = "vllm"
-SOURCE_MODELS = "vllm_models"
 SOURCE_LOG = "vllm_log"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
@@ -71,7 +71,7 @@ class Agent:
         self.client = client
         self.interval = interval
         self.max_model_len_override = max_model_len_override
-        self.models_refresh = models_refresh
+
         self.clock = clock
         self.monotonic = monotonic
         self.logger = structlog.get_logger("vllm_capacity")
@@ -96,17 +96,12 @@ class Agent:
         # latched once the first cycle has finished, whatever it found: the sidecar then serves a true view (vLLM
         # down is vllm_capacity_up 0). Readiness never follows vLLM: a native sidecar's readiness is the pod's.
         self.ready = False
-        self._models: ModelsInfo | None = None
-        self._version: str | None = None
-        self._models_fetched_at = -float("inf")
-        self._last_metrics: VllmMetrics | None = None
-        self._raw_preemptions: dict[EngineKey, float] = {}
-        self._preemptions_total: dict[EngineKey, float] = {}
+        self.models = ModelsReader(client, self.sources, models_refresh, monotonic)  # /v1/models and /version
+        self.counters = Counters()  # restarts, and the counters carried over them
         self._announced: tuple[object, ...] | None = None
         self._crashes_logged: set[str] = set()
         self.latency = LatencyLearner(objectives, latency_half_life, monotonic)  # latency by concurrency
         self.max_num_seqs = max_num_seqs  # --max-num-seqs; else what vLLM's log says (self.figures)
-        self._preempted: frozenset[EngineKey] = frozenset()
         self._implausible_logged: set[tuple[str, ...]] = set()
         self.snapshot = self._snapshot()  # before the first cycle: nothing read, the sources down
 
@@ -122,32 +117,6 @@ class Agent:
         self.errors[(SOURCE_VLLM, Reason.IMPLAUSIBLE_VALUE)] += 1
         if first_time(self._implausible_logged, families):
             self.logger.warning("implausible_values", families=list(families), hint="left out of this cycle's metrics")
-
-    def _restarted(self, metrics: VllmMetrics) -> bool:
-        """vLLM restarted since the last good scrape: a new process start time, or a counter went down. Not a missing
-        or re-formatted info family: cache_config_info coming and going (or '0.92' becoming '0.920') is no restart,
-        and counting it as one added vLLM's whole counter again each time."""
-        prev = self._last_metrics
-        if prev is None:
-            return False
-        if (
-            metrics.process_start_time_seconds is not None
-            and prev.process_start_time_seconds is not None
-            and metrics.process_start_time_seconds != prev.process_start_time_seconds
-        ):
-            return True
-        before = {(e.model_name, e.engine): e for e in prev.engines}
-        for e in metrics.engines:
-            old = before.get((e.model_name, e.engine))
-            if old is None:
-                continue
-            for now, then in (
-                (e.generation_tokens_total, old.generation_tokens_total),
-                (e.preemptions_total, old.preemptions_total),
-            ):
-                if now is not None and then is not None and now < then:
-                    return True
-        return False
 
     # -- one cycle ---------------------------------------------------------------------------------------------
     async def _read_log(self) -> None:
@@ -242,43 +211,39 @@ class Agent:
                 timestamp=self.snapshot.timestamp,
                 **self._gpu_fields((), None),
             )
-            self._models_fetched_at = -float("inf")
+            self.models.forget()
             self.ready = True
             return self.snapshot
         self.sources.ok(SOURCE_VLLM, took)
         self._note_implausible(metrics.implausible)
 
-        was_down = self._last_metrics is None
-        restarted = self._restarted(metrics)
+        restarted = self.counters.restarted(metrics)
         if restarted:
             self.logger.info("vllm_restarted", reason="new process start time, or a counter went down")
-            self._models = None
-        if restarted or was_down or self.monotonic() - self._models_fetched_at >= self.models_refresh:
-            await self._refresh_models()
-
-        carried = self._carry_counters(metrics, restarted)
+        await self.models.read(restarted, first=self.counters.last is None)
+        carried = self.counters.carry(metrics, restarted)
         self.latency.learn(metrics, read_latency)
         facts = derive.ServerFacts(
-            max_model_len=dict(self._models.max_model_len) if self._models else {},
+            max_model_len=self.models.max_model_len,
             fallback_max_model_len=self.max_model_len_override,
             startup=self.figures.engines,
             geometry=self.geometry,
             tp=self.tp,
             pp=self.pp,
-            version=self._version,
+            version=self.models.version,
             max_num_seqs=self.max_num_seqs or self.figures.max_num_seqs,
             max_num_batched_tokens=self.figures.max_num_batched_tokens,
             speculation=self.figures.speculation,
         )
-        history = derive.EngineHistory(carried, self.latency.views, self._preempted)
+        history = derive.EngineHistory(carried, self.latency.views, self.counters.preempted)
         engines = tuple(derive.derive_all(metrics, facts, history))
         self._check_agreement(engines)
-        self._last_metrics = metrics
+        self.counters.last = metrics
         self.snapshot = self._snapshot(
             up=True,
             timestamp=self.clock(),
             schema=metrics.schema,
-            version=self._version,
+            version=self.models.version,
             itl_metric=metrics.itl_metric,
             engines=engines,
             **self._gpu_fields(engines, metrics),
@@ -286,42 +251,6 @@ class Agent:
         self.ready = True
         self._announce(metrics, engines)
         return self.snapshot
-
-    async def _refresh_models(self) -> None:
-        t0 = self.monotonic()
-        try:
-            models = await self.client.fetch_models()
-        except SourceError as err:
-            self.sources.fail(SOURCE_MODELS, err, self.monotonic() - t0)
-            self._models_fetched_at = self.monotonic() - self.models_refresh + min(30.0, self.models_refresh)
-            return
-        self._version = await self.client.fetch_version()
-        self.sources.ok(SOURCE_MODELS, self.monotonic() - t0)
-        self._models, self._models_fetched_at = models, self.monotonic()
-
-    def _carry_counters(self, metrics: VllmMetrics, restarted: bool) -> dict[EngineKey, float]:
-        """Carry vLLM's preemption counters across its restarts; returns the totals to export this cycle: those of
-        the engines that reported a (plausible) value. An engine that reported none this time keeps its total for
-        the next; an engine that went away takes its series with it."""
-        present, exported = {(e.model_name, e.engine) for e in metrics.engines}, {}
-        preempted: set[EngineKey] = set()
-        for e in metrics.engines:
-            key = (e.model_name, e.engine)
-            if e.preemptions_total is None:
-                continue
-            before = self._preemptions_total.get(key)
-            self._preemptions_total[key] = derive.accumulate_counter(
-                before, self._raw_preemptions.get(key), e.preemptions_total, restarted
-            )
-            if before is not None and self._preemptions_total[key] > before:
-                preempted.add(key)
-            self._raw_preemptions[key] = e.preemptions_total
-            exported[key] = self._preemptions_total[key]
-        for key in set(self._preemptions_total) - present:
-            del self._preemptions_total[key]
-            self._raw_preemptions.pop(key, None)
-        self._preempted = frozenset(preempted)  # engines that preempted requests since the last read
-        return exported
 
     def _announce(self, metrics: VllmMetrics, engines: tuple[EngineCapacity, ...]) -> None:
         """Log what was found whenever it changes: schema, engines, capacity, and what cannot be derived."""
@@ -332,7 +261,7 @@ class Agent:
         self.logger.info(
             "vllm_discovered",
             schema=metrics.schema,
-            version=self._version,
+            version=self.models.version,
             engine_count=len(engines),
             engines=_first([f"{e.model_name}/{e.engine}" for e in engines]),
             capacity_tokens=_first([e.capacity_tokens for e in engines]),
