@@ -27,6 +27,7 @@ from vllm_capacity.latency import DEFAULT_HALF_LIFE, Objective
 from vllm_capacity.live.counters import SOURCE_MODELS, Counters, ModelsReader
 from vllm_capacity.live.gpus import GpuReader
 from vllm_capacity.live.latency import LatencyLearner
+from vllm_capacity.live.startup import StartupLogReader
 from vllm_capacity.live.status import SourceBook, first_time, internal
 from vllm_capacity.snapshot import Snapshot
 from vllm_capacity.sources import Reason, SourceError
@@ -36,7 +37,6 @@ from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
 from vllm_capacity.sources.vllm_parse import VllmMetrics
 
 SOURCE_VLLM = "vllm"
-SOURCE_LOG = "vllm_log"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
 
@@ -76,13 +76,12 @@ class Agent:
         self.monotonic = monotonic
         self.logger = structlog.get_logger("vllm_capacity")
         self.sources = SourceBook((SOURCE_VLLM, SOURCE_MODELS), monotonic)
-        self.vllm_log = vllm_log
         self.geometry, self.tp, self.pp = geometry, tp, pp
-        self.figures = StartupFigures()
+        # vLLM's start-up log, when given (--vllm-log): its memory figures; else none of them
+        self.startup_log = StartupLogReader(vllm_log, self.sources, monotonic) if vllm_log is not None else None
+        self.figures = self.startup_log.figures if self.startup_log is not None else StartupFigures()
         self._disagreements_logged: set[tuple[str, str]] = set()
         self._plans_logged: set[tuple[str, str]] = set()
-        if vllm_log is not None:
-            self.sources.add(SOURCE_LOG)
         # the GPUs through NVML, when asked (--nvml auto or on)
         self.gpus = (
             GpuReader(nvml, self.sources, interval=interval, required=nvml_required, vllm_pids=vllm_pids,
@@ -102,7 +101,6 @@ class Agent:
         self._crashes_logged: set[str] = set()
         self.latency = LatencyLearner(objectives, latency_half_life, monotonic)  # latency by concurrency
         self.max_num_seqs = max_num_seqs  # --max-num-seqs; else what vLLM's log says (self.figures)
-        self._implausible_logged: set[tuple[str, ...]] = set()
         self.snapshot = self._snapshot()  # before the first cycle: nothing read, the sources down
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
@@ -110,39 +108,10 @@ class Agent:
         """A snapshot of ``fields`` with the sources' states and the failures counted as they stand now."""
         return Snapshot(**fields, sources=self.sources.states(), errors=dict(self.errors))
 
-    def _note_implausible(self, families: tuple[str, ...]) -> None:
-        """Values vLLM sent that cannot be right (left out of this cycle): counted each cycle, logged once a cause."""
-        if not families:
-            return
-        self.errors[(SOURCE_VLLM, Reason.IMPLAUSIBLE_VALUE)] += 1
-        if first_time(self._implausible_logged, families):
-            self.logger.warning("implausible_values", families=list(families), hint="left out of this cycle's metrics")
-
     # -- one cycle ---------------------------------------------------------------------------------------------
     async def _read_log(self) -> None:
-        """Follow vLLM's log file: its startup figures outlive /metrics outages (they describe the process)."""
-        if self.vllm_log is None:
-            return
-        t0 = self.monotonic()
-        try:
-            lines = await asyncio.to_thread(self.vllm_log.read_lines)
-        except FileNotFoundError as err:
-            self.sources.fail(
-                SOURCE_LOG, SourceError(Reason.MISSING, f"vLLM log {err.filename} does not exist (yet)"), 0.0
-            )
-            return
-        except PermissionError as err:
-            self.sources.fail(SOURCE_LOG, SourceError(Reason.PERMISSION, f"cannot read vLLM log {err.filename}"), 0.0)
-            return
-        except OSError as err:
-            self.sources.fail(SOURCE_LOG, SourceError(Reason.IO_ERROR, f"reading the vLLM log: {err}"), 0.0)
-            return
-        except Exception as err:  # what nothing expected: named and counted, never a crashed cycle
-            self.sources.fail(SOURCE_LOG, internal(err, "reading the vLLM log"), 0.0)
-            return
-        for line in lines:
-            self.figures.feed(line)
-        self.sources.ok(SOURCE_LOG, self.monotonic() - t0)
+        if self.startup_log is not None:
+            await self.startup_log.read()
 
     async def _read_gpus(self) -> None:
         if self.gpus is not None:
@@ -215,7 +184,7 @@ class Agent:
             self.ready = True
             return self.snapshot
         self.sources.ok(SOURCE_VLLM, took)
-        self._note_implausible(metrics.implausible)
+        self.sources.implausible(SOURCE_VLLM, metrics.implausible)
 
         restarted = self.counters.restarted(metrics)
         if restarted:

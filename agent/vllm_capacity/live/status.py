@@ -53,6 +53,7 @@ class SourceBook:
         self.errors: Counter[tuple[str, str]] = Counter()
         self.monotonic = monotonic
         self.logger = structlog.get_logger("vllm_capacity")
+        self._implausible_logged: set[tuple[str, ...]] = set()
 
     def add(self, name: str) -> None:
         self._status[name] = SourceStatus()
@@ -85,6 +86,15 @@ class SourceBook:
             status.unlogged_changes += 1
         status.up, status.duration_seconds, status.failing_reason = False, duration, err.reason
         self._log_state(source, status, err)
+
+    def implausible(self, source: str, families: tuple[str, ...]) -> None:
+        """Values a source sent that cannot be right (left out of this cycle): counted each cycle, logged once a
+        cause."""
+        if not families:
+            return
+        self.errors[(source, Reason.IMPLAUSIBLE_VALUE)] += 1
+        if first_time(self._implausible_logged, families):
+            self.logger.warning("implausible_values", families=list(families), hint="left out of this cycle's metrics")
 
     def _log_state(self, source: str, status: SourceStatus, err: SourceError | None) -> None:
         """Log a source's state when it differs from what the log last said, at most once per LOG_EVERY seconds a

@@ -1,0 +1,48 @@
+"""The start-up log reader: follows the log file vLLM writes (a shared volume) for the memory figures it prints at
+start (the lines themselves: :mod:`vllm_capacity.sources.vllm_log`). Its figures outlive /metrics outages: they
+describe the process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+from vllm_capacity.live.status import SourceBook, internal
+from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
+
+SOURCE_LOG = "vllm_log"
+
+
+class StartupLogReader:
+    """Feeds each new line of vLLM's log to its figures; a file that is missing or unreadable is a failed source,
+    never a crashed cycle."""
+
+    def __init__(
+        self, follower: LogFollower, sources: SourceBook, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.follower, self.sources, self.monotonic = follower, sources, monotonic
+        self.figures = StartupFigures()
+        sources.add(SOURCE_LOG)
+
+    async def read(self) -> None:
+        t0 = self.monotonic()
+        try:
+            lines = await asyncio.to_thread(self.follower.read_lines)
+        except FileNotFoundError as err:
+            missing = SourceError(Reason.MISSING, f"vLLM log {err.filename} does not exist (yet)")
+            self.sources.fail(SOURCE_LOG, missing, 0.0)
+            return
+        except PermissionError as err:
+            self.sources.fail(SOURCE_LOG, SourceError(Reason.PERMISSION, f"cannot read vLLM log {err.filename}"), 0.0)
+            return
+        except OSError as err:
+            self.sources.fail(SOURCE_LOG, SourceError(Reason.IO_ERROR, f"reading the vLLM log: {err}"), 0.0)
+            return
+        except Exception as err:  # what nothing expected: named and counted, never a crashed cycle
+            self.sources.fail(SOURCE_LOG, internal(err, "reading the vLLM log"), 0.0)
+            return
+        for line in lines:
+            self.figures.feed(line)
+        self.sources.ok(SOURCE_LOG, self.monotonic() - t0)
