@@ -78,6 +78,21 @@ def planned_layout(
     plan = _plan(geometry, inputs)
     if plan is None:
         return None
+    groups, per_request = _groups(plan, geometry, max_model_len)
+    mismatch = None
+    if capacity_tokens is not None:
+        mismatch = abs(capacity_tokens - plan.kv_cache_tokens) > plan.block_size * sum(groups.values())
+    assumed = f"max_num_batched_tokens {batched}{'' if max_num_batched_tokens else ' (assumed)'}, async scheduling "
+    assumed += ("off (CPU backend)" if device == "CPU" else "on") + spec_assumed
+    if sizing.sparse_latent_assumption(geometry, inputs.kv_cache_dtype):
+        assumed += ", a 16-bit latent (not an SM120 GPU's fp8_ds_mla)"
+    latent = "mla" in geometry.layer_kinds
+    return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block,
+                         latent, plan.kv_bytes_per_token)  # fmt: skip
+
+
+def _groups(plan: sizing.KvPlan, geometry: Geometry, max_model_len: int) -> tuple[dict[str, int], dict[str, int]]:
+    """By layer kind: the plan's KV-cache groups, and the blocks a request of max_model_len holds in them."""
     groups: dict[str, int] = {}
     per_request: dict[str, int] = {}
     if plan.groups:
@@ -87,25 +102,7 @@ def planned_layout(
     else:  # one kind of KV layer: vLLM's single group
         kind = "mla" if "mla" in geometry.layer_kinds else "full"
         groups[kind], per_request[kind] = 1, math.ceil(max_model_len / plan.block_size)
-    mismatch = None
-    if capacity_tokens is not None:
-        mismatch = abs(capacity_tokens - plan.kv_cache_tokens) > plan.block_size * sum(groups.values())
-    assumed = f"max_num_batched_tokens {batched}{'' if max_num_batched_tokens else ' (assumed)'}, async scheduling "
-    assumed += "off (CPU backend)" if device == "CPU" else "on"
-    assumed += spec_assumed
-    if sizing.sparse_latent_assumption(geometry, inputs.kv_cache_dtype):
-        assumed += ", a 16-bit latent (not an SM120 GPU's fp8_ds_mla)"
-    latent = "mla" in geometry.layer_kinds
-    return PlannedLayout(
-        groups,
-        per_request,
-        plan.kv_cache_tokens,
-        mismatch,
-        assumed,
-        plan.worker_bytes_per_block,
-        latent,
-        plan.kv_bytes_per_token,
-    )
+    return groups, per_request
 
 
 @dataclass(frozen=True)
