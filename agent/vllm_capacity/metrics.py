@@ -62,12 +62,16 @@ def _m(
     value: EngineValue | None = None,
     by: tuple[tuple[str, EngineValue], ...] = (),
     rows: EngineRows | None = None,
-    gpu: GpuValue | None = None,
 ) -> MetricSpec:
     """A catalogue row; a per-engine metric gives ``value`` (one series per engine), ``by`` (one per label value)
-    or ``rows`` (its series, for several labels of its own); a per-GPU metric of one series a GPU gives ``gpu``."""
+    or ``rows`` (its series, for several labels of its own)."""
     engine_values = ((None, value),) if value is not None else by
-    return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info, engine_values, rows, gpu)
+    return MetricSpec(f"{NAMESPACE}_{name}", kind, labels, help_text, info, engine_values, rows)
+
+
+def _gpu(name: str, help_text: str, read: GpuValue) -> MetricSpec:
+    """A catalogue row of a per-GPU gauge, one series a GPU: ``read`` gives its value from NVML's reading."""
+    return MetricSpec(f"{NAMESPACE}_{name}", "gauge", GPU_LABELS, help_text, gpu_value=read)
 
 
 # values of the basis label of max_concurrency and concurrency_utilization_ratio
@@ -409,78 +413,42 @@ SPECS: tuple[MetricSpec, ...] = (
         "1 while NVML reads the GPU, 0 while it cannot read a GPU it read before (lost, needing a reset, no "
         "permission) and still reads the others: NVML per-device calls.",
     ),
-    _m(
-        "gpu_memory_total_bytes",
-        "gauge",
-        G,
-        "GPU memory: NVML nvmlDeviceGetMemoryInfo total.",
-        gpu=lambda g: g.memory_total_bytes,
-    ),
-    _m(
+    _gpu("gpu_memory_total_bytes", "GPU memory: NVML nvmlDeviceGetMemoryInfo total.", lambda g: g.memory_total_bytes),
+    _gpu(
         "gpu_memory_used_bytes",
-        "gauge",
-        G,
         "GPU memory allocated by processes and their contexts: NVML memory info v2 used (total = reserved + used + "
         "free). Drivers without v2 (before 510): v1 used, which counts the driver's reservation too (reserved then "
         "absent).",
-        gpu=lambda g: g.memory_used_bytes,
+        lambda g: g.memory_used_bytes,
     ),
-    _m(
-        "gpu_memory_free_bytes",
-        "gauge",
-        G,
-        "GPU memory free: NVML nvmlDeviceGetMemoryInfo free.",
-        gpu=lambda g: g.memory_free_bytes,
-    ),
-    _m(
+    _gpu("gpu_memory_free_bytes", "GPU memory free: NVML nvmlDeviceGetMemoryInfo free.", lambda g: g.memory_free_bytes),
+    _gpu(
         "gpu_memory_reserved_bytes",
-        "gauge",
-        G,
         "GPU memory the driver reserves: NVML memory info v2 reserved.",
-        gpu=lambda g: g.memory_reserved_bytes,
+        lambda g: g.memory_reserved_bytes,
     ),
-    _m(
+    _gpu(
         "gpu_utilization_ratio",
-        "gauge",
-        G,
         "Share of time a kernel ran, 0-1: NVML nvmlDeviceGetUtilizationRates gpu.",
-        gpu=lambda g: g.utilization_ratio,
+        lambda g: g.utilization_ratio,
     ),
-    _m(
+    _gpu(
         "gpu_memory_bandwidth_utilization_ratio",
-        "gauge",
-        G,
         "Share of time memory was read or written, 0-1: NVML nvmlDeviceGetUtilizationRates memory.",
-        gpu=lambda g: g.memory_bandwidth_utilization_ratio,
+        lambda g: g.memory_bandwidth_utilization_ratio,
     ),
-    _m("gpu_power_watts", "gauge", G, "Power draw: NVML nvmlDeviceGetPowerUsage.", gpu=lambda g: g.power_watts),
-    _m(
+    _gpu("gpu_power_watts", "Power draw: NVML nvmlDeviceGetPowerUsage.", lambda g: g.power_watts),
+    _gpu(
         "gpu_power_limit_watts",
-        "gauge",
-        G,
         "Enforced power limit: NVML nvmlDeviceGetEnforcedPowerLimit.",
-        gpu=lambda g: g.power_limit_watts,
+        lambda g: g.power_limit_watts,
     ),
-    _m(
-        "gpu_temperature_celsius",
-        "gauge",
-        G,
-        "GPU temperature: NVML nvmlDeviceGetTemperature.",
-        gpu=lambda g: g.temperature_celsius,
-    ),
-    _m(
-        "gpu_sm_clock_hertz",
-        "gauge",
-        G,
-        "SM clock: NVML nvmlDeviceGetClockInfo(NVML_CLOCK_SM).",
-        gpu=lambda g: g.sm_clock_hertz,
-    ),
-    _m(
+    _gpu("gpu_temperature_celsius", "GPU temperature: NVML nvmlDeviceGetTemperature.", lambda g: g.temperature_celsius),
+    _gpu("gpu_sm_clock_hertz", "SM clock: NVML nvmlDeviceGetClockInfo(NVML_CLOCK_SM).", lambda g: g.sm_clock_hertz),
+    _gpu(
         "gpu_sm_clock_max_hertz",
-        "gauge",
-        G,
         "Maximum SM clock: NVML nvmlDeviceGetMaxClockInfo(NVML_CLOCK_SM).",
-        gpu=lambda g: g.sm_clock_max_hertz,
+        lambda g: g.sm_clock_max_hertz,
     ),
     _m(
         "gpu_throttled",

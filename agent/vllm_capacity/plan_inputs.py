@@ -8,8 +8,6 @@ raises :class:`MissingInput`, whose message names the option that gives it (the 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.options import PlanConfig
 from vllm_capacity.sizing import MemoryBudget, PlanInputs, Speculation, default_max_num_batched_tokens, kv_dtype_bytes
@@ -61,38 +59,6 @@ def encoder_bytes(
     return encoder_cache_bytes(tokens, geometry.encoder_width, kv_dtype_bytes("auto", geometry.dtype))
 
 
-def memory_budget(
-    *,
-    gpu_memory_bytes: int,
-    gpu_memory_utilization: float,
-    weights_bytes: int | None,
-    activation_bytes: int,
-    cuda_graph_bytes: int,
-    model_dir: Path | None,
-    tp: int,
-    pp: int,
-    lora_bytes: int = 0,
-    encoder_cache_bytes: int = 0,
-) -> MemoryBudget:
-    """vLLM's budget on one GPU rank; the weights, when not given, from the model directory's safetensors headers,
-    divided over the TP x PP ranks. Raises ImpossiblePlan when nothing is left for the KV cache."""
-    if weights_bytes is None:
-        if model_dir is None:
-            raise MissingInput("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
-        weights_bytes = model_dir_weights_bytes(model_dir) // (tp * pp)
-    budget = MemoryBudget(
-        gpu_memory_bytes,
-        gpu_memory_utilization,
-        weights_bytes,
-        activation_bytes,
-        cuda_graph_bytes,
-        lora_bytes=lora_bytes,
-        encoder_cache_bytes=encoder_cache_bytes,
-    )
-    budget.check()
-    return budget
-
-
 def assemble(values: PlanConfig) -> tuple[Geometry, PlanInputs, MemoryBudget | None]:
     """The model's geometry, the plan's inputs and (with --gpu-memory) the GPU's budget. Raises MissingInput for
     options that do not go together, GeometryError for a config.json that cannot be read, NotModelled or
@@ -111,7 +77,7 @@ def assemble(values: PlanConfig) -> tuple[Geometry, PlanInputs, MemoryBudget | N
 
 
 def gpu_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
-    """The GPU's memory budget with --gpu-memory; None when the KV memory is given directly (LoRA slots and the
+    """vLLM's budget on one GPU rank with --gpu-memory; None when the KV memory is given directly (LoRA slots and the
     encoder cache are then inside vLLM's figure, but the options are still checked against the model)."""
     lora = lora_bytes(geometry, lora_option(values), tp=values.tp, pp=values.pp, version=values.vllm_version)
     encoder = encoder_bytes(
@@ -119,18 +85,22 @@ def gpu_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
     )
     if values.gpu_memory is None:
         return None
-    return memory_budget(
-        gpu_memory_bytes=values.gpu_memory,
-        gpu_memory_utilization=values.gpu_memory_utilization,
-        weights_bytes=values.weights_memory,
-        activation_bytes=values.activation_memory,
-        cuda_graph_bytes=values.cuda_graph_memory,
-        model_dir=values.model_dir_path,
-        tp=values.tp,
-        pp=values.pp,
+    weights = values.weights_memory
+    if weights is None:  # from the model directory's safetensors headers, divided over the TP x PP ranks
+        if values.model_dir_path is None:
+            raise MissingInput("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
+        weights = model_dir_weights_bytes(values.model_dir_path) // (values.tp * values.pp)
+    budget = MemoryBudget(
+        values.gpu_memory,
+        values.gpu_memory_utilization,
+        weights,
+        values.activation_memory,
+        values.cuda_graph_memory,
         lora_bytes=lora,
         encoder_cache_bytes=encoder,
     )
+    budget.check()  # ImpossiblePlan when nothing is left for the KV cache
+    return budget
 
 
 def plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | None) -> PlanInputs:
