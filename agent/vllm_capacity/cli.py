@@ -85,10 +85,9 @@ async def _serve(values: ServeConfig) -> int:
     from aiohttp import web
 
     from vllm_capacity import log as log_setup
-    from vllm_capacity import webconfig
     from vllm_capacity.agent import Agent
     from vllm_capacity.listener import ConnectionGuard
-    from vllm_capacity.server import Access, make_app
+    from vllm_capacity.server import make_app
 
     log = structlog.get_logger("vllm_capacity")
     kwargs = _agent_kwargs(values)
@@ -102,11 +101,7 @@ async def _serve(values: ServeConfig) -> int:
         **kwargs,
     )
     host, port = values.listen
-    access, ssl_context = Access(), None
-    if values.web_config_file is not None:
-        web_config = webconfig.load(values.web_config_file)  # checked at start; read again here to use it
-        access = Access(webconfig.Authenticator(web_config.users), dict(web_config.headers))
-        ssl_context = webconfig.new_ssl_context(web_config) if web_config.tls else None
+    access, ssl_context = _web_access(values.web_config_file)
     # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)
     app = make_app(agent, access=access, metrics_path=values.web_telemetry_path)
     runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
@@ -129,16 +124,9 @@ async def _serve(values: ServeConfig) -> int:
     if values.web_config_file is not None:
         path = values.web_config_file
         loop.add_signal_handler(signal.SIGHUP, lambda: _reload_web_config(path, access, ssl_context))
-    log.info(
-        "serving",
-        version=__version__,
-        listen=f"{host}:{port}",
-        tls=ssl_context is not None,
-        basic_auth=bool(access.auth.users),
-        vllm_url=redact_url(values.vllm_url),
-        interval_seconds=values.interval,
-        api_key="set" if values.api_key_file else "unset",
-    )
+    log.info("serving", version=__version__, listen=f"{host}:{port}", tls=ssl_context is not None,
+             basic_auth=bool(access.auth.users), vllm_url=redact_url(values.vllm_url),
+             interval_seconds=values.interval, api_key="set" if values.api_key_file else "unset")  # fmt: skip
     try:
         await agent.run(stop)
     finally:
@@ -147,6 +135,19 @@ async def _serve(values: ServeConfig) -> int:
         await runner.cleanup()
         await client.aclose()
     return 0
+
+
+def _web_access(path: Path | None) -> tuple[Any, Any]:
+    """The listener's access rules and TLS context from --web.config.file (checked at start; read again here to use
+    it): none without the file."""
+    from vllm_capacity import webconfig
+    from vllm_capacity.server import Access
+
+    if path is None:
+        return Access(), None
+    web_config = webconfig.load(path)
+    access = Access(webconfig.Authenticator(web_config.users), dict(web_config.headers))
+    return access, webconfig.new_ssl_context(web_config) if web_config.tls else None
 
 
 def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
