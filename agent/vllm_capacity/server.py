@@ -29,6 +29,19 @@ class Access:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+def _landing_page(agent: Agent, metrics_path: str) -> str:
+    url = html.escape(agent.client.display_url)
+    link, shown = html.escape(metrics_path.lstrip("/")), html.escape(metrics_path)
+    return f"""<!doctype html>
+<html><head><title>vllm-capacity</title></head>
+<body><h1>vllm-capacity {__version__}</h1>
+<p>KV-cache capacity and concurrency exporter for the vLLM server at <code>{url}</code>
+(vLLM {"up" if agent.snapshot.up else "down"}).</p>
+<ul><li><a href="{link}">{shown}</a></li><li><a href="healthz">/healthz</a></li>
+<li><a href="readyz">/readyz</a></li></ul></body></html>
+"""
+
+
 def make_app(
     agent: Agent, *, process_metrics: bool = True, access: Access | None = None, metrics_path: str = "/metrics"
 ) -> web.Application:
@@ -69,17 +82,7 @@ def make_app(
         return web.Response(status=503, text="not ready: the first read of vLLM has not finished yet\n")
 
     async def landing(_: web.Request) -> web.Response:
-        url = html.escape(agent.client.display_url)
-        link, shown = html.escape(metrics_path.lstrip("/")), html.escape(metrics_path)
-        page = f"""<!doctype html>
-<html><head><title>vllm-capacity</title></head>
-<body><h1>vllm-capacity {__version__}</h1>
-<p>KV-cache capacity and concurrency exporter for the vLLM server at <code>{url}</code>
-(vLLM {"up" if agent.snapshot.up else "down"}).</p>
-<ul><li><a href="{link}">{shown}</a></li><li><a href="healthz">/healthz</a></li>
-<li><a href="readyz">/readyz</a></li></ul></body></html>
-"""
-        return web.Response(text=page, content_type="text/html")
+        return web.Response(text=_landing_page(agent, metrics_path), content_type="text/html")
 
     async def close_renders(_: web.Application) -> None:
         renders.close()
