@@ -93,8 +93,7 @@ def _best_bytes_per_token(e: EngineCapacity) -> float | None:
 
 def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
     cc = e.cache_info
-    bpt = _best_bytes_per_token(e)
-    lines = [
+    return [
         f"model {e.model_name} · engine {e.engine}",
         f"vLLM {snap.version or 'version unknown'} · metric schema {snap.schema} · "
         f"cache dtype {cc.get('cache_dtype', 'unknown')}",
@@ -108,6 +107,20 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
         f"  free             {_n(e.free_tokens):>12} tokens",
         *_memory_lines(e),
         "",
+        *_concurrency_lines(e),
+        "",
+        *_load_lines(e),
+        *_lora_lines(e),
+        *_spec_decode_lines(e),
+        *_curve_lines(e),
+    ]
+
+
+def _concurrency_lines(e: EngineCapacity) -> list[str]:
+    """Requests whose KV cache fits at once, by context length: max_model_len, the usual ones below it, the mean
+    observed context, and what the latency objective allows."""
+    bpt = _best_bytes_per_token(e)
+    lines = [
         "Concurrency: requests whose KV cache fits at once",
         f"  {'context (tokens)':<28}{'max concurrency':>16}{'KV per request':>16}",
     ]
@@ -127,14 +140,18 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
         lines.append(f"  {label:<28}{_n(conc, 2) + 'x':>16}{kv:>16}")
     if longer:
         lines.append(f"  ({', '.join(f'{c:,}' for c in longer)}: longer than max_model_len, refused by vLLM)")
+    return lines
+
+
+def _load_lines(e: EngineCapacity) -> list[str]:
+    """The engine's load: running against its bounds, the queue, preemptions, sleep, the limit and the headroom."""
     over = " (over 100 %: requests are shorter)" if (e.concurrency_utilization or 0) > 1 else ""
     waiting_detail = [
         f"{_n(v)} {what}"
         for v, what in ((e.waiting_for_capacity, "for capacity"), (e.waiting_deferred, "deferred"))
         if v is not None
     ]
-    lines += [
-        "",
+    lines = [
         "Load",
         f"  running          {_n(e.running):>12}",
         f"    of max at max_model_len    {_pct(e.concurrency_utilization):>10}{over}",
@@ -148,9 +165,6 @@ def _engine_text(e: EngineCapacity, snap: Snapshot) -> list[str]:
         lines.append(f"  limit now        {e.concurrency_limit:>12}")
     if e.headroom_requests is not None:
         lines.append(f"  headroom         {_n(e.headroom_requests):>12} requests   (bound by {e.headroom_basis})")
-    lines += _lora_lines(e)
-    lines += _spec_decode_lines(e)
-    lines += _curve_lines(e)
     return lines
 
 
