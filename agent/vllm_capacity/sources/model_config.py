@@ -217,6 +217,36 @@ _KIND_READERS = (
 )
 
 
+def _head_dim(cfg: dict[str, Any], heads: int) -> int:
+    """``head_dim``, else hidden_size / heads."""
+    head_dim = _positive_int_field(cfg, "head_dim")
+    if head_dim is not None:
+        return head_dim
+    hidden = _int(cfg, "hidden_size")
+    if hidden % heads:
+        raise GeometryError("head_dim", f"missing, and hidden_size {hidden} is not a multiple of {heads} heads")
+    return hidden // heads
+
+
+def _chunked_layers(cfg: dict[str, Any], kinds: list[str], num_layers: int, chunk: int | None) -> list[str]:
+    """Llama 4's chunked local attention, where the config gives a chunk size but no chunked layer names."""
+    if chunk is not None and "chunked" not in kinds:
+        kinds = _llama4_chunked(cfg, kinds, num_layers)
+    if "chunked" in kinds and chunk is None:
+        raise GeometryError("attention_chunk_size", "layer_types has chunked-attention layers, but no chunk size")
+    return kinds
+
+
+def _shared_layers(cfg: dict[str, Any], kinds: list[str], num_layers: int) -> list[str]:
+    """Gemma 3n / 4: the last ``num_kv_shared_layers`` layers reuse earlier layers' KV (no cache of their own)."""
+    shared = cfg.get("num_kv_shared_layers") or 0
+    if not shared:
+        return kinds
+    if not isinstance(shared, int) or shared >= num_layers:
+        raise GeometryError("num_kv_shared_layers", f"{shared!r} is not a count below {num_layers}")
+    return kinds[: num_layers - shared] + ["shared"] * shared
+
+
 def parse_config(doc: dict[str, Any]) -> Geometry:
     """Geometry from a config.json document (multimodal models: its ``text_config``; EAGLE-1 drafters converted for
     vLLM: the decoder config nested under ``model``)."""
@@ -232,13 +262,11 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
     dtype = cfg.get("torch_dtype") or cfg.get("dtype") or doc.get("torch_dtype") or doc.get("dtype")
 
     if cfg.get("kv_lora_rank") is not None:  # MLA (DeepSeek V2/V3): one latent vector per token and layer
-        rank = _int(cfg, "kv_lora_rank")
-        rope = _int(cfg, "qk_rope_head_dim")
         return Geometry(
             str(architecture),
             num_layers,
             1,
-            rank + rope,
+            _int(cfg, "kv_lora_rank") + _int(cfg, "qk_rope_head_dim"),
             dtype,
             ("mla",) * num_layers,
             None,
@@ -248,26 +276,12 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             **_sparse_indexer(cfg),
             **_beside_the_cache(doc, cfg),
         )
-
     heads = _int(cfg, "num_attention_heads")
     kv_heads = _positive_int_field(cfg, "num_key_value_heads") or heads
-    head_dim = _positive_int_field(cfg, "head_dim")
-    if head_dim is None:
-        hidden = _int(cfg, "hidden_size")
-        if hidden % heads:
-            raise GeometryError("head_dim", f"missing, and hidden_size {hidden} is not a multiple of {heads} heads")
-        head_dim = hidden // heads
+    head_dim = _head_dim(cfg, heads)
     kinds, window = _layer_kinds(cfg, num_layers)
     chunk = _positive_int_field(cfg, "attention_chunk_size")
-    if chunk is not None and "chunked" not in kinds:
-        kinds = _llama4_chunked(cfg, kinds, num_layers)
-    if "chunked" in kinds and chunk is None:
-        raise GeometryError("attention_chunk_size", "layer_types has chunked-attention layers, but no chunk size")
-    shared = cfg.get("num_kv_shared_layers") or 0
-    if shared:  # Gemma 3n / 4: the last layers reuse earlier layers' KV
-        if not isinstance(shared, int) or shared >= num_layers:
-            raise GeometryError("num_kv_shared_layers", f"{shared!r} is not a count below {num_layers}")
-        kinds = kinds[: num_layers - shared] + ["shared"] * shared
+    kinds = _shared_layers(cfg, _chunked_layers(cfg, kinds, num_layers, chunk), num_layers)
     state = (_mamba2(cfg) or _mamba1(cfg)) if "mamba" in kinds else _gated_delta_net(cfg) if "linear" in kinds else None
     full_shape = _full_layer_shape(cfg, kinds, head_dim, kv_heads)
     return Geometry(
