@@ -102,6 +102,17 @@ class DecayedHistogram:
         return histogram_quantile(q, cumulative)
 
 
+def _increments(counts: tuple[float, ...], before: tuple[float, ...]) -> list[float] | None:
+    """Each bucket's own observations over an interval, from the cumulative counts at its end and its start; None
+    when there is nothing to learn: a counter went down (vLLM restarted), no traffic (nothing ages either), or the
+    buckets decrease along le (not a histogram)."""
+    cumulative = [now - then for now, then in zip(counts, before, strict=True)]
+    if any(d < 0 for d in cumulative) or cumulative[-1] <= 0:
+        return None
+    increments = [cumulative[0]] + [b - a for a, b in itertools.pairwise(cumulative)]
+    return None if any(d < 0 for d in increments) else increments
+
+
 @dataclass
 class LatencyCurve:
     """One engine's latency by concurrency, for each kind of latency."""
@@ -134,12 +145,9 @@ class LatencyCurve:
                 for key in [k for k in self.histograms if k[0] == kind]:
                     del self.histograms[key]
                 continue
-            cumulative = [now - then for now, then in zip(counts, before[1], strict=True)]
-            if any(d < 0 for d in cumulative) or cumulative[-1] <= 0:
-                continue  # a counter went down (vLLM restarted), or no traffic: nothing to learn, nothing ages
-            increments = [cumulative[0]] + [b - a for a, b in itertools.pairwise(cumulative)]
-            if any(d < 0 for d in increments):
-                continue  # not a histogram (buckets must not decrease along le)
+            increments = _increments(counts, before[1])
+            if increments is None:
+                continue
             factor = 0.5 ** (seconds / self.half_life) if self.half_life > 0 else 1.0
             for key, hist in self.histograms.items():
                 if key[0] == kind:
