@@ -99,14 +99,18 @@ def gpu_budget(
         else:
             overcommitted = float(-system)
     if ours and vllm_mem is not None:
-        if weights_bytes is not None:
-            comps["weights"] = weights_bytes
-        if kv_cache_bytes is not None:
-            comps["kv_cache"] = kv_cache_bytes
-        if weights_bytes is not None and kv_cache_bytes is not None:
-            runtime = vllm_mem - weights_bytes - kv_cache_bytes
-            if runtime >= 0:  # else the figures describe another rank or start: say nothing rather than wrong
-                comps["vllm_runtime"] = runtime
-            else:
-                comps.pop("weights"), comps.pop("kv_cache")
+        comps.update(_vllm_shares(vllm_mem, weights_bytes, kv_cache_bytes))
     return GpuBudget(comps, budget, tuple(p.pid for p in ours), how, overcommitted)
+
+
+def _vllm_shares(vllm_mem: float, weights_bytes: float | None, kv_cache_bytes: float | None) -> dict[str, float]:
+    """vLLM's memory on the GPU by what holds it: the weights and the KV cache from its own figures, the rest its
+    runtime (CUDA graphs, context, activations). Figures that leave a negative runtime describe another rank or
+    start: none of the three then, rather than a wrong one."""
+    shares = {k: v for k, v in (("weights", weights_bytes), ("kv_cache", kv_cache_bytes)) if v is not None}
+    if weights_bytes is not None and kv_cache_bytes is not None:
+        runtime = vllm_mem - weights_bytes - kv_cache_bytes
+        if runtime < 0:
+            return {}
+        shares["vllm_runtime"] = runtime
+    return shares
