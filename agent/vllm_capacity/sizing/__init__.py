@@ -129,6 +129,18 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
             version=inputs.version,
         )
         notes += drafted
+    geometry, read_as = _as_the_release_reads(geometry, inputs, engine)
+    result = _sized(geometry, inputs, engine, draft)
+    result.notes[:0] = notes + read_as
+    if inputs.kv_offloading_bytes:
+        result = _with_cpu_tier(result, geometry, inputs)
+    return result
+
+
+def _as_the_release_reads(geometry: Geometry, inputs: PlanInputs, engine: str) -> tuple[Geometry, list[str]]:
+    """The layers as the release sizes them, and what that notes: chunked layers as full attention where its hybrid
+    manager is off, an MLA latent as multi-head attention before the latent cache."""
+    notes = []
     if "chunked" in geometry.layer_kinds and engine == "v1" and inputs.version >= HYBRID_GROUPS:
         hybrid, why = chunked_local_groups(inputs)
         if not hybrid:
@@ -138,17 +150,19 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     if "mla" in geometry.layer_kinds and inputs.version < MLA_LATENT_CACHE:
         geometry, note = as_multi_head(geometry)
         notes.append(note)
+    return geometry, notes
+
+
+def _sized(geometry: Geometry, inputs: PlanInputs, engine: str, draft: DraftPages | None) -> KvPlan:
+    """One KV-cache group for a model of one layer kind; the hybrid groups where the release makes them; else the
+    single group older releases force every kind into (said in the plan's notes)."""
     if geometry.uniform:
-        result = plan_dense(geometry, inputs, draft)
-    elif engine == "v1" and inputs.version >= HYBRID_GROUPS:
-        result = plan_hybrid(geometry, inputs)
-    else:
-        flat, note = as_single_group(geometry, engine)
-        result = plan_dense(flat, replace(inputs, engine=engine))
-        notes.append(note)
-    result.notes[:0] = notes
-    if inputs.kv_offloading_bytes:
-        result = _with_cpu_tier(result, geometry, inputs)
+        return plan_dense(geometry, inputs, draft)
+    if engine == "v1" and inputs.version >= HYBRID_GROUPS:
+        return plan_hybrid(geometry, inputs)
+    flat, note = as_single_group(geometry, engine)
+    result = plan_dense(flat, replace(inputs, engine=engine))
+    result.notes.insert(0, note)  # before what sizing the single group notes, after what led to it
     return result
 
 
