@@ -174,40 +174,46 @@ def _full_layer_shape(cfg: dict[str, Any], kinds: list[str], head_dim: int, kv_h
     where every layer has the first kind's shape."""
     overrides = cfg.get("per_layer_config")
     if overrides:
-        if not isinstance(overrides, dict):
-            raise GeometryError("per_layer_config", f"{overrides!r} is not a map of layer index to overrides")
-        shapes, full = set(), 0
-        for index, override in overrides.items():
-            i = int(index) if str(index).isdigit() else -1
-            if not 0 <= i < len(kinds) or not isinstance(override, dict) or set(override) - _LAYER_OVERRIDES:
-                raise GeometryError(
-                    f"per_layer_config[{index}]",
-                    f"{override!r}: only head_dim and num_key_value_heads of a layer in range are understood",
-                )
-            shape = (
-                positive_int(override, "num_key_value_heads") or kv_heads,
-                positive_int(override, "head_dim") or head_dim,
-            )
-            if kinds[i] == "shared":
-                continue  # reuses an earlier layer's cache: holds none of its own
-            if kinds[i] != "full":
-                if shape != (kv_heads, head_dim):
-                    raise GeometryError(f"per_layer_config[{index}]", f"a {kinds[i]} layer of another shape")
-                continue
-            shapes.add(shape)
-            full += 1
-        if not shapes:
-            return None  # only overrides that repeat the first kind's shape
-        if len(shapes) > 1 or full != kinds.count("full"):
-            raise GeometryError("per_layer_config", "full-attention layers of more than one shape")
-        (shape,) = shapes
-        return None if shape == (kv_heads, head_dim) else shape
+        return _per_layer_shape(overrides, kinds, head_dim, kv_heads)
     if cfg.get("model_type") in ("gemma4", "gemma4_text"):
         wide = positive_int(cfg, "global_head_dim") or 512
         heads = positive_int(cfg, "num_global_key_value_heads") if cfg.get("attention_k_eq_v") else None
         shape = (heads or kv_heads, wide)
         return None if shape == (kv_heads, head_dim) else shape
     return None
+
+
+def _per_layer_shape(overrides: Any, kinds: list[str], head_dim: int, kv_heads: int) -> tuple[int, int] | None:
+    """The full-attention layers' one (KV heads, head_dim) from ``per_layer_config``; None where the overrides only
+    repeat the first kind's shape. Another shape for a sliding layer, or several for the full ones, is refused."""
+    if not isinstance(overrides, dict):
+        raise GeometryError("per_layer_config", f"{overrides!r} is not a map of layer index to overrides")
+    shapes, full = set(), 0
+    for index, override in overrides.items():
+        i = int(index) if str(index).isdigit() else -1
+        if not 0 <= i < len(kinds) or not isinstance(override, dict) or set(override) - _LAYER_OVERRIDES:
+            raise GeometryError(
+                f"per_layer_config[{index}]",
+                f"{override!r}: only head_dim and num_key_value_heads of a layer in range are understood",
+            )
+        shape = (
+            positive_int(override, "num_key_value_heads") or kv_heads,
+            positive_int(override, "head_dim") or head_dim,
+        )
+        if kinds[i] == "shared":
+            continue  # reuses an earlier layer's cache: holds none of its own
+        if kinds[i] != "full":
+            if shape != (kv_heads, head_dim):
+                raise GeometryError(f"per_layer_config[{index}]", f"a {kinds[i]} layer of another shape")
+            continue
+        shapes.add(shape)
+        full += 1
+    if not shapes:
+        return None  # only overrides that repeat the first kind's shape
+    if len(shapes) > 1 or full != kinds.count("full"):
+        raise GeometryError("per_layer_config", "full-attention layers of more than one shape")
+    (shape,) = shapes
+    return None if shape == (kv_heads, head_dim) else shape
 
 
 def _other_shapes(cfg: dict[str, Any], head_dim: int) -> str | None:
