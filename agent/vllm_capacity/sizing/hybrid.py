@@ -127,6 +127,25 @@ def _where(geometry: Geometry, counts: Counter[str]) -> str:
     return f"{geometry.architecture} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))} layers)"
 
 
+def _speculative_state(geometry: Geometry, counts: Counter[str], inputs: PlanInputs) -> tuple[int, int]:
+    """What speculative decoding adds to each request's state: blocks (one per speculative token), and columns of
+    the conv state kept for the drafted tokens (not Mamba-1's); refused before the releases that were read."""
+    if inputs.speculation is None:
+        return 0, 0
+    if inputs.version < STATE_SPECULATIVE_BLOCKS:
+        raise NotModelled(
+            f"{_where(geometry, counts)}: speculative decoding beside state layers is planned from vLLM "
+            f"{dotted(STATE_SPECULATIVE_BLOCKS)}, not before"
+        )
+    if isinstance(geometry.state, MambaGeometry) and inputs.version < MAMBA2_SPECULATIVE:
+        raise NotModelled(
+            f"{_where(geometry, counts)}: speculative decoding beside Mamba-2 layers is planned from vLLM "
+            f"{dotted(MAMBA2_SPECULATIVE)} (it came with PR #33726, February 2026; earlier releases not read)"
+        )
+    columns = 0 if isinstance(geometry.state, Mamba1Geometry) else inputs.speculation.num_speculative_tokens
+    return inputs.speculation.state_blocks, columns
+
+
 def _state_layout(
     geometry: Geometry, counts: Counter[str], inputs: PlanInputs, per_layer: int, notes: list[str]
 ) -> tuple[int, int]:
@@ -143,21 +162,8 @@ def _state_layout(
         _check_mamba1(inputs, counts, geometry)
     mode = _resolve_mamba_mode(inputs.mamba_cache_mode, version)
     state_blocks = 1 if mode == "none" else geometry.state.align_blocks(version >= MAMBA2_CHECKPOINT)
-    spec_columns = 0
-    if inputs.speculation is not None:
-        if version < STATE_SPECULATIVE_BLOCKS:
-            raise NotModelled(
-                f"{_where(geometry, counts)}: speculative decoding beside state layers is planned from vLLM "
-                f"{dotted(STATE_SPECULATIVE_BLOCKS)}, not before"
-            )
-        if isinstance(geometry.state, MambaGeometry) and version < MAMBA2_SPECULATIVE:
-            raise NotModelled(
-                f"{_where(geometry, counts)}: speculative decoding beside Mamba-2 layers is planned from vLLM "
-                f"{dotted(MAMBA2_SPECULATIVE)} (it came with PR #33726, February 2026; earlier releases not read)"
-            )
-        state_blocks += inputs.speculation.state_blocks
-        if not isinstance(geometry.state, Mamba1Geometry):  # the conv state keeps room for the drafted tokens
-            spec_columns = inputs.speculation.num_speculative_tokens
+    spec_blocks, spec_columns = _speculative_state(geometry, counts, inputs)
+    state_blocks += spec_blocks
     ssm_name, why = _mamba_ssm_dtype(geometry, inputs.mamba_ssm_cache_dtype)
     conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
     try:
