@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from vllm_capacity.geometry import Geometry, Mamba1Geometry, MambaGeometry
+from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
 from vllm_capacity.sizing.layers import (
@@ -26,19 +26,13 @@ from vllm_capacity.sizing.layers import (
     kv_dtype_bytes,
 )
 from vllm_capacity.sizing.result import KvGroup, KvPlan
+from vllm_capacity.sizing.state import state_layout, where
 from vllm_capacity.sizing.versions import (
     CHUNKED_LOCAL_DEFAULT_ON,
     CHUNKED_LOCAL_GROUPS,
     GROUP_RATIOS,
-    HYBRID_PREFIX_CACHING,
     IN_FLIGHT_TOKENS,
-    MAMBA1_PREFIX_CACHING,
-    MAMBA1_V1,
-    MAMBA2_CHECKPOINT,
-    MAMBA2_SPECULATIVE,
     SLIDING_MTP_RETAINED,
-    STATE_BLOCK_ALIGNMENT,
-    STATE_SPECULATIVE_BLOCKS,
     TOKENS_FROM_CONCURRENCY,
     dotted,
 )
@@ -52,7 +46,7 @@ def plan_hybrid(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     dtype_bytes = kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype)
     per_layer = bytes_per_token_per_layer(geometry, inputs.tp, dtype_bytes)
     full_per_layer = _full_bytes_per_token(geometry, counts, inputs, dtype_bytes) or per_layer
-    block_size, state_blocks = _state_layout(geometry, counts, inputs, per_layer, notes)
+    block_size, state_blocks = state_layout(geometry, counts, inputs, per_layer, notes)
     group_size = _group_size(counts, inputs.version)
     in_flight = _in_flight_tokens(inputs)
     block_sizes, page = _unified_pages(counts, block_size, per_layer, full_per_layer, notes)
@@ -82,7 +76,7 @@ def _full_bytes_per_token(geometry: Geometry, counts: Counter[str], inputs: Plan
     heads, head_dim = geometry.full_shape  # the release was checked by sizing.plan
     if set(counts) & set(STATE_KINDS) or inputs.speculation is not None:
         raise NotModelled(
-            f"{_where(geometry, counts)}: full-attention layers of another shape beside state layers or a drafter "
+            f"{where(geometry, counts)}: full-attention layers of another shape beside state layers or a drafter "
             "are not modelled"
         )
     return 2 * max(1, heads // inputs.tp) * head_dim * dtype_bytes
@@ -115,97 +109,12 @@ def _buckets(geometry: Geometry, inputs: PlanInputs) -> Counter[str]:
     """Layers by kind, leaving out those that hold no cache of their own; refuses what is not modelled."""
     counts = Counter(k for k in geometry.layer_kinds if k not in ("none", "shared"))
     if "mla" in counts:
-        raise NotModelled(f"{_where(geometry, counts)}: MLA mixed with other layer kinds is not modelled")
+        raise NotModelled(f"{where(geometry, counts)}: MLA mixed with other layer kinds is not modelled")
     if inputs.pp > 1:
         raise NotModelled(
-            f"{_where(geometry, counts)}: how pipeline stages split a hybrid layer pattern is not modelled; use PP 1"
+            f"{where(geometry, counts)}: how pipeline stages split a hybrid layer pattern is not modelled; use PP 1"
         )
     return counts
-
-
-def _where(geometry: Geometry, counts: Counter[str]) -> str:
-    return f"{geometry.architecture} ({', '.join(f'{n} {k}' for k, n in sorted(counts.items()))} layers)"
-
-
-def _speculative_state(geometry: Geometry, counts: Counter[str], inputs: PlanInputs) -> tuple[int, int]:
-    """What speculative decoding adds to each request's state: blocks (one per speculative token), and columns of
-    the conv state kept for the drafted tokens (not Mamba-1's); refused before the releases that were read."""
-    if inputs.speculation is None:
-        return 0, 0
-    if inputs.version < STATE_SPECULATIVE_BLOCKS:
-        raise NotModelled(
-            f"{_where(geometry, counts)}: speculative decoding beside state layers is planned from vLLM "
-            f"{dotted(STATE_SPECULATIVE_BLOCKS)}, not before"
-        )
-    if isinstance(geometry.state, MambaGeometry) and inputs.version < MAMBA2_SPECULATIVE:
-        raise NotModelled(
-            f"{_where(geometry, counts)}: speculative decoding beside Mamba-2 layers is planned from vLLM "
-            f"{dotted(MAMBA2_SPECULATIVE)} (it came with PR #33726, February 2026; earlier releases not read)"
-        )
-    columns = 0 if isinstance(geometry.state, Mamba1Geometry) else inputs.speculation.num_speculative_tokens
-    return inputs.speculation.state_blocks, columns
-
-
-def _state_layout(
-    geometry: Geometry, counts: Counter[str], inputs: PlanInputs, per_layer: int, notes: list[str]
-) -> tuple[int, int]:
-    """The attention block size (raised until a page holds one state) and the state blocks per request; (the asked
-    block size, 0) for a model without state layers."""
-    block_size, version = inputs.block_size, inputs.version
-    state_kinds = [k for k in STATE_KINDS if k in counts]
-    if not state_kinds:
-        return block_size, 0
-    if len(state_kinds) > 1 or geometry.state is None:
-        fields = "mamba_n_heads, mamba_d_state..." if "mamba" in counts else "linear_num_value_heads..."
-        raise NotModelled(f"{_where(geometry, counts)}: config.json gives no state fields the planner reads ({fields})")
-    if isinstance(geometry.state, Mamba1Geometry):
-        _check_mamba1(inputs, counts, geometry)
-    mode = _resolve_mamba_mode(inputs.mamba_cache_mode, version)
-    state_blocks = 1 if mode == "none" else geometry.state.align_blocks(version >= MAMBA2_CHECKPOINT)
-    spec_blocks, spec_columns = _speculative_state(geometry, counts, inputs)
-    state_blocks += spec_blocks
-    ssm_name, why = _mamba_ssm_dtype(geometry, inputs.mamba_ssm_cache_dtype)
-    conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
-    try:
-        ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
-    except ValueError:
-        raise ValueError(
-            f"SSM state dtype {ssm_name!r}{f' ({why})' if why else ''} is not a dtype vLLM knows"
-        ) from None
-    state = geometry.state.state_bytes(inputs.tp, conv_bytes, ssm_bytes, spec_columns)
-    # the attention block grows until its page holds a state (platforms/interface.py)
-    align = max(16, block_size) if version >= STATE_BLOCK_ALIGNMENT else 16
-    needed = align * math.ceil(state / (align * per_layer))
-    if block_size < needed:
-        notes.append(
-            f"vLLM raises the attention block size from {block_size} to {needed} tokens so that a page holds "
-            f"one {geometry.state.name} state ({state:,} bytes)"
-        )
-        block_size = needed
-    padding = (block_size * per_layer - state) / state * 100
-    notes.append(
-        f"Mamba cache mode {mode} ({state_blocks} state block(s) per request and layer group"
-        f"{', one per speculative token included' if inputs.speculation else ''}); "
-        f"{f'conv state widened by {spec_columns} speculative token(s); ' if spec_columns else ''}SSM state "
-        f"{ssm_bytes} B per element{f' ({why})' if why else ''}; {geometry.state.name} page padded by "
-        f"{padding:.2f}%"
-    )
-    return block_size, state_blocks
-
-
-def _check_mamba1(inputs: PlanInputs, counts: Counter[str], geometry: Geometry) -> None:
-    """Mamba-1 (Jamba) is planned where vLLM's rules for it were read."""
-    if inputs.version < MAMBA1_V1:
-        raise NotModelled(
-            f"{_where(geometry, counts)}: Mamba-1 layers in V1 are planned from vLLM {dotted(MAMBA1_V1)} "
-            "(V0 kept their state outside the KV budget: pass --engine v0 for an older server)"
-        )
-    if inputs.mamba_cache_mode == "auto" and HYBRID_PREFIX_CACHING <= inputs.version < MAMBA1_PREFIX_CACHING:
-        raise NotModelled(
-            f"{_where(geometry, counts)}: whether vLLM {dotted(inputs.version)} keeps Jamba's Mamba-1 state in "
-            "'align' mode by default is not known: pass --mamba-cache-mode none or align (vllm:cache_config_info's "
-            "mamba_cache_mode says which)"
-        )
 
 
 def _group_size(counts: Counter[str], version: tuple[int, int, int]) -> int:
@@ -342,25 +251,3 @@ def chunked_local_groups(inputs: PlanInputs) -> tuple[bool, str]:
     if mode == "auto":
         how = "the default of VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE"
     return True, f"chunked local attention layers have KV-cache groups of their own ({how})"
-
-
-def _resolve_mamba_mode(mode: str, version: tuple[int, int, int]) -> str:
-    """``auto``: the mode vLLM picks with its default prefix caching, which it turns on for hybrid models from 0.28
-    (and then picks 'align'); before, prefix caching is off for them, and so is the state cache ('none')."""
-    if mode not in ("auto", "none", "align"):
-        raise ValueError(f"mamba cache mode {mode!r} is not auto, none or align")
-    if mode != "auto":
-        return mode
-    return "align" if version >= HYBRID_PREFIX_CACHING else "none"
-
-
-def _mamba_ssm_dtype(geometry: Geometry, requested: str) -> tuple[str, str | None]:
-    """vLLM's ``mamba_ssm_cache_dtype``: an explicit value wins; ``auto`` takes the config's own field, Nemotron-H's
-    float32 default (0.32 ``NemotronHForCausalLMConfig``), else the conv state's dtype (the model's)."""
-    if requested != "auto":
-        return requested, None
-    if geometry.state is not None and geometry.state.ssm_cache_dtype:
-        return geometry.state.ssm_cache_dtype, "the SSM state dtype comes from config.json"
-    if geometry.architecture.startswith("NemotronH"):
-        return "float32", "Nemotron-H's SSM state is float32 unless --mamba-ssm-cache-dtype says otherwise"
-    return "auto", None
