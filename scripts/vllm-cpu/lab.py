@@ -240,6 +240,9 @@ def stop_process(
     """Send ``sig`` to a child (when it still runs) and reap it, whatever happens: one that outlives ``timeout`` is
     killed, reaped, and reported by an AssertionError (a process left behind broke the next test once: started
     from a script with ``&``, a child inherits SIGINT ignored). Returns what ``communicate`` read."""
+    pipes = [f for f in (proc.stdin, proc.stdout, proc.stderr) if f is not None]
+    if proc.poll() is not None and all(f.closed for f in pipes):
+        return None, None  # stopped and read already (a second call, from a finally)
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             proc.send_signal(sig)
