@@ -71,7 +71,6 @@ class Agent:
         self.client = client
         self.interval = interval
         self.max_model_len_override = max_model_len_override
-
         self.clock = clock
         self.monotonic = monotonic
         self.logger = structlog.get_logger("vllm_capacity")
