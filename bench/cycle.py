@@ -186,7 +186,7 @@ async def bench_cycle(url: str, seconds: float) -> list[dict[str, float]]:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vllm_capacity.agent import Agent
+    from vllm_capacity.agent import Agent, AgentSettings
     from vllm_capacity.exposition import build_registry
     from vllm_capacity.sources.vllm import VllmClient
 
@@ -195,7 +195,7 @@ async def bench_cycle(url: str, seconds: float) -> list[dict[str, float]]:
     for engines in ENGINES:
         text = payload(engines)
         client = VllmClient(f"{url}/e{engines}", timeout=60)
-        agent = Agent(client, interval=INTERVAL)
+        agent = Agent(client, AgentSettings(interval=INTERVAL))
         registry = build_registry(agent, process_metrics=False)
         await agent.cycle()
         if not agent.snapshot.up or len(agent.snapshot.engines) != engines:

@@ -12,7 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import VLLM_FIXTURES, FakeClock, FakeVllm, fixture_text, samples, value
 from payloads import with_value
-from vllm_capacity.agent import Agent
+from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.vllm import VllmClient
 
@@ -41,7 +41,7 @@ class Harness:
 
 async def _harness(url: str, **client_kw: object) -> AsyncIterator[Harness]:
     vllm = VllmClient(url, timeout=client_kw.pop("timeout", 10.0), **client_kw)  # type: ignore[arg-type]
-    agent = Agent(vllm, interval=0.1)
+    agent = Agent(vllm, AgentSettings(interval=0.1))
     async with TestClient(TestServer(make_app(agent))) as http:
         yield Harness(agent, http)
     await vllm.aclose()
@@ -80,7 +80,7 @@ async def test_derived_series_vanish_while_vllm_fails_and_return(h: Harness, fak
 
 async def test_the_telemetry_path_moves_metrics(fake_vllm: FakeVllm) -> None:
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    agent = Agent(vllm, interval=0.1)
+    agent = Agent(vllm, AgentSettings(interval=0.1))
     async with TestClient(TestServer(make_app(agent, metrics_path="/capacity/metrics"))) as http:
         await agent.cycle()
         assert (await http.get("/metrics")).status == 404
@@ -119,7 +119,7 @@ async def test_max_model_len_override_used_when_models_unavailable(fake_vllm: Fa
     fake_vllm.metrics = fixture_text("v1-0.10.2-dp2.prom")
     fake_vllm.models = "not json"
     vllm = VllmClient(fake_vllm.url, timeout=2)
-    agent = Agent(vllm, interval=0.1, max_model_len_override=32768)
+    agent = Agent(vllm, AgentSettings(interval=0.1, max_model_len=32768))
     snap = await agent.cycle()
     await vllm.aclose()
     assert [round(e.max_concurrency, 2) for e in snap.engines] == [1.30, 1.30]
@@ -216,7 +216,7 @@ async def test_log_source_failures_leave_vllm_metrics_flowing(fake_vllm: FakeVll
 
     log = tmp_path / "vllm.log"
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    agent = Agent(vllm, interval=0.1, vllm_log=LogFollower(log))
+    agent = Agent(vllm, AgentSettings(interval=0.1), vllm_log=LogFollower(log))
     with structlog.testing.capture_logs() as logs:
         await agent.cycle()
         await agent.cycle()
@@ -248,7 +248,11 @@ async def test_disagreeing_bytes_per_token_is_logged_once(fake_vllm: FakeVllm) -
     for old, new in (('num_gpu_blocks_override="32"', '"None"'), ('kv_cache_memory_bytes="1073741824"', '"2097152"')):
         fake_vllm.metrics = fake_vllm.metrics.replace(old, old.split("=")[0] + "=" + new)
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    agent = Agent(vllm, interval=0.1, geometry=wrong, vllm_log=LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log"))
+    agent = Agent(
+        vllm,
+        AgentSettings(interval=0.1, geometry=wrong),
+        vllm_log=LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log"),
+    )
     with structlog.testing.capture_logs() as logs:
         for _ in range(3):
             await agent.cycle()
@@ -276,7 +280,7 @@ async def test_v1_0_8_capacity_comes_from_the_log(fake_vllm: FakeVllm, tmp_path)
         "per request: 13.79x\n"
     )
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    agent = Agent(vllm, interval=0.1, vllm_log=LogFollower(log))
+    agent = Agent(vllm, AgentSettings(interval=0.1), vllm_log=LogFollower(log))
     (e,) = (await agent.cycle()).engines
     assert e.capacity_tokens == 452000
     assert e.max_concurrency == 13.79
@@ -292,7 +296,7 @@ async def test_no_secret_reaches_a_log_line_an_endpoint_or_an_error(fake_vllm: F
     password, key = "pw-very-secret", "\ufeffsk-secret"
     url = fake_vllm.url.replace("http://", f"http://scraper:{password}@")
     client = VllmClient(url, timeout=10, api_key=key)
-    agent = Agent(client, interval=0.1)
+    agent = Agent(client, AgentSettings(interval=0.1))
     seen: list[str] = []
     async with TestClient(TestServer(make_app(agent))) as http:
         with structlog.testing.capture_logs() as logs:
@@ -383,7 +387,7 @@ async def test_a_flapping_source_logs_at_a_bounded_rate(fake_vllm: FakeVllm) -> 
     saying the state it is in and how many changes came between; every failure is still counted."""
     clock = FakeClock()
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    agent = Agent(vllm, interval=0.1, monotonic=clock)
+    agent = Agent(vllm, AgentSettings(interval=0.1), monotonic=clock)
     with structlog.testing.capture_logs() as logs:
         for i in range(200):  # 20 s of flapping
             fake_vllm.status = 500 if i % 2 == 0 else 200
@@ -455,7 +459,7 @@ async def test_the_latency_curve_and_the_concurrency_an_objective_allows(fake_vl
     counts = {le: 0.0 for _, le in les}
     clock = FakeClock()
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    agent = Agent(vllm, interval=5, monotonic=clock, objectives=[parse_objective("itl", "p90<=50ms")])
+    agent = Agent(vllm, AgentSettings(interval=5, objectives=(parse_objective("itl", "p90<=50ms"),)), monotonic=clock)
     async with TestClient(TestServer(make_app(agent))) as http:
         fake_vllm.metrics = _itl_body(1, counts)
         await agent.cycle()  # the baseline
@@ -512,8 +516,8 @@ async def test_an_objective_below_the_first_bucket_is_named_once(fake_vllm: Fake
 
     clock = FakeClock()
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    objectives = [parse_objective("itl", "p90<=5ms"), parse_objective("ttft", "p90<=50ms")]
-    agent = Agent(vllm, interval=5, monotonic=clock, objectives=objectives)
+    objectives = (parse_objective("itl", "p90<=5ms"), parse_objective("ttft", "p90<=50ms"))
+    agent = Agent(vllm, AgentSettings(interval=5, objectives=objectives), monotonic=clock)
     fake_vllm.metrics = SATURATED
     with structlog.testing.capture_logs() as logs:
         for _ in range(3):

@@ -20,7 +20,7 @@ from aiohttp.test_utils import TestClient, TestServer
 import payloads
 from conftest import FIXTURES, VLLM_FIXTURES, FakeClock, FakeVllm, fixture_text
 from fake_nvml import SEED_LOG, FakeNvml, seed_gpu
-from vllm_capacity.agent import Agent
+from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.latency import parse_objective
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.model_config import load_config
@@ -78,7 +78,7 @@ async def _then_gone(agent: Agent, fake: FakeVllm, clock: FakeClock) -> None:
 MODES: dict[str, tuple[str, str, Callable[[Path], dict], Drive, str]] = {
     "latency curve and SLO": (
         SATURATED, TINY,
-        lambda _: {"objectives": [parse_objective("itl", "p90<=50ms")]},
+        lambda _: {"objectives": (parse_objective("itl", "p90<=50ms"),)},
         _stepped_latency, r'vllm_capacity_max_concurrency\{[^}]*basis="slo"',
     ),
     "LoRA slots": (SATURATED + LORA, TINY, lambda _: {}, _twice, r"vllm_capacity_lora_slots\{"),
@@ -119,7 +119,9 @@ async def test_promtool_check_metrics_in_every_mode(fake_vllm: FakeVllm, tmp_pat
     fake_vllm.metrics, fake_vllm.models = metrics, models
     clock = FakeClock()
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    agent = Agent(vllm, interval=5, monotonic=clock, **extra(tmp_path))
+    given = extra(tmp_path)
+    settings = {k: given.pop(k) for k in list(given) if k in AgentSettings.__dataclass_fields__}
+    agent = Agent(vllm, AgentSettings(interval=5, **settings), monotonic=clock, **given)
     async with TestClient(TestServer(make_app(agent, process_metrics=True))) as http:
         await drive(agent, fake_vllm, clock)
         text = await (await http.get("/metrics")).text()

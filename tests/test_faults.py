@@ -26,7 +26,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import FakeClock, FakeVllm, fixture_text, samples, value
 from payloads import with_cache_label, with_value
-from vllm_capacity.agent import Agent
+from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.vllm import VllmClient
 
@@ -132,7 +132,7 @@ FAULTS = (
 async def agent_http(fake_vllm: FakeVllm, request: pytest.FixtureRequest) -> AsyncIterator[tuple[Agent, TestClient]]:
     fault: Fault = request.param
     client = VllmClient(fake_vllm.url, **{"timeout": 10.0, **fault.client})
-    agent = Agent(client, interval=0.1, monotonic=CLOCK)
+    agent = Agent(client, AgentSettings(interval=0.1), monotonic=CLOCK)
     async with TestClient(TestServer(make_app(agent))) as http:
         yield agent, http
     await client.aclose()

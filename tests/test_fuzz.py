@@ -15,7 +15,7 @@ import re
 from prometheus_client import generate_latest
 
 from conftest import FakeVllm, fixture_text, samples
-from vllm_capacity.agent import Agent
+from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.exposition import build_registry
 from vllm_capacity.sources import Reason
 from vllm_capacity.sources.vllm import VllmClient
@@ -57,7 +57,7 @@ def _mutate(text: str, rng: random.Random) -> str:
 async def test_mutated_captures_give_only_documented_failures_and_plausible_numbers(fake_vllm: FakeVllm) -> None:
     rng = random.Random(20261201)
     bodies = [fixture_text(name) for name in SEEDS]
-    agent = Agent(VllmClient(fake_vllm.url, timeout=10), interval=0.1)
+    agent = Agent(VllmClient(fake_vllm.url, timeout=10), AgentSettings(interval=0.1))
     registry = build_registry(agent, process_metrics=False)
     documented = {r.value for r in Reason}
     counters: dict[tuple, float] = {}

@@ -16,7 +16,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from conftest import FIXTURES, VLLM_FIXTURES, FakeVllm, fixture_text
-from vllm_capacity.agent import Agent
+from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.model_config import load_config
 from vllm_capacity.sources.vllm import VllmClient
@@ -46,13 +46,12 @@ async def _agent_output(fake: FakeVllm, fixture: str, models: str, *, process_me
     name, _, with_log = fixture.partition("+")
     fake.metrics, fake.models = fixture_text(name), models
     vllm = VllmClient(fake.url, timeout=2)
-    extra = {}
+    settings = AgentSettings(interval=1)
+    log = None
     if with_log:
-        extra = {
-            "vllm_log": LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log"),
-            "geometry": load_config(FIXTURES / "models" / "tiny-llama" / "config.json"),
-        }
-    agent = Agent(vllm, interval=1, clock=lambda: 1_800_000_000.0, **extra)
+        settings = AgentSettings(interval=1, geometry=load_config(FIXTURES / "models" / "tiny-llama" / "config.json"))
+        log = LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log")
+    agent = Agent(vllm, settings, vllm_log=log, clock=lambda: 1_800_000_000.0)
     async with TestClient(TestServer(make_app(agent, process_metrics=process_metrics))) as http:
         await agent.cycle()
         await agent.cycle()  # a second cycle: counters carried, nothing doubled

@@ -18,7 +18,7 @@ import structlog
 from conftest import FakeClock, FakeVllm, fixture_text, value
 from fake_nvml import SEED_LOG, FakeGpu, FakeNvml, GiB, seed_gpu
 from lab import stop_process
-from vllm_capacity.agent import Agent
+from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.budget import COMPONENTS, gpu_budget
 from vllm_capacity.exposition import build_registry
 from vllm_capacity.sources import Reason, SourceError
@@ -38,9 +38,10 @@ async def _agent(fake_vllm: FakeVllm, tmp_path, nvml: NvmlSource, pids: set[int]
     fake_vllm.models = '{"data":[{"id":"gemma-12b","max_model_len":32768}]}'
     log = tmp_path / "vllm.log"
     log.write_text(SEED_LOG)
+    settings = {k: kw.pop(k) for k in list(kw) if k in AgentSettings.__dataclass_fields__}
     return Agent(
         VllmClient(fake_vllm.url, timeout=10),
-        interval=0.05,
+        AgentSettings(interval=0.05, **settings),
         nvml=nvml,
         vllm_pids=lambda: pids,
         vllm_log=LogFollower(log),
@@ -509,7 +510,7 @@ async def test_with_every_gpu_of_the_node_visible_the_pods_are_those_running_vll
     ],
 )
 def test_only_an_unnamed_selection_is_narrowed_to_vllms_gpus(gpus, environ, narrow, monkeypatch) -> None:
-    from vllm_capacity.cli import _agent_kwargs
+    from vllm_capacity.cli import _agent
     from vllm_capacity.options import SourceConfig
 
     for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
@@ -533,7 +534,9 @@ def test_only_an_unnamed_selection_is_narrowed_to_vllms_gpus(gpus, environ, narr
         slo_ttft=None,
         latency_half_life=3600.0,
     )
-    assert _agent_kwargs(config)["nvml"].narrow_to_vllm is narrow
+    gpus_read = _agent(config, 1.0).gpus
+    assert gpus_read is not None and gpus_read.nvml is not None
+    assert gpus_read.nvml.narrow_to_vllm is narrow
 
 
 def test_memory_in_use_with_no_process_listed_is_hidden_not_other_processes_at_zero() -> None:

@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -47,35 +48,44 @@ def _first(items: list[Any], n: int = 8) -> list[Any]:
     return items if len(items) <= n else [*items[:n], f"... {len(items) - n} more"]
 
 
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the operator set for the agent (``serve``'s and ``report``'s flags), as one record."""
+
+    interval: float  # --interval: seconds between reads of vLLM
+    max_model_len: int | None = None  # --max-model-len: when /v1/models does not say
+    models_refresh: float = 300.0  # --models-refresh: seconds between reads of /v1/models and /version
+    geometry: Geometry | None = None  # --model-config / --model-dir
+    tp: int = 1  # --tp
+    pp: int = 1  # --pp
+    max_num_seqs: int | None = None  # --max-num-seqs; else what vLLM's start-up log says
+    nvml_required: bool = False  # --nvml on: NVML's absence is a failure, not "no GPU here"
+    objectives: tuple[Objective, ...] = ()  # --slo-itl, --slo-ttft
+    latency_half_life: float = DEFAULT_HALF_LIFE  # --latency-half-life
+
+
 class Agent:
     def __init__(
         self,
         client: VllmClient,
+        settings: AgentSettings,
         *,
-        interval: float,
-        max_model_len_override: int | None = None,
-        models_refresh: float = 300.0,
+        vllm_log: LogFollower | None = None,
+        nvml: NvmlSource | None = None,
+        vllm_pids: Callable[[], set[int]] = vllm_pids_in_namespace,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
-        vllm_log: LogFollower | None = None,
-        geometry: Geometry | None = None,
-        tp: int = 1,
-        pp: int = 1,
-        nvml: NvmlSource | None = None,
-        nvml_required: bool = False,
-        vllm_pids: Callable[[], set[int]] = vllm_pids_in_namespace,
-        objectives: Sequence[Objective] = (),
-        latency_half_life: float = DEFAULT_HALF_LIFE,
-        max_num_seqs: int | None = None,
     ) -> None:
+        """``vllm_log``, ``nvml``: the optional sources (--vllm-log, --nvml); ``vllm_pids``, ``clock``,
+        ``monotonic``: where the agent reads vLLM's processes and the time (a test gives its own)."""
+        interval = settings.interval
+        self.settings = settings
         self.client = client
         self.interval = interval
-        self.max_model_len_override = max_model_len_override
         self.clock = clock
         self.monotonic = monotonic
         self.logger = structlog.get_logger("vllm_capacity")
         self.sources = SourceBook((SOURCE_VLLM, SOURCE_MODELS), monotonic)
-        self.geometry, self.tp, self.pp = geometry, tp, pp
         # vLLM's start-up log, when given (--vllm-log): its memory figures; else none of them
         self.startup_log = StartupLogReader(vllm_log, self.sources, monotonic) if vllm_log is not None else None
         self.figures = self.startup_log.figures if self.startup_log is not None else StartupFigures()
@@ -83,7 +93,7 @@ class Agent:
         self._plans_logged: set[tuple[str, str]] = set()
         # the GPUs through NVML, when asked (--nvml auto or on)
         self.gpus = (
-            GpuReader(nvml, self.sources, interval=interval, required=nvml_required, vllm_pids=vllm_pids,
+            GpuReader(nvml, self.sources, interval=interval, required=settings.nvml_required, vllm_pids=vllm_pids,
                       monotonic=monotonic)
             if nvml is not None
             else None
@@ -94,12 +104,13 @@ class Agent:
         # latched once the first cycle has finished, whatever it found: the sidecar then serves a true view (vLLM
         # down is vllm_capacity_up 0). Readiness never follows vLLM: a native sidecar's readiness is the pod's.
         self.ready = False
-        self.models = ModelsReader(client, self.sources, models_refresh, monotonic)  # /v1/models and /version
+        self.models = ModelsReader(client, self.sources, settings.models_refresh, monotonic)  # /v1/models and /version
         self.counters = Counters()  # restarts, and the counters carried over them
         self._announced: tuple[object, ...] | None = None
         self._crashes_logged: set[str] = set()
-        self.latency = LatencyLearner(objectives, latency_half_life, monotonic)  # latency by concurrency
-        self.max_num_seqs = max_num_seqs  # --max-num-seqs; else what vLLM's log says (self.figures)
+        self.latency = LatencyLearner(
+            settings.objectives, settings.latency_half_life, monotonic
+        )  # latency by concurrency
         self.snapshot = self._snapshot()  # before the first cycle: nothing read, the sources down
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
@@ -193,13 +204,13 @@ class Agent:
         self.latency.learn(metrics, read_latency)
         facts = derive.ServerFacts(
             max_model_len=self.models.max_model_len,
-            fallback_max_model_len=self.max_model_len_override,
+            fallback_max_model_len=self.settings.max_model_len,
             startup=self.figures.engines,
-            geometry=self.geometry,
-            tp=self.tp,
-            pp=self.pp,
+            geometry=self.settings.geometry,
+            tp=self.settings.tp,
+            pp=self.settings.pp,
             version=self.models.version,
-            max_num_seqs=self.max_num_seqs or self.figures.max_num_seqs,
+            max_num_seqs=self.settings.max_num_seqs or self.figures.max_num_seqs,
             max_num_batched_tokens=self.figures.max_num_batched_tokens,
             speculation=self.figures.speculation,
         )

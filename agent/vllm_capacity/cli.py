@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_capacity import __version__
 from vllm_capacity.options import (
@@ -25,15 +25,25 @@ from vllm_capacity.options import (
 )
 from vllm_capacity.redaction import redact_url
 
+if TYPE_CHECKING:  # the agent's imports (asyncio, aiohttp, structlog) wait for a command that runs it
+    from vllm_capacity.agent import Agent
+
 KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays open
 
 
-def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
-    """The model, log, GPU and latency options: what serve and report build their agent with."""
-    from vllm_capacity.sources.vllm_log import LogFollower
-
+def _check_combination(values: SourceConfig) -> None:
+    """Refuse options that each parse but do not go together."""
     if values.model_config is not None and values.model_dir is not None:
         raise UsageError("give --model-config or --model-dir, not both")
+
+
+def _agent(values: SourceConfig, interval: float, serve: ServeConfig | None = None) -> Agent:
+    """The agent ``serve`` and ``report`` run (``serve``: the options only it has): the model, log, GPU and latency
+    options, and the client of vLLM."""
+    from vllm_capacity.agent import Agent, AgentSettings
+    from vllm_capacity.sources.vllm_log import LogFollower
+
+    _check_combination(values)
     nvml = None
     if values.nvml != "off":
         from vllm_capacity.sources.nvml import NvmlSource, visible_selection
@@ -54,16 +64,20 @@ def _agent_kwargs(values: SourceConfig) -> dict[str, Any]:
                 narrow_to_vllm=selection is None and gpus != "all",
             )
         )
-    return {
-        "vllm_log": LogFollower(Path(values.vllm_log)) if values.vllm_log else None,
-        "geometry": values.model_config or values.model_dir,
-        "tp": values.tp,
-        "pp": values.pp,
-        "nvml": nvml,
-        "nvml_required": values.nvml == "on",
-        "objectives": [o for o in (values.slo_itl, values.slo_ttft) if o is not None],
-        "latency_half_life": values.latency_half_life,
-    }
+    settings = AgentSettings(
+        interval=interval,
+        max_model_len=values.max_model_len,
+        models_refresh=serve.models_refresh if serve else AgentSettings.models_refresh,
+        geometry=values.model_config or values.model_dir,
+        tp=values.tp,
+        pp=values.pp,
+        max_num_seqs=serve.max_num_seqs if serve else None,
+        nvml_required=values.nvml == "on",
+        objectives=tuple(o for o in (values.slo_itl, values.slo_ttft) if o is not None),
+        latency_half_life=values.latency_half_life,
+    )
+    vllm_log = LogFollower(Path(values.vllm_log)) if values.vllm_log else None
+    return Agent(_client(values), settings, vllm_log=vllm_log, nvml=nvml)
 
 
 def _client(values: SourceConfig) -> Any:
@@ -85,21 +99,12 @@ async def _serve(values: ServeConfig) -> int:
     from aiohttp import web
 
     from vllm_capacity import log as log_setup
-    from vllm_capacity.agent import Agent
     from vllm_capacity.listener import ConnectionGuard
     from vllm_capacity.server import make_app
 
     log = structlog.get_logger("vllm_capacity")
-    kwargs = _agent_kwargs(values)
-    client = _client(values)
-    agent = Agent(
-        client,
-        interval=values.interval,
-        max_model_len_override=values.max_model_len,
-        models_refresh=values.models_refresh,
-        max_num_seqs=values.max_num_seqs,
-        **kwargs,
-    )
+    agent = _agent(values, values.interval, values)
+    client = agent.client
     host, port = values.listen
     access, ssl_context = _web_access(values.web_config_file)
     # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)
@@ -175,17 +180,10 @@ async def _report(values: ReportConfig) -> int:
     import asyncio
     import signal
 
-    from vllm_capacity.agent import Agent
     from vllm_capacity.report import render_json, render_text
 
-    kwargs = _agent_kwargs(values)
-    client = _client(values)
-    agent = Agent(
-        client,
-        interval=values.watch or 1.0,
-        max_model_len_override=values.max_model_len,
-        **kwargs,
-    )
+    agent = _agent(values, values.watch or 1.0)
+    client = agent.client
     url = redact_url(values.vllm_url)
     render = render_json if values.format == "json" else render_text
     # Ctrl-C and SIGTERM end the report, whatever this process inherited: a shell starts a background job (`&`)
@@ -251,7 +249,7 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         values = config(ns.command, ns, dict(os.environ if environ is None else environ))
         if isinstance(values, PlanConfig):
             return _plan(values)
-        _agent_kwargs(values)  # check the combination before anything starts
+        _check_combination(values)  # before anything starts
     except UsageError as err:
         print(f"vllm-capacity {ns.command}: error: {err}", file=sys.stderr)
         return 2
