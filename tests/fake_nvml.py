@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import pynvml
 
-from vllm_capacity.sources.nvml import ProcessInfoWide
+from vllm_capacity.sources.nvml_scope import ProcessInfoWide
 
 GiB = 2**30
 

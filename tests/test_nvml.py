@@ -22,7 +22,8 @@ from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.budget import COMPONENTS, gpu_budget
 from vllm_capacity.exposition import build_registry
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.nvml import NvmlSource, visible_selection, vllm_pids_in_namespace
+from vllm_capacity.sources.nvml import NvmlSource
+from vllm_capacity.sources.nvml_scope import visible_selection, vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower
 

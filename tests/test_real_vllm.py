@@ -27,7 +27,8 @@ from conftest import run_plan, samples, value
 from vllm_capacity.derive import ServerFacts, derive_all
 from vllm_capacity.latency import histogram_quantile
 from vllm_capacity.sources.vllm import parse_models
-from vllm_capacity.sources.vllm_parse import SCHEMA_V1_CAPACITY, parse_metrics
+from vllm_capacity.sources.vllm_parse import parse_metrics
+from vllm_capacity.sources.vllm_records import SCHEMA_V1_CAPACITY
 
 pytestmark = pytest.mark.realvllm
 INTERVAL = 0.1  # the agent's minimum: vLLM's cache is full only for moments

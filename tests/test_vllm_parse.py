@@ -6,7 +6,8 @@ import pytest
 
 from conftest import fixture_text
 from vllm_capacity.sources import SourceError
-from vllm_capacity.sources.vllm_parse import (
+from vllm_capacity.sources.vllm_parse import parse_metrics
+from vllm_capacity.sources.vllm_records import (
     META,
     SCHEMA_V0,
     SCHEMA_V1,
@@ -14,7 +15,6 @@ from vllm_capacity.sources.vllm_parse import (
     SCHEMA_V1_LEGACY,
     WANTED,
     LoraRequests,
-    parse_metrics,
 )
 from vllm_capacity.sources.vllm_scan import select_lines
 

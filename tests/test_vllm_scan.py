@@ -25,7 +25,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import fixture_text
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.vllm_parse import META, WANTED, parse_metrics, parse_metrics_body
+from vllm_capacity.sources.vllm_parse import parse_metrics, parse_metrics_body
+from vllm_capacity.sources.vllm_records import META, WANTED
 from vllm_capacity.sources.vllm_scan import (
     MAX_LINE,
     ScanError,

@@ -32,10 +32,11 @@ from vllm_capacity.live.startup import StartupLogReader
 from vllm_capacity.live.status import SourceBook, first_time, internal
 from vllm_capacity.snapshot import Snapshot
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.nvml import NvmlSource, vllm_pids_in_namespace
+from vllm_capacity.sources.nvml import NvmlSource
+from vllm_capacity.sources.nvml_scope import vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
-from vllm_capacity.sources.vllm_parse import VllmMetrics
+from vllm_capacity.sources.vllm_records import VllmMetrics
 
 SOURCE_VLLM = "vllm"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error

@@ -46,7 +46,8 @@ def _agent(values: SourceConfig, interval: float, serve: ServeConfig | None = No
     _check_combination(values)
     nvml = None
     if values.nvml != "off":
-        from vllm_capacity.sources.nvml import NvmlSource, visible_selection
+        from vllm_capacity.sources.nvml import NvmlSource
+        from vllm_capacity.sources.nvml_scope import visible_selection
 
         gpus = values.gpus
         if isinstance(gpus, list):

@@ -37,12 +37,7 @@ import contextlib
 from collections.abc import Mapping
 
 from vllm_capacity import sizing
-from vllm_capacity.sources.vllm_parse import (
-    SCHEMA_V0,
-    SCHEMA_V1,
-    SCHEMA_V1_CAPACITY,
-    SCHEMA_V1_LEGACY,
-)
+from vllm_capacity.sources.vllm_records import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_CAPACITY, SCHEMA_V1_LEGACY
 
 
 def blocks_per_engine(num_gpu_blocks: int | None, dp_engines: int, schema: str) -> int | None:

@@ -30,10 +30,7 @@ from vllm_capacity.derive.layout import (
     planned_layout,
 )
 from vllm_capacity.sources.vllm_log import EngineFigures
-from vllm_capacity.sources.vllm_parse import (
-    EngineMetrics,
-    VllmMetrics,
-)
+from vllm_capacity.sources.vllm_records import EngineMetrics, VllmMetrics
 
 
 @dataclass(frozen=True)

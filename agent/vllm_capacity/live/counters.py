@@ -11,7 +11,7 @@ from vllm_capacity.live.status import SourceBook
 from vllm_capacity.snapshot import EngineKey
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
-from vllm_capacity.sources.vllm_parse import VllmMetrics
+from vllm_capacity.sources.vllm_records import VllmMetrics
 
 SOURCE_MODELS = "vllm_models"
 

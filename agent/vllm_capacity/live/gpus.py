@@ -14,9 +14,10 @@ from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.live.status import SourceBook, first_time, internal
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.nvml import GpuReading, NvmlSource, vllm_pids_in_namespace
+from vllm_capacity.sources.nvml import GpuReading, NvmlSource
+from vllm_capacity.sources.nvml_scope import vllm_pids_in_namespace
 from vllm_capacity.sources.vllm_log import RankFigures
-from vllm_capacity.sources.vllm_parse import VllmMetrics
+from vllm_capacity.sources.vllm_records import VllmMetrics
 
 SOURCE_NVML = "nvml"
 NVML_MAX_BACKOFF = 300.0

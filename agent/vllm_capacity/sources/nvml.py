@@ -11,19 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
-import os
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pynvml  # nvidia-ml-py, a dependency: importing it loads no driver library (nvmlInit does)
 
 from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.nvml_scope import (
+    WIDE_PROCESS_INFO_DRIVERS,
+    driver_version,
+    merged_processes,
+    selects,
+    wide_process_infos,
+)
 
 # NVML error code (pynvml's NVML_ERROR_*, nvml.h's nvmlReturn_t) -> reason of source_errors_total{source="nvml"}
 _REASONS = {
@@ -78,59 +81,6 @@ THROTTLE_REASONS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
 }
-# Drivers 535.43.02 to 535.86.x fill nvmlDeviceGetComputeRunningProcesses_v3 (and its MPS twin) with a 32-byte
-# structure (an added usedGpuCcProtectedMemory), while pynvml reads 24-byte ones: the first process comes out right
-# and every further one is garbage (nvitop PR 79, go-nvml issue 75). 535.98 went back to 24 bytes. On those drivers
-# the agent calls the functions itself with the wide structure.
-WIDE_PROCESS_INFO_DRIVERS = ((535, 43), (535, 98))  # [from, to)
-
-
-class ProcessInfoWide(ctypes.Structure):
-    """nvmlProcessInfo_v2_t as drivers 535.43.02-535.86.x write it: with usedGpuCcProtectedMemory."""
-
-    _fields_ = [
-        ("pid", ctypes.c_uint),
-        ("usedGpuMemory", ctypes.c_ulonglong),
-        ("gpuInstanceId", ctypes.c_uint),
-        ("computeInstanceId", ctypes.c_uint),
-        ("usedGpuCcProtectedMemory", ctypes.c_ulonglong),
-    ]
-
-
-def driver_version(text: str) -> tuple[int, int] | None:
-    """(major, minor) of a driver version such as 535.54.03; None when it is not one."""
-    m = re.match(r"(\d+)\.(\d+)", text)
-    return (int(m[1]), int(m[2])) if m else None
-
-
-@dataclass(frozen=True)
-class GpuProcessInfo:
-    """A process as pynvml's friendly objects give it (pid, usedGpuMemory)."""
-
-    pid: int
-    usedGpuMemory: int | None
-
-
-def wide_process_infos(nvml: Any, handle: Any, function: str) -> list[Any]:
-    """``function`` (a *_v3 process list) called with the 32-byte structure: what pynvml's own call would read
-    wrong on drivers 535.43.02-535.86.x. The same two calls pynvml makes: the count, then the list."""
-    fn = nvml._nvmlGetFunctionPointer(function)
-    count = ctypes.c_uint(0)
-    ret = fn(handle, ctypes.pointer(count), None)
-    if ret == nvml.NVML_SUCCESS:
-        return []
-    if ret != nvml.NVML_ERROR_INSUFFICIENT_SIZE:
-        raise nvml.NVMLError(ret)
-    count.value = count.value * 2 + 5  # room for processes started in between, as pynvml leaves
-    infos = (ProcessInfoWide * count.value)()
-    ret = fn(handle, ctypes.pointer(count), infos)
-    if ret != nvml.NVML_SUCCESS:
-        raise nvml.NVMLError(ret)
-    unavailable = nvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
-    return [
-        GpuProcessInfo(int(i.pid), None if i.usedGpuMemory == unavailable else int(i.usedGpuMemory))
-        for i in infos[: count.value]
-    ]
 
 
 @dataclass(frozen=True)
@@ -170,69 +120,6 @@ def load_pynvml() -> ModuleType:
     """The real NVML binding (nvidia-ml-py); a test injects a double with the same functions and errors."""
     module: ModuleType = pynvml  # nvidia-ml-py ships no type information
     return module
-
-
-def visible_selection(environ: dict[str, str]) -> list[str] | None:
-    """GPUs named by NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES: indices, UUIDs (GPU-..., MIG-..., or a unique
-    prefix of one), or the device plugin's volume-mount form (a directory whose entries name the devices). None =
-    every visible GPU ("all"); [] = none ("none", "void": the container has no GPU)."""
-    for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
-        value = environ.get(var, "").strip()
-        if not value:
-            continue
-        if value.lower() == "all":
-            return None
-        if value.lower() in ("none", "void", "nodevfiles"):
-            return []
-        if value.startswith("/"):  # NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices (volume-mounts)
-            try:
-                return sorted(os.listdir(value))
-            except OSError:
-                return None  # the mount is not here: the runtime gave what it gave
-        return [v.strip() for v in value.split(",") if v.strip()]
-    return None
-
-
-def _selects(selection: list[str] | None, index: str, uuid: str) -> bool:
-    """Whether ``selection`` names this device: by index, by UUID, or by a unique prefix of its UUID (as nvidia-smi
-    and the container runtime accept: GPU-5eed...)."""
-    if selection is None:
-        return True
-    return any(s in (index, uuid) or (s.startswith(("GPU-", "MIG-")) and uuid.startswith(s)) for s in selection)
-
-
-def vllm_pids_in_namespace(proc: Path = Path("/proc")) -> set[int]:
-    """PIDs of vLLM's processes, as far as this process can see (a shared PID namespace): those whose command line
-    mentions vllm (``vllm serve``, ``VLLM::EngineCore``, ``VLLM::Worker_TP1``), and their descendants (workers
-    started by multiprocessing's spawn, whose command line names only python)."""
-    try:
-        entries = [e for e in proc.iterdir() if e.name.isdigit()]
-    except OSError:
-        return set()
-    parents: dict[int, int] = {}
-    roots: set[int] = set()
-    for entry in entries:
-        pid = int(entry.name)
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").lower()
-        except OSError:
-            continue
-        if b"vllm-capacity" in cmdline or b"vllm_capacity" in cmdline:
-            continue  # the sidecar and what it starts are not vLLM's
-        if b"vllm" in cmdline:
-            roots.add(pid)
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # /proc/<pid>/stat: "pid (comm) state ppid ...", comm may hold spaces and parentheses
-            parents[pid] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-    pids = set(roots)
-    for pid in parents:
-        seen, p = set(), pid
-        while p in parents and p not in seen and p not in roots:
-            seen.add(p)
-            p = parents[p]
-        if p in roots:
-            pids.add(pid)
-    return pids
 
 
 @dataclass
@@ -307,7 +194,7 @@ class NvmlSource:
             clients = self._optional(
                 lambda: wide_process_infos(nvml, handle, "nvmlDeviceGetMPSComputeRunningProcesses_v3")
             )
-            return _merged(procs, clients)
+            return merged_processes(procs, clients)
         try:
             procs = self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
         except nvml.NVMLLibraryMismatchError:
@@ -320,7 +207,7 @@ class NvmlSource:
                 clients = self._optional(lambda: nvml.nvmlDeviceGetMPSComputeRunningProcesses_v2(handle))
             elif err.value not in _FIELD_ABSENT:
                 raise
-        return _merged(procs, clients)
+        return merged_processes(procs, clients)
 
     def _device(
         self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None, parent_handle: Any = None
@@ -407,7 +294,7 @@ class NvmlSource:
         it is not selected."""
         handle = nvml.nvmlDeviceGetHandleByIndex(i)
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
-        whole = _selects(self.selection, str(i), uuid)
+        whole = selects(self.selection, str(i), uuid)
         mig = self._optional(nvml.nvmlDeviceGetMigMode, handle)
         if mig is None or mig[0] != nvml.NVML_DEVICE_MIG_ENABLE:
             return [self._device(nvml, handle, str(i))] if whole else []
@@ -416,7 +303,7 @@ class NvmlSource:
             mig_handle = self._optional(nvml.nvmlDeviceGetMigDeviceHandleByIndex, handle, m)
             if mig_handle is None:
                 continue
-            if whole or _selects(self.selection, f"{i}/{m}", _text(nvml.nvmlDeviceGetUUID(mig_handle))):
+            if whole or selects(self.selection, f"{i}/{m}", _text(nvml.nvmlDeviceGetUUID(mig_handle))):
                 readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid, parent_handle=handle))
         return readings
 
@@ -449,14 +336,6 @@ class NvmlSource:
             return await asyncio.wait_for(done, timeout=self.deadline)
         except TimeoutError as err:
             raise SourceError(Reason.TIMEOUT, f"NVML did not answer within {self.deadline:g}s") from err
-
-
-def _merged(procs: Any, clients: Any) -> Any:
-    """The compute processes and the MPS clients, once each by PID (None when the compute list is unknown)."""
-    if procs is None or not clients:
-        return procs
-    listed = {int(p.pid) for p in procs}
-    return [*procs, *(c for c in clients if int(c.pid) not in listed)]
 
 
 def _text(value: Any) -> str:

@@ -24,7 +24,8 @@ import aiohttp
 from vllm_capacity import __version__
 from vllm_capacity.redaction import redact, redact_url, url_secrets
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.vllm_parse import VllmMetrics, parse_metrics_body
+from vllm_capacity.sources.vllm_parse import parse_metrics_body
+from vllm_capacity.sources.vllm_records import VllmMetrics
 from vllm_capacity.units import MiB
 
 DEFAULT_MAX_BODY_BYTES = 32 * MiB
