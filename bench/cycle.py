@@ -3,9 +3,9 @@ times wander, ratios hold).
 
 usage: .venv/bin/python bench/cycle.py [--seconds 2] [--write-docs] [--fuzz N] [--soak SECONDS]
 
-Payloads (tests/payloads.py): the real vLLM 0.32.0 capture (tests/fixtures/vllm/v1-0.32.0-cpu-saturated.prom) with
-every per-engine series repeated for 1, 8, 64 and 256 data-parallel engines, served by a loopback HTTP server in
-another process.
+Payloads (tests/support/payloads.py): the real vLLM 0.32.0 capture
+(tests/fixtures/vllm/v1-0.32.0-cpu-saturated.prom) with every per-engine series repeated for 1, 8, 64 and 256
+data-parallel engines, served by a loopback HTTP server in another process.
 
 1. **Cycle**: the CPU of one real agent cycle (HTTP fetch, parse in its worker thread, derive, snapshot), against
    prometheus-client's full parse of the same text and a raw socket read of the same bytes; the render of one
@@ -40,7 +40,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from payloads import data_parallel as payload  # noqa: E402  (tests/payloads.py: shared with the load test)
+from support.payloads import data_parallel as payload  # noqa: E402  (tests/support/payloads.py: shared with the load test)
 
 DOCS = ROOT / "docs" / "performance.md"
 ENGINES = (1, 8, 64, 256)
@@ -289,6 +289,43 @@ async def _start_agent(vllm_url: str) -> tuple[asyncio.subprocess.Process, str]:
     return proc, agent
 
 
+def _cpu_seconds(pid: int) -> float:
+    """The user and system CPU of process ``pid`` and its threads so far (/proc/<pid>/stat: utime, stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def bench_process(url: str, rows: list[dict[str, float]], seconds: float) -> list[str]:
+    """The whole ``serve`` process's CPU per read of vLLM, as a sidecar spends it: a read every 100 ms and one scrape
+    of its /metrics a second, at 1 and at 64 engines; against the full parse of the same text."""
+    import aiohttp
+
+    full = {int(r["engines"]): r["full"] for r in rows}
+    out = []
+    for engines in (1, 64):
+        proc, agent = await _start_agent(f"{url}/e{engines}")
+        async with aiohttp.ClientSession() as session:
+            await asyncio.sleep(2.0)  # warm: the first reads, the first render of each format
+            span = max(seconds * 5, 10.0)
+            c0, w0 = _cpu_seconds(proc.pid), time.monotonic()
+            while time.monotonic() - w0 < span:
+                async with session.get(agent + "/metrics") as resp:
+                    await resp.read()
+                await asyncio.sleep(1.0)
+            cpu, wall = _cpu_seconds(proc.pid) - c0, time.monotonic() - w0
+            status = _proc_status(proc.pid)
+        proc.terminate()
+        await proc.wait()
+        per_read = cpu / (wall / INTERVAL)
+        target = 0.15 if engines == 1 else 0.04
+        out.append(
+            f"- the `serve` process, {engines} engine{'s' if engines > 1 else ''}, a read every "
+            f"{INTERVAL * 1000:.0f} ms and a scrape a second: {per_read * 1e3:.2f} ms CPU per read, "
+            f"{per_read / full[engines]:.3f} of a full parse (target <= {target}), RSS {status['rss']:.1f} MiB"
+        )
+    return out
+
+
 async def bench_load(url: str, seconds: float) -> list[str]:
     import aiohttp
 
@@ -393,7 +430,8 @@ def write_docs(lines: list[str]) -> None:
 async def run(args: argparse.Namespace) -> list[str]:
     with payload_server() as url:
         rows = await bench_cycle(url, args.seconds)
-        lines = [*cycle_table(rows), "", *bench_startup(), *await bench_load(url, args.seconds)]
+        process = await bench_process(url, rows, args.seconds)
+        lines = [*cycle_table(rows), "", *bench_startup(), *process, *await bench_load(url, args.seconds)]
     return lines
 
 

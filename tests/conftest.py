@@ -1,111 +1,22 @@
-"""Shared test fixtures: fixture files, a loopback HTTP server that plays vLLM (well or badly), metric helpers."""
+"""pytest's hooks and shared fixtures: a loopback HTTP server that plays vLLM (well or badly). What tests import
+lives in tests/support/."""
 
 from __future__ import annotations
 
 import asyncio
-import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from aiohttp import web
-from prometheus_client.parser import text_string_to_metric_families
 
-FIXTURES = Path(__file__).parent / "fixtures"
-VLLM_FIXTURES = FIXTURES / "vllm"
-# real vLLM start-ups (figures, verbatim log lines, upstream source of each) and the geometry of their models
-CASES = FIXTURES / "cases"
+from support.doubles import FakeVllm
+from support.files import fixture_text
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden", action="store_true", help="rewrite tests/fixtures/e2e-output.txt from the current output"
     )
-
-
-class FakeClock:
-    """A monotonic clock that moves only when the test moves it, for ``Agent(monotonic=...)``: backoffs and
-    intervals are then exercised exactly, without waiting for them in real time."""
-
-    def __init__(self, start: float = 1000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-
-def fixture_text(name: str) -> str:
-    return (VLLM_FIXTURES / name).read_text()
-
-
-def selected_cases(request: pytest.FixtureRequest, test: str) -> list[str]:
-    """The ``case`` parameters of the test function ``test`` in the requesting module that this session runs, in the
-    order it runs them (after -k and the like): what a module fixture may prepare ahead."""
-    return [
-        item.callspec.params["case"]
-        for item in request.session.items
-        if isinstance(item, pytest.Function) and item.module is request.module and item.originalname == test
-    ]
-
-
-def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of an exposition, keyed by (name, sorted labels), parsed by prometheus-client."""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
-
-
-def run_plan(model_dir: Path, cc: dict[str, str], max_model_len: int, version: str, *extra: str) -> dict:
-    """`vllm-capacity plan --format json` for a real server's model, with the KV budget and block size it reports
-    in vllm:cache_config_info (``cc``) and its version."""
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "vllm_capacity", "plan", "--model-dir", str(model_dir), "--format", "json"),
-            *("--kv-cache-memory", cc["kv_cache_memory_bytes"], "--block-size", cc["block_size"]),
-            *("--max-model-len", str(max_model_len), "--vllm-version", version),
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
-
-
-def value(text: str, metric: str, /, **labels: str) -> float | None:
-    """The value of the one sample ``metric`` whose labels include ``labels``; None when absent."""
-    found = [
-        v
-        for (n, lbls), v in samples(text).items()
-        if n == metric and all(dict(lbls).get(k) == x for k, x in labels.items())
-    ]
-    assert len(found) <= 1, f"{metric} {labels}: {len(found)} samples"
-    return found[0] if found else None
-
-
-@dataclass
-class FakeVllm:
-    """What the loopback "vLLM" answers. Tests change these fields between scrapes."""
-
-    metrics: str = ""
-    models: str = '{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":1024}]}'
-    version: str = '{"version":"0.32.0"}'
-    status: int = 200
-    content_type: str = "text/plain; version=0.0.4; charset=utf-8"
-    delay: float = 0.0
-    truncate_to: int | None = None  # send a Content-Length for the whole body but only this many bytes
-    metrics_bytes: bytes | None = None  # sent instead of ``metrics`` when set (a body that is not UTF-8)
-    requests: list[str] = field(default_factory=list)
-    url: str = ""
 
 
 @pytest.fixture

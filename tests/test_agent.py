@@ -10,8 +10,10 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from conftest import VLLM_FIXTURES, FakeClock, FakeVllm, fixture_text, samples, value
-from payloads import with_value
+from support.doubles import FakeClock, FakeVllm
+from support.exposition import samples, value
+from support.files import VLLM_FIXTURES, fixture_text
+from support.payloads import with_value
 from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.vllm import VllmClient

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from promql import agent_names, load_generator, metric_names, vllm_names
+from support.promql import agent_names, load_generator, metric_names, vllm_names
 
 ROOT = Path(__file__).resolve().parents[1]
 ALERTS = ROOT / "alerts"

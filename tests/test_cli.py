@@ -26,8 +26,10 @@ import httpx
 import pytest
 import structlog
 
-from conftest import FakeVllm, fixture_text, value
 from lab import free_port, stop_process
+from support.doubles import FakeVllm
+from support.exposition import value
+from support.files import fixture_text
 from vllm_capacity import cli, options
 
 VLLM_CAPACITY = [sys.executable, "-m", "vllm_capacity"]

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from conftest import fixture_text
+from support.files import fixture_text
 from vllm_capacity import derive
 from vllm_capacity.sizing import NotModelled, cpu_tier_tokens, plan_kv
 from vllm_capacity.sizing.offload import HOST_PAGE_BYTES, OFFLOAD_RULES

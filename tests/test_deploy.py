@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from promql import load_generator
+from support.promql import load_generator
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"

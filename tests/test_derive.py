@@ -2,7 +2,7 @@
 
 import pytest
 
-from conftest import fixture_text
+from support.files import fixture_text
 from vllm_capacity import derive
 from vllm_capacity.sizing import plan_kv
 from vllm_capacity.sources.model_config import parse_config

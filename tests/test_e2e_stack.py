@@ -1,8 +1,8 @@
 """End to end, all real, on loopback: vLLM (CPU) -> vllm-capacity -> Prometheus (the shipped rules, only their
 `for` shortened) -> Alertmanager (the shipped example, its receivers pointed at a local webhook) -> webhook. A second
 Prometheus scrapes the same two targets as another cluster would (other job names, a `k8s_cluster` label) with the
-monitoring mixin rendered for that (tests/promql.py's OTHER_CONFIG): its pages, and its dashboards' queries, are held
-to the same checks.
+monitoring mixin rendered for that (OTHER_CONFIG in tests/support/promql.py): its pages and its dashboards' queries
+are held to the same checks.
 
 Load saturates a 200-block KV cache: VLLMKVCacheSaturated reaches the pager receiver with the model's name and real
 numbers, and resolves when the load stops; killing vLLM pages VLLMTargetDown. Every dashboard query returns data
@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 import lab
-from promql import OTHER_CONFIG, render_mixin
+from support.promql import OTHER_CONFIG, render_mixin
 from test_dashboards import exprs, promql_for_promtool
 
 pytestmark = pytest.mark.realvllm

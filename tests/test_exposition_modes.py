@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-import payloads
-from conftest import FIXTURES, VLLM_FIXTURES, FakeClock, FakeVllm, fixture_text
-from fake_nvml import SEED_LOG, FakeNvml, seed_gpu
+from support import payloads
+from support.doubles import FakeClock, FakeVllm
+from support.fake_nvml import SEED_LOG, FakeNvml, seed_gpu
+from support.files import FIXTURES, VLLM_FIXTURES, fixture_text
 from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.latency import parse_objective
 from vllm_capacity.server import make_app

@@ -24,8 +24,10 @@ import pytest
 import structlog
 from aiohttp.test_utils import TestClient, TestServer
 
-from conftest import FakeClock, FakeVllm, fixture_text, samples, value
-from payloads import with_cache_label, with_value
+from support.doubles import FakeClock, FakeVllm
+from support.exposition import samples, value
+from support.files import fixture_text
+from support.payloads import with_cache_label, with_value
 from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.vllm import VllmClient

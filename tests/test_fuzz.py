@@ -14,7 +14,9 @@ import re
 
 from prometheus_client import generate_latest
 
-from conftest import FakeVllm, fixture_text, samples
+from support.doubles import FakeVllm
+from support.exposition import samples
+from support.files import fixture_text
 from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.exposition import build_registry
 from vllm_capacity.sources import Reason

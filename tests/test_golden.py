@@ -15,7 +15,8 @@ import subprocess
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from conftest import FIXTURES, VLLM_FIXTURES, FakeVllm, fixture_text
+from support.doubles import FakeVllm
+from support.files import FIXTURES, VLLM_FIXTURES, fixture_text
 from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.model_config import load_config

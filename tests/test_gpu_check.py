@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from fake_nvml import FakeGpu, FakeNvml, GiB
+from support.fake_nvml import FakeGpu, FakeNvml, GiB
 from vllm_capacity.sources.nvml import NvmlSource
 
 ROOT = Path(__file__).resolve().parents[1]

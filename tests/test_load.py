@@ -21,7 +21,7 @@ import aiohttp
 import pytest
 
 from lab import free_port, stop_process
-from payloads import data_parallel
+from support.payloads import data_parallel
 
 INTERVAL = 0.1
 SCRAPERS = 10

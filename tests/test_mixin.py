@@ -17,7 +17,7 @@ import _jsonnet
 import pytest
 import yaml
 
-from promql import MIXIN, OTHER_CONFIG, load_generator, render_mixin
+from support.promql import MIXIN, OTHER_CONFIG, load_generator, render_mixin
 from test_dashboards import exprs, promql_for_promtool
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,11 @@ import pynvml
 import pytest
 import structlog
 
-from conftest import FakeClock, FakeVllm, fixture_text, value
-from fake_nvml import SEED_LOG, FakeGpu, FakeNvml, GiB, seed_gpu
 from lab import stop_process
+from support.doubles import FakeClock, FakeVllm
+from support.exposition import value
+from support.fake_nvml import SEED_LOG, FakeGpu, FakeNvml, GiB, seed_gpu
+from support.files import fixture_text
 from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.budget import COMPONENTS, gpu_budget
 from vllm_capacity.exposition import build_registry

@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 import lab
-from conftest import run_plan, samples, value
+from support.exposition import samples, value
+from support.files import run_plan
 from vllm_capacity.derive import ServerFacts, derive_all
 from vllm_capacity.latency import histogram_quantile
 from vllm_capacity.sources.vllm import parse_models

@@ -1,5 +1,5 @@
 """Cache formats the CPU server cannot run, against vLLM 0.32's own layout code on this machine
-(scripts/vllm-cpu/spec_layout.py): each layer's specs as its layers build them on a GPU, and the blocks, "KV cache
+(tests/vllm_probes/spec_layout.py): each layer's specs as its layers build them on a GPU, and the blocks, "KV cache
 size" and "Maximum concurrency" vLLM derives from them, are plain Python; the plan must give the same.
 
 * DeepSeek sparse attention (V3.2; the CPU backend refuses sparse attention): each layer's latent (as MLAAttention
@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import lab
+from support.files import PROBES
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.vllmcode]
 
@@ -51,7 +52,7 @@ def vllm_layouts(configs: dict[str, Path]) -> dict[tuple[str, str], dict]:
     cases = [("sparse", d, BLOCK) for d in SPARSE] + [("llama", d, 16) for d in PER_TOKEN_HEAD]
     asked = [{"config_path": str(configs[m]), "cache_dtype": d, "kv_memory": KV_MEMORY, "block_size": b,
               "max_model_len": MAX_MODEL_LEN} for m, d, b in cases]  # fmt: skip
-    found = lab.run_cases("spec_layout.py", asked)
+    found = lab.run_cases(PROBES / "spec_layout.py", asked)
     return {(m, d): layout for (m, d, _), layout in zip(cases, found, strict=True)}
 
 

@@ -32,7 +32,8 @@ import httpx
 import pytest
 
 import lab
-from conftest import run_plan, samples, selected_cases
+from support.exposition import samples
+from support.files import run_plan, selected_cases
 
 pytestmark = pytest.mark.realvllm
 KV_BYTES = str(4 * 2**20)

@@ -1,5 +1,5 @@
 """LoRA adapter slots against a real vLLM 0.32 on this machine's CPU: the plan's figure equals the bytes of every
-``lora_*`` tensor vLLM allocates when it loads the model with LoRA on (scripts/vllm-cpu/lora_slots.py), on the
+``lora_*`` tensor vLLM allocates when it loads the model with LoRA on (tests/vllm_probes/lora_slots.py), on the
 fullest rank, with and without the embeddings' slots, under tensor and pipeline parallelism.
 
 vLLM's CPU backend sizes its KV cache from a fixed space, so the slots' effect on the KV budget cannot be seen here;
@@ -21,7 +21,8 @@ import httpx
 import pytest
 
 import lab
-from conftest import samples, selected_cases
+from support.exposition import samples
+from support.files import PROBES, selected_cases
 from vllm_capacity import derive
 from vllm_capacity.sources.vllm_parse import parse_metrics
 
@@ -42,11 +43,11 @@ def _measure(case: str, core: int) -> subprocess.CompletedProcess[str]:
     cache = lab.cache_dir()
     model, max_loras, rank, tp, pp, sharded = CASES[case]
     venv_python = cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python"
-    env = lab.vllm_env(cache)
+    env = lab.probe_env(cache)
     if tp * pp == 1:
         env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
     return subprocess.run(
-        ["nice", "-n", "10", str(venv_python), str(lab.HERE / "lora_slots.py"), str(cache / model),
+        ["nice", "-n", "10", str(venv_python), str(PROBES / "lora_slots.py"), str(cache / model),
          str(max_loras), str(rank), str(tp), str(pp), "fully-sharded" if sharded else "whole"],
         capture_output=True, text=True, timeout=300, cwd=lab.HERE, env=env,
     )  # fmt: skip

@@ -1,5 +1,5 @@
 """The CPU tier of native KV offloading against vLLM 0.32's own sizing code on this machine
-(scripts/vllm-cpu/offload_tier.py): vLLM's CPU backend refuses to start offloading, but the engine config, the GPU
+(tests/vllm_probes/offload_tier.py): vLLM's CPU backend refuses to start offloading, but the engine config, the GPU
 layout of every rank, the one-copy decision for an MLA latent and the chunk count before that refusal are plain
 Python, and the plan must give the tokens they give.
 """
@@ -13,6 +13,7 @@ import sys
 import pytest
 
 import lab
+from support.files import PROBES
 from vllm_capacity.sizing import cpu_tier_tokens
 from vllm_capacity.sizing.offload import OFFLOAD_RULES
 
@@ -39,7 +40,7 @@ def vllm_tiers() -> dict[tuple, dict]:
     cases = [(*c[:4], None) for c in CASES.values()] + [CHUNKED]
     asked = [{"model_dir": str(cache / m), "tp": tp, "pp": pp, "size_gib": gib, "kv_memory": KV_MEMORY,
               "blocks_per_chunk": chunk} for m, tp, pp, gib, chunk in cases]  # fmt: skip
-    found = lab.run_cases("offload_tier.py", asked)
+    found = lab.run_cases(PROBES / "offload_tier.py", asked)
     return dict(zip(cases, found, strict=True))
 
 

@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 import lab
-from conftest import run_plan, samples, selected_cases
+from support.exposition import samples
+from support.files import run_plan, selected_cases
 
 pytestmark = pytest.mark.realvllm
 TOKENS = 2

@@ -70,3 +70,15 @@ def test_the_layout_table_lists_every_module() -> None:
     assert not modules - set(rows), f"docs/development.md's layout table lacks {sorted(modules - set(rows))}"
     assert not set(rows) - modules, f"the layout table lists modules that are gone: {sorted(set(rows) - modules)}"
     assert all(len(what.split()) >= 3 for what in rows.values()), "each row says what its module owns"
+
+
+def test_tests_import_what_they_share_from_support_not_from_conftest() -> None:
+    """conftest.py is pytest's (hooks, fixtures); what a test imports lives in tests/support/, so that a helper has
+    one home and a test module reads the same under any runner."""
+    found = subprocess.run(
+        ["git", "grep", "--untracked", "-n", "-E", r"^\s*(from|import) conftest\b", "--", "tests", "bench"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert found.returncode == 1, f"imports of conftest:\n{found.stdout}"

@@ -13,9 +13,9 @@ from types import SimpleNamespace
 import pytest
 from prometheus_client import generate_latest
 
-from conftest import FIXTURES, VLLM_FIXTURES
-from fake_nvml import FakeGpu, FakeNvml, seed_gpu
-from payloads import data_parallel
+from support.fake_nvml import FakeGpu, FakeNvml, seed_gpu
+from support.files import FIXTURES, VLLM_FIXTURES
+from support.payloads import data_parallel
 from vllm_capacity.budget import gpu_budget
 from vllm_capacity.derive import EngineInputs, LatencyView, LoraSlots, ServerFacts, derive_engine
 from vllm_capacity.exposition import build_registry

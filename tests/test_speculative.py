@@ -1,6 +1,6 @@
 """Speculative decoding in the planner: each rule of how a drafter shares vLLM's KV pool, one test each, and what is
 refused. The rules against the real vLLM CPU server are in test_real_vllm_speculative.py; the EAGLE case from a
-public log in test_capacity_model.py."""
+public log in test_sizing.py."""
 
 from __future__ import annotations
 

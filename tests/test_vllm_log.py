@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CASES, VLLM_FIXTURES
+from support.files import CASES, VLLM_FIXTURES
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
 
 GiB = 2**30

@@ -4,7 +4,7 @@ vllm/v1/metrics/loggers.py)."""
 
 import pytest
 
-from conftest import fixture_text
+from support.files import fixture_text
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm_parse import parse_metrics
 from vllm_capacity.sources.vllm_records import (

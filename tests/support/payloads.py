@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-CAPTURE = Path(__file__).parent / "fixtures" / "vllm" / "v1-0.32.0-cpu-saturated.prom"
+CAPTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "v1-0.32.0-cpu-saturated.prom"
 
 
 def data_parallel(engines: int, model: str = "tiny-llama", capture: Path = CAPTURE) -> str:

@@ -14,7 +14,7 @@ KEYWORDS = {
     "by", "on", "without", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
     "inf", "nan", "le",
 }  # fmt: skip
-VLLM_METRIC_NAMES = Path(__file__).resolve().parent / "fixtures" / "vllm" / "metric-names.tsv"
+VLLM_METRIC_NAMES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "metric-names.tsv"
 
 
 def metric_names(expr: str) -> set[str]:
@@ -58,7 +58,7 @@ def load_generator(folder: str) -> ModuleType:
     name = f"{folder}_generate"
     if name in sys.modules:  # the generators load each other under these names: one module, one Ref class
         return sys.modules[name]
-    path = Path(__file__).resolve().parents[1] / folder / "generate.py"
+    path = Path(__file__).resolve().parents[2] / folder / "generate.py"
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -67,7 +67,7 @@ def load_generator(folder: str) -> ModuleType:
     return module
 
 
-MIXIN = Path(__file__).resolve().parents[1] / "deploy" / "mixin"
+MIXIN = Path(__file__).resolve().parents[2] / "deploy" / "mixin"
 # A _config unlike the defaults in every label and selector it holds: another job name, a cluster label, another
 # runbook address, the cluster selector shown (tests/test_mixin.py, tests/test_e2e_stack.py)
 OTHER_CONFIG = {

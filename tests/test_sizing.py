@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import CASES as CASES_DIR
+from support.files import CASES as CASES_DIR
 from vllm_capacity.geometry import Geometry, GeometryError
 from vllm_capacity.sizing import (
     ImpossiblePlan,
