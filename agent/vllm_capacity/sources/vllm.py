@@ -26,9 +26,13 @@ from vllm_capacity.redaction import redact, redact_url, url_secrets
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_parse import parse_metrics_body
 from vllm_capacity.sources.vllm_records import VllmMetrics
-from vllm_capacity.units import MiB
+from vllm_capacity.units import KiB, MiB
 
 DEFAULT_MAX_BODY_BYTES = 32 * MiB
+# A body up to this size is parsed on the event loop (one engine's /metrics is ~55 KiB: well under a millisecond, less
+# than waking the parse thread and the loop again costs); a larger one in the parse thread, so that nothing in
+# proportion to a large body ever holds up /healthz or a scrape (docs/performance.md)
+INLINE_PARSE_BYTES = 128 * KiB
 
 
 @dataclass(frozen=True)
@@ -141,6 +145,8 @@ class VllmClient:
     async def fetch_metrics(self, *, latency: bool = True) -> VllmMetrics:
         body, content_type = await self._get("/metrics", accept="text/plain;version=0.0.4;q=1,*/*;q=0.1")
         self._check_metrics_type(content_type)
+        if len(body) <= INLINE_PARSE_BYTES:  # a parse shorter than the hand-off to a thread and back
+            return parse_metrics_body(body, latency=latency)
         parse = functools.partial(parse_metrics_body, body, latency=latency)
         return await asyncio.get_running_loop().run_in_executor(self._parser, parse)
 

@@ -123,14 +123,13 @@ def select_lines(text: str | bytes | bytearray, sample_names: Sequence[str], met
     selected lines are ever decoded, and a body of megabytes is never copied into a string."""
     samples = frozenset(sample_names)
     binary = isinstance(text, bytes | bytearray)
-    names = _names_pattern((*sample_names, *meta_names), binary)
-    starts_pattern = _starts_pattern(tuple(sample_names), binary)
+    starts_pattern = _starts_pattern(tuple(sample_names), tuple(meta_names), binary)
     newline: str | bytes = b"\n" if binary else "\n"
     selected = _Selected()
     first = newline + text[: _line_end(text, 0)]  # type: ignore[operator]
     # in the order of the text, one line at a time (the bounds stop a body of a million wanted lines early)
     for at, found in itertools.chain(((0, starts_pattern.match(first)),), _after_newline(starts_pattern, text)):
-        if found is not None and (found.lastgroup != "comment" or names.search(found[0])):
+        if found is not None:
             line = text[at : _line_end(text, at)]
             selected.keep(line.decode("ascii") if isinstance(line, bytes | bytearray) else line, samples)
     return selected
@@ -148,27 +147,30 @@ def is_ascii(body: bytes | bytearray) -> bool:
 
 
 @functools.cache
-def _names_pattern(names: tuple[str, ...], binary: bool) -> re.Pattern[Any]:
-    pattern = "|".join(re.escape(n) for n in names)
+def _starts_pattern(sample_names: tuple[str, ...], meta_names: tuple[str, ...], binary: bool) -> re.Pattern[Any]:
+    """From a newline, whitespace (what ``str.strip`` strips: ``\\s`` in a string, spelled out for ASCII bytes), then
+    the start of a sample name, or a comment line that names one of the names anywhere (most comment lines name
+    none: they are passed over in C, never looked at in Python). The names are grouped by their namespace
+    (``vllm:``) so that the expression tries few branches."""
+    space = r"[ \t\r\x0b\x0c\x1c-\x1f]" if binary else r"[^\S\n]"
+    pattern = (
+        r"\n" + space + r"*(?:(?P<comment>#[^\n]*?" + _alternatives((*sample_names, *meta_names)) + ")|"
+        + _alternatives(sample_names) + ")"
+    )  # fmt: skip
     return re.compile(pattern.encode("ascii") if binary else pattern)
 
 
-@functools.cache
-def _starts_pattern(sample_names: tuple[str, ...], binary: bool) -> re.Pattern[Any]:
-    """From a newline, whitespace (what ``str.strip`` strips: ``\\s`` in a string, spelled out for ASCII bytes), then
-    a whole comment line or the start of a sample name; the names are grouped by their namespace (``vllm:``) so that
-    the expression tries few branches."""
+def _alternatives(names: tuple[str, ...]) -> str:
+    """A group matching any of ``names``, its branches grouped by namespace."""
     groups: dict[str, list[str]] = {}
-    for name in sample_names:
+    for name in names:
         namespace, colon, rest = name.partition(":")
         groups.setdefault(namespace + colon if colon else "", []).append(rest if colon else name)
     branches = [
         re.escape(namespace) + "(?:" + "|".join(re.escape(rest) for rest in rests) + ")"
         for namespace, rests in groups.items()
     ]
-    space = r"[ \t\r\x0b\x0c\x1c-\x1f]" if binary else r"[^\S\n]"
-    pattern = r"\n" + space + r"*(?:(?P<comment>#[^\n]*)|" + "|".join(branches) + ")"
-    return re.compile(pattern.encode("ascii") if binary else pattern)
+    return "(?:" + "|".join(branches) + ")"
 
 
 def _line_end(text: str | bytes | bytearray, at: int) -> int:
