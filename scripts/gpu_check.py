@@ -37,7 +37,8 @@ except ImportError:  # not installed: the checkout's virtualenv has the pure-Pyt
 
 from vllm_capacity.budget import gpu_budget  # noqa: E402 - after the path to agent/
 from vllm_capacity.sources import SourceError  # noqa: E402
-from vllm_capacity.sources.nvml import GpuReading, NvmlSource  # noqa: E402
+from vllm_capacity.sources.gpu import GpuReading  # noqa: E402
+from vllm_capacity.sources.nvml import NvmlSource  # noqa: E402
 
 MiB, GiB = 2**20, 2**30
 DEADLINE = 4.0  # the agent's default --timeout

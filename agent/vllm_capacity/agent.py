@@ -17,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -32,11 +32,13 @@ from vllm_capacity.live.startup import StartupLogReader
 from vllm_capacity.live.status import SourceBook, first_time, internal
 from vllm_capacity.snapshot import Snapshot
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.nvml import NvmlSource
 from vllm_capacity.sources.nvml_scope import vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
 from vllm_capacity.sources.vllm_records import VllmMetrics
+
+if TYPE_CHECKING:  # given by cli.py with --nvml auto or on; never imported with --nvml off (NVML's binding)
+    from vllm_capacity.sources.nvml import NvmlSource
 
 SOURCE_VLLM = "vllm"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vllm_capacity.sources.nvml import GpuProcess, GpuReading
+from vllm_capacity.sources.gpu import GpuProcess, GpuReading
 
 COMPONENTS = ("weights", "kv_cache", "vllm_runtime", "other_processes", "system", "free")
 

@@ -17,7 +17,7 @@ from vllm_capacity.derive import LIMITS
 
 if TYPE_CHECKING:
     from vllm_capacity.derive import EngineCapacity
-    from vllm_capacity.sources.nvml import GpuReading
+    from vllm_capacity.sources.gpu import GpuReading
 
 
 EngineValue = Callable[["EngineCapacity"], float | None]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from vllm_capacity.budget import GpuBudget
 from vllm_capacity.derive import EngineCapacity
-from vllm_capacity.sources.nvml import GpuReading
+from vllm_capacity.sources.gpu import GpuReading
 
 EngineKey = tuple[str, str]  # (model_name, engine)
 

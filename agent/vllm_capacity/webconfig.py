@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import bcrypt
-import yaml
 
 _TOP = {"tls_server_config", "http_server_config", "basic_auth_users"}
 _TLS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version"}
@@ -63,6 +62,8 @@ class WebConfig:
 
 def load(path: Path) -> WebConfig:
     """Read and check a web configuration file. Raises WebConfigError."""
+    import yaml  # only a sidecar given --web.config.file pays for the YAML parser (~1 MiB resident)
+
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as err:

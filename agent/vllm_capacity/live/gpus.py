@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -14,10 +15,13 @@ from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.live.status import SourceBook, first_time, internal
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.nvml import GpuReading, NvmlSource
+from vllm_capacity.sources.gpu import GpuReading
 from vllm_capacity.sources.nvml_scope import vllm_pids_in_namespace
 from vllm_capacity.sources.vllm_log import RankFigures
 from vllm_capacity.sources.vllm_records import VllmMetrics
+
+if TYPE_CHECKING:  # the reader is given one (cli.py); importing it here would load NVML's binding with --nvml off
+    from vllm_capacity.sources.nvml import NvmlSource
 
 SOURCE_NVML = "nvml"
 NVML_MAX_BACKOFF = 300.0

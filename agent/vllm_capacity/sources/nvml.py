@@ -20,6 +20,7 @@ from typing import Any
 import pynvml  # nvidia-ml-py, a dependency: importing it loads no driver library (nvmlInit does)
 
 from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.gpu import THROTTLE_REASONS, GpuProcess, GpuReading
 from vllm_capacity.sources.nvml_scope import (
     WIDE_PROCESS_INFO_DRIVERS,
     driver_version,
@@ -68,48 +69,6 @@ _LIBRARY_WIDE = (
 )
 # errors after which NVML is started afresh on the next attempt
 _RESTART = (Reason.GPU_LOST, Reason.RESET_REQUIRED, Reason.UNINITIALIZED, Reason.DRIVER_NOT_LOADED)
-
-# clock event (throttle) reason bits, as nvmlClocksEventReason* in pynvml
-THROTTLE_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
-
-
-@dataclass(frozen=True)
-class GpuProcess:
-    pid: int
-    used_bytes: int | None
-
-
-@dataclass(frozen=True)
-class GpuReading:
-    """One GPU, or one MIG instance (``mig_parent`` set). ``None`` = not supported or not available."""
-
-    index: str
-    uuid: str
-    name: str
-    memory_total_bytes: int | None  # None: a unified-memory GPU (GB10, Jetson Thor) does not report device memory
-    memory_used_bytes: int | None
-    memory_free_bytes: int | None
-    memory_reserved_bytes: int | None = None
-    utilization_ratio: float | None = None
-    memory_bandwidth_utilization_ratio: float | None = None
-    power_watts: float | None = None
-    power_limit_watts: float | None = None
-    temperature_celsius: float | None = None
-    sm_clock_hertz: float | None = None
-    sm_clock_max_hertz: float | None = None
-    throttle_reasons: dict[str, bool] | None = None
-    processes: tuple[GpuProcess, ...] | None = None
-    mig_parent: str | None = None
 
 
 def reason_of(err: BaseException) -> Reason:
