@@ -5,6 +5,7 @@ Most tests call ``cli.main(argv, environ)`` in this process (``_main``); a few s
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import dataclasses
@@ -210,11 +211,16 @@ def test_help_and_usage_errors_import_no_server_stack() -> None:
         "        main(argv)\n"
         "    except SystemExit:\n"
         "        pass\n"
-        "heavy = {'asyncio', 'aiohttp', 'structlog', 'prometheus_client', 'httpx'}\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
+    assert _imported_after(probe, {"asyncio", "aiohttp", "structlog", "prometheus_client", "httpx"}) == []
+
+
+def _imported_after(probe: str, packages: set[str]) -> list[str]:
+    """The modules of ``packages`` that a fresh interpreter has imported once it has run ``probe``."""
+    report = f"print(sorted(m for m in sys.modules if m.split('.')[0] in {sorted(packages)!r}))\n"
+    out = subprocess.run([sys.executable, "-c", "import sys\n" + probe + report], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return ast.literal_eval(out.stdout.strip().splitlines()[-1])
 
 
 def test_a_sidecar_without_nvml_or_a_web_config_loads_neither() -> None:
@@ -228,13 +234,10 @@ def test_a_sidecar_without_nvml_or_a_web_config_loads_neither() -> None:
         "values = config(ns.command, ns, dict(os.environ))\n"
         "from vllm_capacity.server import make_app\n"
         "make_app(_agent(values, values.interval, values))\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'pynvml', 'yaml'} or m.endswith('sources.nvml')))\n"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
+    assert _imported_after(probe, {"pynvml", "yaml"}) == []
     with_nvml = probe.replace("'--nvml', 'off'", "'--nvml', 'auto'")
-    out = subprocess.run([sys.executable, "-c", with_nvml], capture_output=True, text=True, check=True)
-    assert "pynvml" in out.stdout  # the check can see the binding: --nvml auto loads it
+    assert "pynvml" in _imported_after(with_nvml, {"pynvml"})  # the check can see the binding: --nvml auto loads it
 
 
 def test_version() -> None:
