@@ -341,22 +341,28 @@ def records(c: Config) -> list[dict]:
             "namespace_model_name:vllm_capacity_replicas:count",
             f"count by ({m}) (vllm_capacity_kv_cache_capacity_tokens)",
         ),
-        # One replica's capacity in requests: per engine the binding bound (the smallest of observed_context and
-        # slo, else vLLM's figure at max_model_len while idle), summed over the pod's engines, averaged over the
-        # replicas.
+        # One replica's capacity in requests: per engine the binding bound (the smallest of observed_context, slo and
+        # sustained once a queue was seen: what vLLM holds under pressure), else vLLM's figure at max_model_len
+        # while idle; summed over the pod's engines, averaged over the replicas.
         record(
             "namespace_model_name:vllm_capacity_replica_capacity_requests:avg",
             f"avg by ({m}) (sum by ({m}, pod) ("
-            f'min by ({m}, pod, engine) (vllm_capacity_max_concurrency{{basis=~"observed_context|slo"}})'
+            f"min by ({m}, pod, engine) ("
+            'vllm_capacity_max_concurrency{basis=~"observed_context|slo"}'
+            ' or (vllm_capacity_max_concurrency{basis="sustained"}'
+            f" and on ({c.cluster_label}, namespace, pod, model_name, engine)"
+            " (vllm_capacity_sustained_queue_observed == 1)))"
             f' or max by ({m}, pod, engine) (vllm_capacity_max_concurrency{{basis="max_model_len"}})))',
         ),
         # ONE series an autoscaler can use as it is (KEDA's Prometheus scaler, or HPA through prometheus-adapter):
-        # the replicas the model needs for its demand (running + waiting) at the target utilization of each replica.
+        # the replicas the model needs for its demand (running + waiting: a queue is demand no replica meets) at
+        # the target utilization of what each replica holds; at least 1 while the model is served.
         record(
             "namespace_model_name:vllm_capacity_replicas_needed:ceil",
-            f"ceil((sum by ({m}) (vllm_capacity_requests_running) + sum by ({m}) (vllm_capacity_requests_waiting))"
+            f"clamp_min(ceil((sum by ({m}) (vllm_capacity_requests_running)"
+            f" + sum by ({m}) (vllm_capacity_requests_waiting))"
             f" / on ({m}) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg"
-            f" * {c.target_utilization:g}))",
+            f" * {c.target_utilization:g})), 1)",
         ),
         # The prefix cache's hit ratio beside KV usage (a cached prefix nobody uses counts as free KV cache): vLLM's
         # hit and query counters (tokens; V1 >= 0.9.2, before that gpu_prefix_cache_*), else V0's hit-rate gauge.

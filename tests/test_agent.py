@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from support.doubles import FakeClock, FakeVllm
 from support.exposition import samples, value
 from support.files import VLLM_FIXTURES, fixture_text
-from support.payloads import with_value
+from support.payloads import with_value, without_queue
 from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.server import make_app
 from vllm_capacity.sources.vllm import VllmClient
@@ -446,8 +446,9 @@ ITL_LE = re.compile(
 
 
 def _itl_body(running: int, counts: dict[str, float]) -> str:
-    """The saturated capture with ``running`` requests and the inter-token latency buckets set to ``counts``."""
-    body = with_value(SATURATED, "vllm:num_requests_running", str(running))
+    """The saturated capture with ``running`` requests, nothing waiting, and the inter-token latency buckets set to
+    ``counts``."""
+    body = with_value(without_queue(SATURATED), "vllm:num_requests_running", str(running))
     return ITL_LE.sub(lambda m: f"{m[1]} {counts[m[2]]}", body)
 
 
@@ -491,13 +492,40 @@ async def test_the_latency_curve_and_the_concurrency_an_objective_allows(fake_vl
     assert 'latency="ttft"' not in text  # its histogram did not move: nothing learned
 
 
+async def test_headroom_follows_the_queue_and_the_sustained_concurrency(h: Harness, fake_vllm: FakeVllm) -> None:
+    """vLLM's saturated capture (16 running, 8 waiting for capacity, the cache half used): no headroom, minus the
+    queue, and 16 is what vLLM holds. Once calm at 10 running, the sustained 16 binds: 6 more requests, not the 19
+    the observed context promises. A restart of vLLM forgets it."""
+    fake_vllm.metrics = SATURATED
+    await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_headroom_requests", basis="queue") == -8
+    assert value(text, "vllm_capacity_max_concurrency", basis="sustained") == 16
+    assert value(text, "vllm_capacity_sustained_queue_observed") == 1
+    fake_vllm.metrics = with_value(without_queue(SATURATED), "vllm:num_requests_running", "10")
+    await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_max_concurrency", basis="observed_context") > 16
+    assert value(text, "vllm_capacity_headroom_requests", basis="sustained") == 6
+    assert value(text, "vllm_capacity_concurrency_utilization_ratio", basis="sustained") == 10 / 16
+    restarted = fake_vllm.metrics.replace(  # a new vLLM process, with no preemption yet
+        "process_start_time_seconds 1.79594884689e+09", "process_start_time_seconds 1.9e+09"
+    )
+    fake_vllm.metrics = with_value(restarted, "vllm:num_preemptions_total", "0.0")
+    await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_sustained_queue_observed") == 0  # forgotten: 10 running is a lower bound
+    assert value(text, "vllm_capacity_max_concurrency", basis="sustained") == 10
+    assert value(text, "vllm_capacity_headroom_requests", basis="sustained") is None
+
+
 async def test_an_engine_asleep_serves_no_capacity(h: Harness, fake_vllm: FakeVllm) -> None:
     """vLLM's sleep mode frees the KV cache: engine_asleep says so, free tokens read 0, no headroom or limit."""
     fake_vllm.metrics = SATURATED
     await h.agent.cycle()
     awake = await h.scrape()
     assert value(awake, "vllm_capacity_engine_asleep") == 0
-    assert value(awake, "vllm_capacity_headroom_requests", basis="observed_context") is not None
+    assert value(awake, "vllm_capacity_headroom_requests", basis="queue") == -8  # 8 wait for capacity
     asleep = re.sub(r'(sleep_state="awake"\}) 1\.0', r"\1 0.0", SATURATED)
     asleep = re.sub(r'(sleep_state="discard_all"\}) 0\.0', r"\1 1.0", asleep)
     assert 'sleep_state="discard_all"} 1.0' in asleep

@@ -367,7 +367,10 @@ def test_report_text_and_json(fake_vllm_thread: str) -> None:
     assert "(over 100 %: requests are shorter)" in out  # 16 running, 4 fit at max_model_len
     # 16 running at the capture's --max-num-seqs 16, 8 waiting "for capacity" on a half-empty cache: the agent,
     # not told --max-num-seqs, names no limit (vLLM's "capacity" covers any scheduling limit)
-    assert "limit now" not in out and "headroom" in out
+    assert "limit now" not in out
+    # ... and never room beside a standing queue: minus the 8 that wait; 16 is what vLLM holds
+    assert re.search(r"headroom +-8 requests +\(requests wait: none left\)", out), out
+    assert re.search(r"sustained \(held while queued\) +16\.00x", out), out
     assert max(len(line) for line in out.splitlines()) <= 80, "a terminal's 80 columns"
     js = _main("report", "--vllm-url", fake_vllm_thread, "--format", "json")
     doc = json.loads(js.stdout)
@@ -379,6 +382,8 @@ def test_report_text_and_json(fake_vllm_thread: str) -> None:
     cache = e["cache_config"]  # typed as JSON types, not the label's text
     assert cache["block_size"] == 128 and cache["enable_prefix_caching"] is True and cache["cache_dtype"] == "auto"
     assert e["concurrency_limit"] is None and e["latency_by_concurrency"] == []
+    assert (e["headroom_requests"], e["headroom_basis"]) == (-8, "queue")
+    assert e["sustained"] == {"level": 16, "observed": True}
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

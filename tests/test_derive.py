@@ -202,6 +202,44 @@ def test_what_limits_concurrency_now(state: dict, limit: str | None) -> None:
     assert derive.concurrency_limit(**args) == limit
 
 
+@pytest.mark.parametrize(
+    ("running", "bounds", "queue", "preempted", "expected"),
+    [
+        # vLLM 0.32's saturated capture: 16 run, 8 wait for capacity, the cache half used after preemptions: the
+        # observed-context model promises 31, vLLM's queue says it is 8 short
+        (16, {"observed_context": 31.0}, 8, True, (-8, "queue")),
+        (16, {"observed_context": 31.0}, 8, False, (-8, "queue")),
+        (16, {"observed_context": 31.0}, 0, True, (0.0, "preemption")),  # preempted, nothing waits: none left
+        (16, {"observed_context": 12.0}, 0, True, (-4.0, "preemption")),  # below zero when the model says lower
+        (16, {}, 0, True, (0.0, "preemption")),
+        (10, {"observed_context": 31.0, "slo": 12.0, "sustained": 16.0}, 0, False, (2.0, "slo")),  # calm
+        (10, {"observed_context": 31.0, "slo": None, "sustained": 16.0}, 0, False, (6.0, "sustained")),
+        (10, {"observed_context": None}, 0, False, (None, None)),
+        (None, {"observed_context": 31.0}, 8, False, (None, None)),
+    ],
+)
+def test_headroom_takes_vllms_evidence_first(running, bounds, queue, preempted, expected) -> None:
+    assert derive.headroom(running, bounds, queue=queue, preempted=preempted) == expected
+
+
+def test_the_sustained_concurrency_is_what_vllm_holds_under_pressure() -> None:
+    """Calm reads give a lower bound (the most seen running); the first pressed read replaces it with the level
+    vLLM holds; later pressed reads average in, older ones weighing half per half-life."""
+    s = derive.NO_SUSTAINED
+    s = derive.learn_sustained(s, 0, pressed=False, now=0, half_life=100)
+    assert s.level is None  # nothing ran: no bound at all
+    for running in (3, 9, 5):
+        s = derive.learn_sustained(s, running, pressed=False, now=1, half_life=100)
+    assert (s.level, s.observed) == (9, False)
+    s = derive.learn_sustained(s, 6, pressed=True, now=10, half_life=100)
+    assert (s.level, s.observed) == (6, True)  # the lower bound is not an observation: it does not average in
+    s = derive.learn_sustained(s, 30, pressed=False, now=20, half_life=100)
+    assert s.level == 6  # a calm read, however high, says nothing of the limit once one was seen
+    s = derive.learn_sustained(s, 12, pressed=True, now=110, half_life=100)
+    assert s.level == pytest.approx((6 * 0.5 + 12) / 1.5)  # the read of 100 s ago weighs half
+    assert derive.learn_sustained(s, None, pressed=True, now=120, half_life=100) == s
+
+
 def test_the_planned_layout_beside_vllms_own_capacity() -> None:
     """With --model-config the agent lays out vLLM's groups for vLLM's own budget (cache_config_info's
     kv_cache_memory_bytes, block size, dtype, Mamba mode): the blocks a max_model_len request holds by layer kind

@@ -27,6 +27,7 @@ UNITLESS = {  # counts and states without a base unit
     "vllm_capacity_concurrency_limit",  # a 0/1 state per limit
     "vllm_capacity_engine_asleep",  # a 0/1 state
     "vllm_capacity_slo_knee_observed",  # a 0/1 state
+    "vllm_capacity_sustained_queue_observed",  # a 0/1 state
     "vllm_capacity_latency_by_concurrency_observations",
     "vllm_capacity_kv_cache_groups",  # a count per layer kind
     "vllm_capacity_kv_cache_blocks_per_request",  # blocks, like kv_cache_blocks

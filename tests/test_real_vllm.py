@@ -397,7 +397,8 @@ def _limit(text: str, key: dict[str, str]) -> str | None:
 
 def _top_reading(text: str, key: dict[str, str]) -> tuple[float | None, float | None, str | None, float | None]:
     """What an agent said at one read: running, its SLO-bound concurrency, the limit it names, its headroom."""
-    room = [value(text, "vllm_capacity_headroom_requests", basis=b, **key) for b in ("slo", "observed_context")]
+    bases = ("queue", "preemption", "slo", "observed_context", "sustained")
+    room = [value(text, "vllm_capacity_headroom_requests", basis=b, **key) for b in bases]
     return (
         value(text, "vllm_capacity_requests_running", **key),
         value(text, "vllm_capacity_max_concurrency", basis="slo", **key),

@@ -30,6 +30,7 @@ from vllm_capacity.live.gpus import GpuReader
 from vllm_capacity.live.latency import LatencyLearner
 from vllm_capacity.live.startup import StartupLogReader
 from vllm_capacity.live.status import SourceBook, first_time, internal
+from vllm_capacity.live.sustained import SustainedLearner
 from vllm_capacity.snapshot import Snapshot
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.nvml_scope import vllm_pids_in_namespace
@@ -111,9 +112,8 @@ class Agent:
         self.counters = Counters()  # restarts, and the counters carried over them
         self._announced: tuple[object, ...] | None = None
         self._crashes_logged: set[str] = set()
-        self.latency = LatencyLearner(
-            settings.objectives, settings.latency_half_life, monotonic
-        )  # latency by concurrency
+        self.latency = LatencyLearner(settings.objectives, settings.latency_half_life, monotonic)  # latency curve
+        self.sustained = SustainedLearner(settings.latency_half_life, monotonic)  # the concurrency vLLM holds
         self.snapshot = self._snapshot()  # before the first cycle: nothing read, the sources down
 
     # -- bookkeeping -------------------------------------------------------------------------------------------
@@ -205,6 +205,9 @@ class Agent:
         await self.models.read(restarted, first=self.counters.last is None)
         carried = self.counters.carry(metrics, restarted)
         self.latency.learn(metrics, read_latency)
+        if restarted:
+            self.sustained.forget()
+        self.sustained.learn(metrics, self.counters.preempted)
         facts = derive.ServerFacts(
             max_model_len=self.models.max_model_len,
             fallback_max_model_len=self.settings.max_model_len,
@@ -217,7 +220,7 @@ class Agent:
             max_num_batched_tokens=self.figures.max_num_batched_tokens,
             speculation=self.figures.speculation,
         )
-        history = derive.EngineHistory(carried, self.latency.views, self.counters.preempted)
+        history = derive.EngineHistory(carried, self.latency.views, self.counters.preempted, self.sustained.views)
         engines = tuple(derive.derive_all(metrics, facts, history))
         self._check_agreement(engines)
         self.counters.last = metrics

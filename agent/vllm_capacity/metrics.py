@@ -79,6 +79,7 @@ BASIS_MAX_MODEL_LEN = "max_model_len"  # requests of max_model_len tokens: vLLM'
 BASIS_OBSERVED = "observed_context"  # requests of the mean context of the running ones
 BASIS_P90_CONTEXT = "p90_context"  # requests of the 90th-percentile size of finished ones (prompt + generation)
 BASIS_SLO = "slo"  # the largest concurrency at which the latency objectives held (--slo-itl, --slo-ttft)
+BASIS_SUSTAINED = "sustained"  # the running requests vLLM holds while requests wait for capacity or are preempted
 
 
 def _latency_quantiles(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
@@ -269,12 +270,16 @@ SPECS: tuple[MetricSpec, ...] = (
         "Requests whose KV cache fits at once. basis=max_model_len: vLLM's 'Maximum concurrency' figure; "
         "basis=observed_context: capacity / mean context of running requests; basis=slo: the largest running "
         "requests at which the latency objectives held (--slo-itl/--slo-ttft, from vLLM's latency histograms); "
-        "basis=p90_context: capacity / (p90 prompt + p90 generation tokens of finished requests).",
+        "basis=p90_context: capacity / (p90 prompt + p90 generation tokens of finished requests); "
+        "basis=sustained: the running requests vLLM holds while requests wait for capacity or are preempted, a mean "
+        "over the agent's reads halving every --latency-half-life (any limit: KV cache, --max-num-seqs, token "
+        "budget, CPU), or the most seen running until then (sustained_queue_observed 0).",
         by=(
             (BASIS_MAX_MODEL_LEN, lambda e: e.max_concurrency),
             (BASIS_OBSERVED, lambda e: e.max_concurrency_observed),
             (BASIS_SLO, lambda e: e.latency.slo_max_concurrency),
             (BASIS_P90_CONTEXT, lambda e: e.max_concurrency_p90_context),
+            (BASIS_SUSTAINED, lambda e: e.sustained.level if e.sustained else None),
         ),
     ),
     _m(
@@ -286,6 +291,7 @@ SPECS: tuple[MetricSpec, ...] = (
             (BASIS_MAX_MODEL_LEN, lambda e: e.concurrency_utilization),
             (BASIS_OBSERVED, lambda e: e.concurrency_utilization_observed),
             (BASIS_SLO, lambda e: e.concurrency_utilization_slo),
+            (BASIS_SUSTAINED, lambda e: e.concurrency_utilization_sustained),
         ),
     ),
     _m(
@@ -297,11 +303,22 @@ SPECS: tuple[MetricSpec, ...] = (
         value=lambda e: None if e.latency.slo_knee_observed is None else float(e.latency.slo_knee_observed),
     ),
     _m(
+        "sustained_queue_observed",
+        "gauge",
+        E,
+        "1 once the agent read requests waiting for capacity (or a preemption) at this engine: then "
+        "max_concurrency{basis=sustained} is the level vLLM holds under pressure; 0 if not yet (it is the most "
+        "requests seen running, a lower bound).",
+        value=lambda e: None if e.sustained is None else float(e.sustained.observed),
+    ),
+    _m(
         "headroom_requests",
         "gauge",
         (*E, "basis"),
-        "Requests this engine can still take: the smallest known max_concurrency (observed_context, slo) minus "
-        "running; basis says which binds.",
+        "Requests this engine can still take. basis=queue: requests wait for capacity now (vllm:num_requests_waiting"
+        "_by_reason, else _waiting): minus their number; basis=preemption: vLLM preempted since the last read: at "
+        "most 0; otherwise the smallest known max_concurrency (observed_context, slo, sustained once observed) "
+        "minus running, basis the one that binds.",
         rows=_headroom,
     ),
     _m(

@@ -226,7 +226,8 @@ LATENCY_OPTIONS = (
         "--latency-half-life",
         _duration(60.0, 7 * 86400.0),
         "1h",
-        "how fast the latency-by-concurrency curve forgets old traffic: a half-life of traffic (1m to 7d)",
+        "how fast the latency-by-concurrency curve and the sustained concurrency forget old traffic: a half-life "
+        "of traffic (1m to 7d)",
     ),
 )
 SERVE_OPTIONS = (

@@ -135,6 +135,9 @@ def _concurrency_lines(e: EngineCapacity) -> list[str]:
         )
     if e.latency.slo_max_concurrency is not None:
         rows.append(("latency objective", e.latency.slo_max_concurrency, None))
+    if e.sustained is not None and e.sustained.level is not None:
+        held = "held while queued" if e.sustained.observed else "most seen, no queue yet"
+        rows.append((f"sustained ({held})", e.sustained.level, None))
     for label, conc, ctx in rows:
         kv = format_bytes(ctx * bpt) if (bpt and ctx) else "-"
         lines.append(f"  {label:<28}{_n(conc, 2) + 'x':>16}{kv:>16}")
@@ -164,8 +167,16 @@ def _load_lines(e: EngineCapacity) -> list[str]:
     if e.concurrency_limit is not None:
         lines.append(f"  limit now        {e.concurrency_limit:>12}")
     if e.headroom_requests is not None:
-        lines.append(f"  headroom         {_n(e.headroom_requests):>12} requests   (bound by {e.headroom_basis})")
+        why = _HEADROOM_WHY.get(e.headroom_basis or "", f"bound by {e.headroom_basis}")
+        lines.append(f"  headroom         {_n(e.headroom_requests):>12} requests   ({why})")
     return lines
+
+
+# what a headroom's basis means, said to a person (the model-based bases: "bound by <basis>")
+_HEADROOM_WHY = {
+    "queue": "requests wait: none left",
+    "preemption": "vLLM just preempted: none left",
+}
 
 
 def _names(adapters: tuple[str, ...], most: int = 6) -> str:
@@ -316,6 +327,7 @@ def render_json(snap: Snapshot, url: str) -> str:
             for (kind, b, q), v in sorted(e.latency.quantiles.items())
         ]
         d["slo_max_concurrency"] = e.latency.slo_max_concurrency
+        d["sustained"] = None if e.sustained is None else {"level": e.sustained.level, "observed": e.sustained.observed}
         d = {JSON_NAMES.get(k, k): v for k, v in d.items()}
         d["concurrency_at_context"] = {str(c): e.concurrency_at(c) for c in CONTEXTS}
         d["preemptions_total"] = preemptions

@@ -44,11 +44,11 @@
           },
           {
             "record": "namespace_model_name:vllm_capacity_replica_capacity_requests:avg",
-            "expr": std.format("avg by (%s, namespace, model_name) (sum by (%s, namespace, model_name, pod) (min by (%s, namespace, model_name, pod, engine) (vllm_capacity_max_concurrency{basis=~\"observed_context|slo\"}) or max by (%s, namespace, model_name, pod, engine) (vllm_capacity_max_concurrency{basis=\"max_model_len\"})))", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel]),
+            "expr": std.format("avg by (%s, namespace, model_name) (sum by (%s, namespace, model_name, pod) (min by (%s, namespace, model_name, pod, engine) (vllm_capacity_max_concurrency{basis=~\"observed_context|slo\"} or (vllm_capacity_max_concurrency{basis=\"sustained\"} and on (%s, namespace, pod, model_name, engine) (vllm_capacity_sustained_queue_observed == 1))) or max by (%s, namespace, model_name, pod, engine) (vllm_capacity_max_concurrency{basis=\"max_model_len\"})))", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel]),
           },
           {
             "record": "namespace_model_name:vllm_capacity_replicas_needed:ceil",
-            "expr": std.format("ceil((sum by (%s, namespace, model_name) (vllm_capacity_requests_running) + sum by (%s, namespace, model_name) (vllm_capacity_requests_waiting)) / on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg * %g))", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.targetUtilization]),
+            "expr": std.format("clamp_min(ceil((sum by (%s, namespace, model_name) (vllm_capacity_requests_running) + sum by (%s, namespace, model_name) (vllm_capacity_requests_waiting)) / on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg * %g)), 1)", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.targetUtilization]),
           },
           {
             "record": "namespace_model_name:vllm_capacity_prefix_cache_hit:ratio",

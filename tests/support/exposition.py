@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -23,3 +25,11 @@ def value(text: str, metric: str, /, **labels: str) -> float | None:
     ]
     assert len(found) <= 1, f"{metric} {labels}: {len(found)} samples"
     return found[0] if found else None
+
+
+def plausible(name: str, labels: tuple[tuple[str, str], ...], v: float) -> bool:
+    """Whether a sample of the agent's could be right: finite, and not negative, except headroom, which is minus
+    the queue while requests wait (basis queue) and below zero past a bound (basis slo, sustained, ...)."""
+    if name == "vllm_capacity_headroom_requests":
+        return math.isfinite(v)
+    return math.isfinite(v) and (v >= 0 or name.endswith("_created"))

@@ -32,6 +32,16 @@ def with_value(text: str, family: str, raw: str) -> str:
     return text.replace(line[0], f"{family}{ENGINE} {raw}")
 
 
+def without_queue(text: str) -> str:
+    """``text`` with nothing waiting at engine 0 of tiny-llama (waiting and waiting for capacity 0): a calm engine,
+    whose headroom the model-based bounds give."""
+    text = with_value(text, "vllm:num_requests_waiting", "0.0")
+    return text.replace(
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny-llama",reason="capacity"} 8.0',
+        'vllm:num_requests_waiting_by_reason{engine="0",model_name="tiny-llama",reason="capacity"} 0.0',
+    )
+
+
 def with_cache_label(text: str, label: str, raw: str) -> str:
     """``text`` with one label of vllm:cache_config_info set to ``raw``."""
     replaced = re.sub(rf'(vllm:cache_config_info\{{[^}}]*\b{label}=)"[^"]*"', rf'\g<1>"{raw}"', text)

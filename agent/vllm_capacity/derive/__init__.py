@@ -32,7 +32,16 @@ from vllm_capacity.derive.engine import (
     max_model_len_from_cache_config,
 )
 from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServerFacts
-from vllm_capacity.derive.features import LatencyView, LoraSlots, SpecDecode, lora_slots, spec_decode
+from vllm_capacity.derive.features import (
+    NO_SUSTAINED,
+    LatencyView,
+    LoraSlots,
+    SpecDecode,
+    Sustained,
+    learn_sustained,
+    lora_slots,
+    spec_decode,
+)
 from vllm_capacity.derive.layout import (
     LiveSpeculation,
     PlannedLayout,
@@ -49,6 +58,7 @@ __all__ = [
     "NEARLY_FULL",
     "NO_FACTS",
     "NO_HISTORY",
+    "NO_SUSTAINED",
     "EngineCapacity",
     "EngineHistory",
     "EngineInputs",
@@ -58,6 +68,7 @@ __all__ = [
     "PlannedLayout",
     "ServerFacts",
     "SpecDecode",
+    "Sustained",
     "accumulate_counter",
     "blocks_per_engine",
     "capacity_tokens",
@@ -69,6 +80,7 @@ __all__ = [
     "free_tokens",
     "headroom",
     "kv_bytes_per_token",
+    "learn_sustained",
     "live_speculation",
     "lora_slots",
     "max_concurrency_at_context",

@@ -22,6 +22,12 @@ Per engine (``model_name``, ``engine``):
 ``max_concurrency{basis="observed_context"} = capacity_tokens / mean_context_tokens``
     How many requests of the size actually being served fit at once.
 ``concurrency_utilization{basis} = running / max_concurrency{basis}``
+``max_concurrency{basis="sustained"}``
+    The running requests at the reads where requests waited for capacity or vLLM preempted, a decayed mean
+    (``features.learn_sustained``): what vLLM holds under pressure, whatever limits it.
+``headroom_requests``
+    While requests wait for capacity: ``-waiting`` (basis ``queue``); after a preemption: ``min(model, 0)``
+    (basis ``preemption``); else the smallest of the bounds (observed context, SLO, sustained) ``- running``.
 ``kv_bytes_per_token``, three ways (per GPU rank):
     ``cache_config``: ``kv_cache_memory_bytes / capacity`` when vLLM was given a fixed KV budget;
     ``startup_log``: 'Available KV cache memory' / 'KV cache size' tokens from vLLM's log;
@@ -129,14 +135,28 @@ def concurrency_utilization(running: float | None, max_concurrency: float | None
     return running / max_concurrency
 
 
-def headroom(running: float | None, bounds: Mapping[str, float | None]) -> tuple[float | None, str | None]:
-    """Requests this engine can still take: the smallest known max concurrency (by basis) minus running, and the
-    basis that binds. (None, None) when nothing bounds it or running is unknown."""
-    known = {basis: v for basis, v in bounds.items() if v is not None}
-    if running is None or not known:
+def headroom(
+    running: float | None,
+    bounds: Mapping[str, float | None],
+    *,
+    queue: float | None = None,
+    preempted: bool = False,
+) -> tuple[float | None, str | None]:
+    """Requests this engine can still take, and why (the basis). vLLM's own evidence first: while ``queue``
+    requests wait for capacity the engine has none, whatever a model of it says: minus the queue, basis ``queue``;
+    after a preemption, at most zero, basis ``preemption``. A calm engine: the smallest known max concurrency (by
+    basis) minus running, and the basis that binds. (None, None) when running is unknown or nothing bounds it."""
+    if running is None:
         return None, None
-    basis = min(known, key=lambda b: known[b])
-    return known[basis] - running, basis
+    if queue is not None and queue > 0:
+        return -queue, "queue"
+    known = {basis: v for basis, v in bounds.items() if v is not None}
+    model = min(known.values()) - running if known else None
+    if preempted:
+        return min(model, 0.0) if model is not None else 0.0, "preemption"
+    if model is None:
+        return None, None
+    return model, min(known, key=lambda b: known[b])
 
 
 # concurrency_limit's values, in the order they are tried (lora_slots only where vLLM serves LoRA)

@@ -22,7 +22,15 @@ from vllm_capacity.derive.capacity import (
     used_tokens,
 )
 from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServerFacts
-from vllm_capacity.derive.features import LatencyView, LoraSlots, SpecDecode, lora_slots, spec_decode
+from vllm_capacity.derive.features import (
+    NO_SUSTAINED,
+    LatencyView,
+    LoraSlots,
+    SpecDecode,
+    Sustained,
+    lora_slots,
+    spec_decode,
+)
 from vllm_capacity.derive.layout import (
     PlannedLayout,
     cpu_capacity_tokens,
@@ -69,7 +77,9 @@ class EngineCapacity:
     concurrency_utilization_slo: float | None = None
     max_concurrency_p90_context: float | None = None
     headroom_requests: float | None = None
-    headroom_basis: str | None = None  # the max_concurrency basis that binds: observed_context or slo
+    headroom_basis: str | None = None  # queue, preemption, or the max_concurrency basis that binds
+    sustained: Sustained | None = None  # the concurrency vLLM holds under pressure (None: nothing ran yet)
+    concurrency_utilization_sustained: float | None = None
     concurrency_limit: str | None = None  # one of LIMITS: what limits concurrency now
     waiting_deferred: float | None = None
     asleep: bool | None = None  # vLLM's sleep mode: its KV cache is freed (None: vLLM does not say)
@@ -99,6 +109,7 @@ class EngineInputs:
     latency: LatencyView = field(default_factory=LatencyView)
     preempted: bool = False
     lora: LoraSlots | None = None
+    sustained: Sustained = NO_SUSTAINED
 
 
 def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = NO_FACTS) -> EngineCapacity:
@@ -182,7 +193,14 @@ def _load_fields(
     sleep mode (which frees the KV cache: nothing of it to serve, no limit or headroom)."""
     latency = inputs.latency
     slo = latency.slo_max_concurrency
-    room, binding = headroom(m.running, {"observed_context": max_conc_obs, "slo": slo})
+    sustained = inputs.sustained
+    bounds = {
+        "observed_context": max_conc_obs,
+        "slo": slo,
+        "sustained": sustained.level if sustained.observed else None,
+    }
+    queue = m.waiting_for_capacity if m.waiting_for_capacity is not None else m.waiting  # V0 gives no reasons
+    room, binding = headroom(m.running, bounds, queue=queue, preempted=inputs.preempted)
     limit = concurrency_limit(
         running=m.running,
         waiting=m.waiting,
@@ -206,6 +224,8 @@ def _load_fields(
         "concurrency_utilization_slo": concurrency_utilization(m.running, slo),
         "headroom_requests": room,
         "headroom_basis": binding,
+        "sustained": sustained if sustained.level is not None else None,
+        "concurrency_utilization_sustained": concurrency_utilization(m.running, sustained.level),
     }
 
 
@@ -262,6 +282,7 @@ def derive_all(
             preemptions_total=history.preemptions.get(key),
             latency=history.latency.get(key) or LatencyView(),
             preempted=key in history.preempted,
+            sustained=history.sustained.get(key, NO_SUSTAINED),
             lora=lora_slots(metrics.lora, m, len(metrics.engines), metrics.schema),
         )
         out.append(derive_engine(m, inputs, facts))

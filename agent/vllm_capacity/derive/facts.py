@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllm_capacity.derive.features import LatencyView
+from vllm_capacity.derive.features import LatencyView, Sustained
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sources.vllm_log import EngineFigures
 
@@ -38,6 +38,7 @@ class EngineHistory:
     preemptions: Mapping[EngineKey, float] = field(default_factory=dict)  # vLLM's counter, carried over restarts
     latency: Mapping[EngineKey, LatencyView] = field(default_factory=dict)
     preempted: frozenset[EngineKey] = frozenset()  # engines that preempted since the last read
+    sustained: Mapping[EngineKey, Sustained] = field(default_factory=dict)  # the concurrency each holds under pressure
 
 
 NO_FACTS = ServerFacts()  # the server known from its metrics alone

@@ -1,5 +1,6 @@
 """What the agent reads of vLLM's features beside the KV cache, per engine: the latency it learned (for export),
-speculative decoding's acceptance, LoRA's adapter slots. Plain records and the functions that make them."""
+the concurrency vLLM sustains, speculative decoding's acceptance, LoRA's adapter slots. Plain records and the
+functions that make them."""
 
 from __future__ import annotations
 
@@ -18,6 +19,37 @@ class LatencyView:
     slo_max_concurrency: int | None = None  # with objectives, once known
     slo_knee_observed: bool | None = None  # None without objectives
     context_p90_tokens: float | None = None  # p90 prompt + p90 generation tokens of finished requests
+
+
+@dataclass(frozen=True)
+class Sustained:
+    """The concurrency vLLM sustains, learned from the agent's reads: the running requests at the reads where
+    requests waited for capacity or vLLM had just preempted (whatever the limit: KV cache, batch cap, token budget,
+    CPU), as a mean whose weights halve every ``half_life`` seconds. Until such a read, ``level`` is the most
+    requests seen running (a lower bound) and ``observed`` is False."""
+
+    level: float | None = None
+    observed: bool = False
+    weight: float = 0.0  # the decayed number of pressed reads behind ``level``
+    at: float | None = None  # when it last learned (monotonic seconds)
+
+
+NO_SUSTAINED = Sustained()
+
+
+def learn_sustained(known: Sustained, running: float | None, pressed: bool, now: float, half_life: float) -> Sustained:
+    """``known`` after one more read: ``pressed`` when requests wait for capacity or vLLM preempted since the last
+    read; then ``running`` is a level vLLM holds under pressure. A calm read can only raise the lower bound."""
+    if running is None:
+        return known
+    if not pressed:  # only a higher lower bound, and only once something ran
+        if known.observed or running <= (known.level or 0.0):
+            return known
+        return Sustained(level=running, at=now)
+    decay = 0.5 ** ((now - known.at) / half_life) if known.observed and known.at is not None else 0.0
+    weight = known.weight * decay
+    level = ((known.level or 0.0) * weight + running) / (weight + 1.0)
+    return Sustained(level=level, observed=True, weight=weight + 1.0, at=now)
 
 
 @dataclass(frozen=True)

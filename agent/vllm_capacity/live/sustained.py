@@ -1,0 +1,48 @@
+"""The concurrency vLLM sustains, learned over the agent's reads: at each read where requests wait for capacity or
+vLLM has just preempted, the running requests are a level vLLM holds under pressure, whatever limits it (KV cache,
+--max-num-seqs, the step's token budget, the CPU). The mean of those levels, its weights halving every half-life as
+the latency curve's do, is exported as ``max_concurrency{basis="sustained"}``; before the first such read, the most
+requests seen running (a lower bound, ``sustained_queue_observed`` 0)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+
+from vllm_capacity import derive
+from vllm_capacity.derive.facts import EngineKey
+from vllm_capacity.latency import DEFAULT_HALF_LIFE
+from vllm_capacity.sources.vllm_records import VllmMetrics
+
+
+class SustainedLearner:
+    """Each engine's :class:`~vllm_capacity.derive.Sustained`, one more read at a time."""
+
+    def __init__(self, half_life: float = DEFAULT_HALF_LIFE, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.half_life, self.monotonic = half_life, monotonic
+        self._views: dict[EngineKey, derive.Sustained] = {}
+
+    @property
+    def views(self) -> Mapping[EngineKey, derive.Sustained]:
+        return self._views
+
+    def learn(self, metrics: VllmMetrics, preempted: frozenset[EngineKey]) -> None:
+        """One read: every engine's running requests, pressed (a queue for capacity, or a preemption since the last
+        read) or calm. An engine asleep teaches nothing; one that went away takes what it taught with it."""
+        now = self.monotonic()
+        present = set()
+        for m in metrics.engines:
+            key = (m.model_name, m.engine)
+            present.add(key)
+            if m.sleep_state not in (None, "awake"):
+                continue
+            queue = m.waiting_for_capacity if m.waiting_for_capacity is not None else m.waiting
+            pressed = (queue is not None and queue > 0) or key in preempted
+            known = self._views.get(key, derive.NO_SUSTAINED)
+            self._views[key] = derive.learn_sustained(known, m.running, pressed, now, self.half_life)
+        for gone in set(self._views) - present:
+            del self._views[gone]
+
+    def forget(self) -> None:
+        """vLLM restarted: its settings (and so what it sustains) may have changed."""
+        self._views.clear()
