@@ -35,7 +35,10 @@ class Config:
     """Everything a deployment may want to change: the mixin's ``_config`` (deploy/mixin/), under camelCase names
     (``cluster_label`` is ``clusterLabel`` there). The shipped YAML and JSON are rendered with these defaults."""
 
-    exporter_selector: str = 'job=~".*vllm-capacity.*"'  # selects the sidecar's scrape job (VLLMCapacityExporterDown)
+    # selects the sidecar's scrape job and nothing else (VLLMCapacityExporterDown, VLLMCapacityTargetMissing): the
+    # shipped PodMonitors and compose file name it vllm-capacity, vLLM's own job vllm. A pattern that also matched
+    # vLLM's job turned a vLLM outage into "exporter down", whose inhibition then silenced VLLMTargetDown.
+    exporter_selector: str = 'job="vllm-capacity"'
     # Prometheus' label for the cluster a series comes from: every rule aggregates and joins by it as well. A series
     # without it (one cluster, no external label) is one cluster, as an empty label is.
     cluster_label: str = "cluster"
@@ -47,7 +50,7 @@ class Config:
     exhaustion_horizon_seconds: int = 3600  # predict the cache full within this horizon...
     exhaustion_lookback: str = "30m"  # ...from the growth over this window
     exhaustion_min_ratio: float = 0.5  # and only once it is at least this full
-    concurrency_near_ratio: float = 0.9  # running / max concurrency at the observed context
+    concurrency_near_ratio: float = 0.9  # running / the concurrency at which the latency objectives held
     gpu_memory_free_min_ratio: float = 0.02  # free GPU memory below this share of the total
     ttft_p99_seconds: float = 2.0  # p99 time to first token
     ttft_window: str = "5m"
@@ -129,6 +132,16 @@ def alerts(c: Config) -> list[dict]:
             "The vllm-capacity sidecar cannot be scraped.",
             "Prometheus cannot scrape {{ $labels.instance }} ({{ $labels.namespace }}/{{ $labels.pod }}): vLLM's "
             "capacity is unobserved there.",
+        ),
+        alert(
+            c,
+            "VLLMCapacityTargetMissing",
+            f"absent(up{{{c.exporter_selector}}})",
+            "15m",
+            "warning",
+            "Prometheus scrapes no vllm-capacity sidecar at all.",
+            "Prometheus scrapes no sidecar{{ with $labels.job }} of job {{ . }}{{ end }}: the PodMonitors select no "
+            "pod (a label, a namespace selector) or the sidecars are gone, and no capacity alert can fire.",
         ),
         alert(
             c,
@@ -218,16 +231,19 @@ def alerts(c: Config) -> list[dict]:
             f"{who}: at the growth of the last {c.exhaustion_lookback} the KV cache fills within "
             f"{c.exhaustion_horizon_seconds / 60:g} minutes.",
         ),
+        # Near the concurrency at which the latency objectives held (--slo-itl, --slo-ttft): a bound the KV alerts
+        # cannot see (the cache may be half free). It was the observed-context utilization, which is the KV usage
+        # ratio again whenever requests run: it paged twice for one cause.
         alert(
             c,
             "VLLMConcurrencyNearCapacity",
-            'vllm_capacity_concurrency_utilization_ratio{basis="observed_context"}'
+            'vllm_capacity_concurrency_utilization_ratio{basis="slo"}'
             f" > {c.concurrency_near_ratio:g}{awake}",
             "15m",
             "warning",
-            "vLLM runs near the concurrency its KV cache allows at the current request size.",
-            f"{who} runs {{{{ $value | humanizePercentage }}}} of the requests that fit at the observed context "
-            "length.",
+            "vLLM runs near the concurrency at which its latency objective holds.",
+            f"{who} runs {{{{ $value | humanizePercentage }}}} of the requests at which its latency objectives held "
+            "(max_concurrency{basis=\"slo\"}): more load breaks them, whatever the KV cache has free.",
         ),
         alert(
             c,

@@ -57,7 +57,7 @@ def test_promtool_unit_tests() -> None:
 
 
 REQUIRED = {
-    "VLLMCapacityExporterDown", "VLLMTargetDown", "VLLMKVCacheHigh", "VLLMKVCacheSaturated",
+    "VLLMCapacityExporterDown", "VLLMCapacityTargetMissing", "VLLMTargetDown", "VLLMKVCacheHigh", "VLLMKVCacheSaturated",
     "VLLMPreemptionsSustained", "VLLMRequestsQueuedForCapacity", "VLLMKVCacheExhaustionPredicted",
     "VLLMConcurrencyNearCapacity", "VLLMGPUMemoryNearFull", "VLLMGPUMemoryContention", "VLLMTTFTSLOBreach",
     "VLLMCapacityMetricsMissing", "VLLMAdmissionStalled", "VLLMGPUUnreadable", "VLLMLoRASlotsExhausted",
@@ -152,12 +152,18 @@ def test_target_down_inhibits_capacity_alerts() -> None:
     for name in REQUIRED - {
         "VLLMTargetDown",
         "VLLMCapacityExporterDown",
+        "VLLMCapacityTargetMissing",  # no sidecar anywhere: no pod of its own to be inhibited by
         "VLLMGPUMemoryNearFull",
         "VLLMGPUMemoryContention",
         "VLLMGPUUnreadable",  # a GPU's trouble is often why vLLM is down: it must be seen
     }:
         assert re.fullmatch(pattern, name), f"VLLMTargetDown does not silence {name}"
     assert set(rule["equal"]) == {"cluster", "namespace", "pod"}
+    # nothing silences the page for vLLM down (the exporter's alert used to, when its selector matched vLLM's job)
+    for r in doc["inhibit_rules"]:
+        targets = re.compile("|".join(re.findall(r'alertname=~?"([^"]+)"', " ".join(r["target_matchers"]))))
+        excluded = any(m == 'alertname!="VLLMTargetDown"' for m in r["target_matchers"])
+        assert not targets.fullmatch("VLLMTargetDown") or excluded, r
 
 
 def test_inhibitions_and_grouping_keep_clusters_apart() -> None:

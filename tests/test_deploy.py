@@ -364,6 +364,46 @@ def test_helm_chart_optional_alertmanager_config(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def _job(podmonitor: dict) -> str:
+    (endpoint,) = podmonitor["spec"]["podMetricsEndpoints"]
+    (job,) = [r["replacement"] for r in endpoint["relabelings"] if r.get("targetLabel") == "job"]
+    return job
+
+
+def test_every_shipped_podmonitor_names_its_job_and_looks_in_every_namespace() -> None:
+    """The alerts select the sidecar by its job (exporterSelector): the Helm chart's and the plain manifests'
+    PodMonitors name the sidecar's job so that it matches and vLLM's so that it does not (a vLLM outage paged as the
+    exporter's and was silenced once), and they look beyond their own namespace, where vLLM runs."""
+    from cloudcoil.models.prometheus_operator import v1
+
+    selector = re.fullmatch(r'job="([^"]*)"', load_generator("alerts").DEFAULT.exporter_selector)
+    assert selector, "the default exporter selector is an exact job name"
+    plain = list(yaml.safe_load_all((K8S / "monitoring" / "podmonitors.yaml").read_text()))
+    for docs in (_render_chart({}), plain):
+        monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodMonitor"}
+        sidecar = next(d for n, d in monitors.items() if n.endswith(("-sidecar", "vllm-capacity")))
+        vllm = next(d for n, d in monitors.items() if n.endswith("vllm"))
+        assert _job(sidecar) == selector[1] and _job(vllm) != selector[1]
+        for pm in monitors.values():
+            assert pm["spec"]["namespaceSelector"] == {"any": True}
+            v1.PodMonitor.model_validate(pm)
+    narrow = _render_chart({"namespaceSelector": {"matchNames": ["llm"]}, "podMonitor": {"job": "capacity"}})
+    for pm in (d for d in narrow if d["kind"] == "PodMonitor"):
+        assert pm["spec"]["namespaceSelector"] == {"matchNames": ["llm"]}
+    assert "capacity" in {_job(d) for d in narrow if d["kind"] == "PodMonitor"}
+    with pytest.raises(Exception, match="namespaceSelector"):
+        _render_chart({"namespaceSelector": {"anyNamespace": True}})  # the schema refuses what the operator ignores
+
+
+def test_the_charts_sidecar_snippet_has_resources_and_a_startup_probe() -> None:
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    snippet = notes[notes.index("initContainers:") : notes.index("or use the Kustomize")]
+    assert "startupProbe: {httpGet: {path: /healthz" in snippet
+    assert "resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 500m, memory: 128Mi}}" in snippet
+    component = (K8S / "components" / "vllm-capacity-sidecar" / "sidecar.yaml").read_text()
+    assert "limits: {cpu: 500m, memory: 128Mi}" in component  # the same figures as the Kustomize component
+
+
 def test_helm_chart_scrapes_sidecars_that_serve_tls_with_basic_auth() -> None:
     from cloudcoil.models.prometheus_operator import v1
 

@@ -19,6 +19,19 @@
             },
           },
           {
+            "alert": "VLLMCapacityTargetMissing",
+            "expr": std.format("absent(up{%s})", [$._config.exporterSelector]),
+            "for": "15m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "Prometheus scrapes no vllm-capacity sidecar at all.",
+              "description": "Prometheus scrapes no sidecar{{ with $labels.job }} of job {{ . }}{{ end }}: the PodMonitors select no pod (a label, a namespace selector) or the sidecars are gone, and no capacity alert can fire.",
+              "runbook_url": std.format("%s#vllmcapacitytargetmissing", [$._config.runbookURL]),
+            },
+          },
+          {
             "alert": "VLLMTargetDown",
             "expr": "vllm_capacity_up == 0",
             "for": "2m",
@@ -111,14 +124,14 @@
           },
           {
             "alert": "VLLMConcurrencyNearCapacity",
-            "expr": std.format("vllm_capacity_concurrency_utilization_ratio{basis=\"observed_context\"} > %g unless on (%s, namespace, pod, instance, job, model_name, engine) (vllm_capacity_engine_asleep == 1)", [$._config.concurrencyNearRatio, $._config.clusterLabel]),
+            "expr": std.format("vllm_capacity_concurrency_utilization_ratio{basis=\"slo\"} > %g unless on (%s, namespace, pod, instance, job, model_name, engine) (vllm_capacity_engine_asleep == 1)", [$._config.concurrencyNearRatio, $._config.clusterLabel]),
             "for": "15m",
             "labels": {
               "severity": "warning",
             },
             "annotations": {
-              "summary": "vLLM runs near the concurrency its KV cache allows at the current request size.",
-              "description": "{{ $labels.model_name }} (engine {{ $labels.engine }}) on {{ $labels.namespace }}/{{ $labels.pod }} runs {{ $value | humanizePercentage }} of the requests that fit at the observed context length.",
+              "summary": "vLLM runs near the concurrency at which its latency objective holds.",
+              "description": "{{ $labels.model_name }} (engine {{ $labels.engine }}) on {{ $labels.namespace }}/{{ $labels.pod }} runs {{ $value | humanizePercentage }} of the requests at which its latency objectives held (max_concurrency{basis=\"slo\"}): more load breaks them, whatever the KV cache has free.",
               "runbook_url": std.format("%s#vllmconcurrencynearcapacity", [$._config.runbookURL]),
             },
           },

@@ -29,4 +29,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
       targetLabel: namespace
     - sourceLabels: [__meta_kubernetes_pod_name]
       targetLabel: pod
+    - targetLabel: job
+      replacement: {{ .job }}
+{{- end }}
+
+{{/* The PodMonitors' namespaceSelector: the namespaces named in matchNames when there are any (narrower than any,
+which Helm's merge of the defaults would otherwise keep beside them), else any. */}}
+{{- define "vllm-capacity.namespaceSelector" -}}
+{{- with .Values.namespaceSelector.matchNames -}}
+matchNames:
+  {{- toYaml . | nindent 2 }}
+{{- else -}}
+any: {{ .Values.namespaceSelector.any }}
+{{- end -}}
 {{- end }}
