@@ -372,10 +372,17 @@ def capacity_dashboard(c) -> Dashboard:
             series(
                 "Headroom: requests it can still take",
                 "short",
-                query(f"vllm_capacity_headroom_requests{{{sel}}}", "{{pod}}/{{engine}} (bound by {{basis}})"),
+                query(f"vllm_capacity_headroom_requests{{{sel}}}", "{{pod}}/{{engine}} ({{basis}})"),
                 query(f'vllm_capacity_max_concurrency{{{sel},basis="slo"}}', "SLO-bound concurrency {{pod}}"),
-                description="The smallest known max concurrency (at the observed context, or what the latency "
-                "objective allows) minus running requests; below 0 the replica is over it.",
+                query(
+                    f'vllm_capacity_max_concurrency{{{sel},basis="sustained"}}'
+                    f" and on (pod, engine) (vllm_capacity_sustained_queue_observed{{{sel}}} == 1)",
+                    "sustained under a queue {{pod}}",
+                ),
+                description="While requests wait for capacity, minus the queue (basis queue); after a preemption, at "
+                "most 0 (preemption); otherwise the smallest known max concurrency (at the observed context, what "
+                "the latency objective allows, what vLLM sustained under a queue) minus running requests. Beside "
+                "it, in requests: the SLO-bound concurrency and the sustained one.",
             )
         )
         .with_panel(
@@ -417,6 +424,7 @@ def capacity_dashboard(c) -> Dashboard:
                 query(f"sum(vllm_capacity_requests_waiting{{{sel}}})", "waiting"),
                 query(f"sum(vllm_capacity_requests_waiting_for_capacity{{{sel}}})", "waiting for KV capacity"),
                 query(f"sum(rate(vllm_capacity_preemptions_total{{{sel}}}[{RATE}]))", "preemptions/s"),
+                right_axis=("preemptions/s", "reqps"),  # a rate, not a count: its own axis
             )
         )
     )
@@ -448,11 +456,10 @@ def capacity_dashboard(c) -> Dashboard:
                     'percentile="p90"})',
                     "ITL p90 at {{running}} running",
                 ),
-                query(f'min(vllm_capacity_max_concurrency{{{sel},basis="slo"}})', "the knee: SLO-bound concurrency"),
                 span=24,
                 description="The sidecar's curve from vLLM's own histograms: p90 inter-token latency in each "
                 "running-requests bin (decayed with --latency-half-life). Where it climbs past the objective "
-                "(--slo-itl) is the knee.",
+                "(--slo-itl) is the knee: the SLO-bound concurrency, a request count, in the Headroom panel.",
             )
         )
         .with_panel(
@@ -574,7 +581,7 @@ def capacity_dashboard(c) -> Dashboard:
         .with_panel(
             series(
                 "Source errors",
-                "short",
+                "cps",  # failed reads per second, by source and reason
                 query(
                     f"sum by (source, reason) (rate(vllm_capacity_source_errors_total{{{pod_sel}}}[{RATE}]))",
                     "{{source}} {{reason}}",

@@ -57,7 +57,8 @@ def test_promtool_unit_tests() -> None:
 
 
 REQUIRED = {
-    "VLLMCapacityExporterDown", "VLLMCapacityTargetMissing", "VLLMTargetDown", "VLLMKVCacheHigh", "VLLMKVCacheSaturated",
+    "VLLMCapacityExporterDown", "VLLMCapacityTargetMissing", "VLLMTargetDown", "VLLMKVCacheHigh",
+    "VLLMKVCacheSaturated",
     "VLLMPreemptionsSustained", "VLLMRequestsQueuedForCapacity", "VLLMKVCacheExhaustionPredicted",
     "VLLMConcurrencyNearCapacity", "VLLMGPUMemoryNearFull", "VLLMGPUMemoryContention", "VLLMTTFTSLOBreach",
     "VLLMCapacityMetricsMissing", "VLLMAdmissionStalled", "VLLMGPUUnreadable", "VLLMLoRASlotsExhausted",

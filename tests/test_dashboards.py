@@ -140,3 +140,31 @@ def test_every_query_keeps_to_the_selected_cluster(name: str) -> None:
         for matchers in re.findall(r"\{([^{}]*)\}", e):
             if "namespace=" in matchers or "namespace!" in matchers:
                 assert 'cluster=~"$cluster"' in matchers, e
+
+
+def _unit_of(panel: dict, target: dict) -> str:
+    """The unit a target is drawn in: an override by its legend, else the panel's."""
+    for o in panel.get("fieldConfig", {}).get("overrides", []):
+        if o["matcher"] == {"id": "byName", "options": target.get("legendFormat")}:
+            for prop in o["properties"]:
+                if prop["id"] == "unit":
+                    return prop["value"]
+    return panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_series_is_drawn_in_its_own_unit(name: str) -> None:
+    """A request count is not seconds, and a per-second rate is not a count: on an axis in seconds only series in
+    seconds (latencies, their quantiles), and a rate of a counter never on a count's axis. (The knee, a request
+    count, once sat on the latency panel's seconds axis; preemptions/s on the waiting requests'.) A ratio of two
+    rates is a plain number."""
+    wrong = []
+    for panel in _panels(_dashboard(name)):
+        for t in panel["targets"]:
+            unit, expr = _unit_of(panel, t), t["expr"]
+            in_seconds = "_seconds" in expr or "histogram_quantile" in expr
+            if (unit == "s") != in_seconds:
+                wrong.append(f"{panel['title']}: {t.get('legendFormat')} ({unit})")
+            elif expr.count("rate(") == 1 and "histogram_quantile" not in expr and unit in ("short", "none"):
+                wrong.append(f"{panel['title']}: {t.get('legendFormat')} is a rate drawn as a count")
+    assert not wrong, wrong

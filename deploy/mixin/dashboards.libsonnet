@@ -835,16 +835,21 @@
             {
               "expr": std.format("vllm_capacity_headroom_requests{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
               "refId": "A",
-              "legendFormat": "{{pod}}/{{engine}} (bound by {{basis}})",
+              "legendFormat": "{{pod}}/{{engine}} ({{basis}})",
             },
             {
               "expr": std.format("vllm_capacity_max_concurrency{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",basis=\"slo\"}", [$._config.clusterLabel]),
               "refId": "B",
               "legendFormat": "SLO-bound concurrency {{pod}}",
             },
+            {
+              "expr": std.format("vllm_capacity_max_concurrency{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",basis=\"sustained\"} and on (pod, engine) (vllm_capacity_sustained_queue_observed{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"} == 1)", [$._config.clusterLabel, $._config.clusterLabel]),
+              "refId": "C",
+              "legendFormat": "sustained under a queue {{pod}}",
+            },
           ],
           "title": "Headroom: requests it can still take",
-          "description": "The smallest known max concurrency (at the observed context, or what the latency objective allows) minus running requests; below 0 the replica is over it.",
+          "description": "While requests wait for capacity, minus the queue (basis queue); after a preemption, at most 0 (preemption); otherwise the smallest known max concurrency (at the observed context, what the latency objective allows, what vLLM sustained under a queue) minus running requests. Beside it, in requests: the SLO-bound concurrency and the sustained one.",
           "transparent": false,
           "datasource": {
             "type": "prometheus",
@@ -1055,7 +1060,24 @@
                 ],
               },
             },
-            "overrides": [],
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byName",
+                  "options": "preemptions/s",
+                },
+                "properties": [
+                  {
+                    "id": "unit",
+                    "value": "reqps",
+                  },
+                  {
+                    "id": "custom.axisPlacement",
+                    "value": "right",
+                  },
+                ],
+              },
+            ],
           },
         },
         {
@@ -1172,14 +1194,9 @@
               "refId": "A",
               "legendFormat": "ITL p90 at {{running}} running",
             },
-            {
-              "expr": std.format("min(vllm_capacity_max_concurrency{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",basis=\"slo\"})", [$._config.clusterLabel]),
-              "refId": "B",
-              "legendFormat": "the knee: SLO-bound concurrency",
-            },
           ],
           "title": "Latency vs running requests (learned)",
-          "description": "The sidecar's curve from vLLM's own histograms: p90 inter-token latency in each running-requests bin (decayed with --latency-half-life). Where it climbs past the objective (--slo-itl) is the knee.",
+          "description": "The sidecar's curve from vLLM's own histograms: p90 inter-token latency in each running-requests bin (decayed with --latency-half-life). Where it climbs past the objective (--slo-itl) is the knee: the SLO-bound concurrency, a request count, in the Headroom panel.",
           "transparent": false,
           "datasource": {
             "type": "prometheus",
@@ -1711,7 +1728,7 @@
           "repeatDirection": "h",
           "fieldConfig": {
             "defaults": {
-              "unit": "short",
+              "unit": "cps",
               "thresholds": {
                 "mode": "absolute",
                 "steps": [
