@@ -237,13 +237,12 @@ def alerts(c: Config) -> list[dict]:
         alert(
             c,
             "VLLMConcurrencyNearCapacity",
-            'vllm_capacity_concurrency_utilization_ratio{basis="slo"}'
-            f" > {c.concurrency_near_ratio:g}{awake}",
+            f'vllm_capacity_concurrency_utilization_ratio{{basis="slo"}} > {c.concurrency_near_ratio:g}{awake}',
             "15m",
             "warning",
             "vLLM runs near the concurrency at which its latency objective holds.",
             f"{who} runs {{{{ $value | humanizePercentage }}}} of the requests at which its latency objectives held "
-            "(max_concurrency{basis=\"slo\"}): more load breaks them, whatever the KV cache has free.",
+            '(max_concurrency{basis="slo"}): more load breaks them, whatever the KV cache has free.',
         ),
         alert(
             c,
