@@ -16,10 +16,12 @@ import json
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -276,12 +278,84 @@ def queries_with_data(prom: str, start: float, end: float, queries: list[str]) -
     return found
 
 
+@dataclass(frozen=True)
+class Read:
+    """What the agent said of the engine at one of its reads."""
+
+    usage: float | None
+    running: float | None
+    waiting: float | None  # waiting for capacity
+    headroom: float | None
+    basis: str | None
+    sustained: float | None
+    observed: float | None
+    kv_cache_limit: bool
+
+    @classmethod
+    def of(cls, text: str) -> Read | None:
+        def number(pattern: str) -> float | None:
+            found = re.search(rf"^vllm_capacity_{pattern} (\S+)$", text, re.M)
+            return float(found[1]) if found else None
+
+        if number("up") != 1.0:
+            return None
+        room = re.search(r'^vllm_capacity_headroom_requests\{[^}]*basis="(\w+)"[^}]*\} (\S+)$', text, re.M)
+        kv_limit = r'^vllm_capacity_concurrency_limit\{[^}]*limit="kv_cache"[^}]*\} 1\.0$'
+        return cls(
+            usage=number(r"kv_cache_usage_ratio\{[^}]*\}"),
+            running=number(r"requests_running\{[^}]*\}"),
+            waiting=number(r"requests_waiting_for_capacity\{[^}]*\}"),
+            headroom=float(room[2]) if room else None,
+            basis=room[1] if room else None,
+            sustained=number(r'max_concurrency\{[^}]*basis="sustained"[^}]*\}'),
+            observed=number(r"sustained_queue_observed\{[^}]*\}"),
+            kv_cache_limit=re.search(kv_limit, text, re.M) is not None,
+        )
+
+
+def _saturation_truth(prom: str, reads: list[Read], paged_at: float) -> None:
+    """#27's moment, live: at every read while requests waited for capacity the agent gave no headroom; it named the
+    KV cache; what it learned vLLM sustains is the running level vLLM held while queued (within 25 %); the fleet
+    rule, in the real Prometheus, asked for a second replica while saturated and for 1 within two evaluations
+    (30 s each, as shipped) of the load's end, when the headroom came back above 0."""
+    queued = [r for r in reads if (r.waiting or 0) > 0]
+    assert queued, "the load never made requests wait for capacity"
+    assert all(r.headroom is not None and r.headroom <= 0 for r in queued), [r for r in queued if not r.headroom]
+    assert any(r.kv_cache_limit for r in queued), "concurrency_limit never named kv_cache while requests waited"
+    held = statistics.median(r.running for r in queued if r.running is not None)
+    learned = next(r.sustained for r in reversed(reads) if r.observed == 1.0 and r.sustained is not None)
+    print(
+        f"while queued ({len(queued)} reads): vLLM ran a median {held:g}; the agent learned it sustains {learned:.1f}"
+    )
+    assert abs(learned - held) <= 0.25 * held, (learned, held)
+    with httpx.Client(timeout=10) as client:
+        peak = client.get(
+            prom + "/api/v1/query",
+            params={"query": "max_over_time(namespace_model_name:vllm_capacity_replicas_needed:ceil[15m])"},
+        ).json()["data"]["result"]
+        assert peak and float(peak[0]["value"][1]) >= 2, peak
+        calm_by = time.monotonic() + 2 * 30 + 15  # two evaluations of the fleet group, and a scrape's lag
+        needed = None
+        while time.monotonic() < calm_by:
+            result = client.get(
+                prom + "/api/v1/query", params={"query": "namespace_model_name:vllm_capacity_replicas_needed:ceil"}
+            ).json()["data"]["result"]
+            needed = float(result[0]["value"][1]) if result else None
+            if needed == 1:
+                break
+            time.sleep(1)
+    print(f"replicas needed: {float(peak[0]['value'][1]):g} at the peak, {needed} after the load")
+    assert needed == 1, needed
+    assert any(r.headroom is not None and r.headroom > 0 for r in reads[-5:]), reads[-5:]
+
+
 def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     vllm, hook, prom = stack["vllm"], stack["hook"], stack["prom"]
     started = time.time()
 
-    # the agent's view, to know when saturation began
+    # the agent's view, to know when saturation began, and every read it served: what it said while requests waited
     onset: dict[str, float] = {}
+    reads: list[Read] = []
     stop_watch = threading.Event()
 
     def watch() -> None:
@@ -291,13 +365,16 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
                     text = client.get(stack["agent"] + "/metrics").text
                 except httpx.HTTPError:
                     continue
-                usage = re.search(r"^vllm_capacity_kv_cache_usage_ratio\{.*\} (\S+)$", text, re.M)
-                waiting = re.search(r"^vllm_capacity_requests_waiting_for_capacity\{.*\} (\S+)$", text, re.M)
-                if usage and waiting and float(usage[1]) > 0.95 and float(waiting[1]) > 0:
-                    onset.setdefault("saturated", time.monotonic())
+                read = Read.of(text)
+                if read is not None:
+                    if (read.usage or 0) > 0.95 and (read.waiting or 0) > 0:
+                        onset.setdefault("saturated", time.monotonic())
+                    if not reads or read != reads[-1]:  # a new snapshot (the agent reads vLLM every second)
+                        reads.append(read)
                 stop_watch.wait(0.25)
 
-    threading.Thread(target=watch, daemon=True).start()
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
     # bursts of 96 long requests, round after round, from a process as low in priority as vLLM itself: 64 run,
     # ~28 fit at their full 900 tokens, the rest wait for capacity or are preempted
     load = subprocess.Popen(
@@ -342,6 +419,9 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     _, resolved_at, _ = hook.wait("VLLMKVCacheSaturated", "resolved", timeout=120)
     hook.wait("VLLMKVCacheSaturated", "resolved", timeout=60, cluster="east")
     print(f"VLLMKVCacheSaturated resolved {resolved_at - paged_at:.1f} s after it paged, once the load stopped")
+    _saturation_truth(prom, reads, paged_at)
+    stop_watch.set()
+    watcher.join(timeout=10)
 
     # the fleet recording rules are evaluated every 30 s (their group's interval, as shipped): wait for one evaluation
     # while vLLM is up, or a quick page-and-resolve can leave the fleet dashboard's queries without any data
