@@ -1,5 +1,7 @@
 """Derivations: plain functions over plain data, checked against vLLM's own figures."""
 
+import math
+
 import pytest
 
 from support.files import fixture_text
@@ -186,20 +188,18 @@ def test_counter_carried_across_restarts(total, previous, raw, restarted, expect
         ({"waiting": 4, "waiting_for_capacity": 0, "running": 5, "lora_blocked": True}, "lora_slots"),
         ({"waiting": 4, "usage": 0.97, "lora_blocked": True}, "kv_cache"),
         ({"waiting": None}, None),
+        # the step's token budget: requests wait for capacity on a cache with room while most steps are as large
+        # as --max-num-batched-tokens allows (measured on vLLM 0.32, budget 256: 94 % of steps over 128)
+        ({"waiting": 12, "waiting_for_capacity": 12, "usage": 0.01, "steps_near_budget": 0.94}, "token_budget"),
+        ({"waiting": 12, "waiting_for_capacity": 12, "usage": 0.01, "steps_near_budget": 0.2}, None),  # small steps
+        ({"waiting": 0, "steps_near_budget": 0.94}, "none"),  # large steps, nothing waits: no limit binds
+        ({"waiting": 12, "waiting_for_capacity": 12, "usage": 0.97, "steps_near_budget": 0.94}, "kv_cache"),
     ],
 )
 def test_what_limits_concurrency_now(state: dict, limit: str | None) -> None:
-    args = {
-        "running": 4,
-        "waiting": 0,
-        "waiting_for_capacity": 0,
-        "preempted": False,
-        "usage": 0.5,
-        "max_num_seqs": None,
-        "slo_max_concurrency": None,
-        **state,
-    }
-    assert derive.concurrency_limit(**args) == limit
+    args = {"running": 4, "waiting": 0, "waiting_for_capacity": 0, "preempted": False, "usage": 0.5, **state}
+    bounds = {k: args.pop(k) for k in list(args) if k in derive.Bounds.__dataclass_fields__}
+    assert derive.concurrency_limit(**args, bounds=derive.Bounds(**bounds)) == limit
 
 
 @pytest.mark.parametrize(
@@ -238,6 +238,19 @@ def test_the_sustained_concurrency_is_what_vllm_holds_under_pressure() -> None:
     s = derive.learn_sustained(s, 12, pressed=True, now=110, half_life=100)
     assert s.level == pytest.approx((6 * 0.5 + 12) / 1.5)  # the read of 100 s ago weighs half
     assert derive.learn_sustained(s, None, pressed=True, now=120, half_life=100) == s
+
+
+def test_steps_near_the_token_budget() -> None:
+    """vLLM's step sizes over a window, as the buckets of vllm:iteration_tokens_total (powers of two) give them:
+    with a budget of 256, steps over 128 are near it; with 3,000, those over 1,024 (the largest bucket at or below
+    1,500)."""
+    window = ((1.0, 8.0), (128.0, 8.0), (256.0, 48.0), (512.0, 126.0), (math.inf, 126.0))  # vLLM 0.32, budget 256
+    assert derive.steps_near_budget(window, 256) == pytest.approx(118 / 126)
+    assert derive.steps_near_budget(window, 3000) == 0.0  # no step over 1,024 tokens
+    assert derive.steps_near_budget(window, 1) == 1.0  # every step is over half a token
+    assert derive.steps_near_budget(window, None) is None
+    assert derive.steps_near_budget(((1.0, 1.0), (math.inf, 19.0)), 256) is None  # too few steps to say
+    assert derive.steps_near_budget((), 256) is None
 
 
 def test_the_planned_layout_beside_vllms_own_capacity() -> None:

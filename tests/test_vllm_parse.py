@@ -90,7 +90,7 @@ def _selected(text: str) -> str:
     return "\n".join(select_lines(text, WANTED, META))
 
 
-def test_only_the_latency_and_request_size_histograms_buckets_are_parsed() -> None:
+def test_only_the_latency_request_size_and_step_size_histograms_buckets_are_parsed() -> None:
     kept = _selected(fixture_text("v1-0.32.0-cpu-idle.prom"))
     buckets = {line.split("{")[0] for line in kept.splitlines() if "_bucket{" in line}
     assert buckets == {
@@ -98,11 +98,12 @@ def test_only_the_latency_and_request_size_histograms_buckets_are_parsed() -> No
         "vllm:time_to_first_token_seconds_bucket",
         "vllm:request_prompt_tokens_bucket",
         "vllm:request_generation_tokens_bucket",
+        "vllm:iteration_tokens_total_bucket",
     }
     assert "_sum{" not in kept and "_count{" not in kept
     assert "vllm:kv_cache_usage_perc{" in kept
     assert "# TYPE vllm:num_preemptions_total counter" in kept
-    assert len(kept) < len(fixture_text("v1-0.32.0-cpu-idle.prom")) / 5
+    assert len(kept) < len(fixture_text("v1-0.32.0-cpu-idle.prom")) / 4  # a fifth of the body, the step sizes aside
 
 
 def test_multiple_models_and_engines_are_kept_apart() -> None:

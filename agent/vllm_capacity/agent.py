@@ -63,6 +63,7 @@ class AgentSettings:
     tp: int = 1  # --tp
     pp: int = 1  # --pp
     max_num_seqs: int | None = None  # --max-num-seqs; else what vLLM's start-up log says
+    max_num_batched_tokens: int | None = None  # --max-num-batched-tokens; else what vLLM's start-up log says
     nvml_required: bool = False  # --nvml on: NVML's absence is a failure, not "no GPU here"
     objectives: tuple[Objective, ...] = ()  # --slo-itl, --slo-ttft
     latency_half_life: float = DEFAULT_HALF_LIFE  # --latency-half-life
@@ -217,7 +218,7 @@ class Agent:
             pp=self.settings.pp,
             version=self.models.version,
             max_num_seqs=self.settings.max_num_seqs or self.figures.max_num_seqs,
-            max_num_batched_tokens=self.figures.max_num_batched_tokens,
+            max_num_batched_tokens=self.settings.max_num_batched_tokens or self.figures.max_num_batched_tokens,
             speculation=self.figures.speculation,
         )
         history = derive.EngineHistory(carried, self.latency.views, self.counters.preempted, self.sustained.views)

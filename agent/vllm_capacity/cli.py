@@ -73,6 +73,7 @@ def _agent(values: SourceConfig, interval: float, serve: ServeConfig | None = No
         tp=values.tp,
         pp=values.pp,
         max_num_seqs=serve.max_num_seqs if serve else None,
+        max_num_batched_tokens=serve.max_num_batched_tokens if serve else None,
         nvml_required=values.nvml == "on",
         objectives=tuple(o for o in (values.slo_itl, values.slo_ttft) if o is not None),
         latency_half_life=values.latency_half_life,

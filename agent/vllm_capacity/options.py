@@ -269,6 +269,12 @@ SERVE_OPTIONS = (
         None,
         "vLLM's --max-num-seqs, for concurrency_limit{limit=max_num_seqs} (else read from --vllm-log when it says)",
     ),
+    Option(
+        "--max-num-batched-tokens",
+        _positive_int,
+        None,
+        "vLLM's token budget per step, for concurrency_limit{limit=token_budget} (else read from --vllm-log)",
+    ),
     *LATENCY_OPTIONS,
     Option(
         "--web.config.file",
@@ -533,6 +539,7 @@ class ServeConfig(SourceConfig):
     models_refresh: float
     web_telemetry_path: str
     max_num_seqs: int | None
+    max_num_batched_tokens: int | None
     web_config_file: Path | None
     log_format: str
     log_level: str

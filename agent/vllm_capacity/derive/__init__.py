@@ -10,6 +10,7 @@ from vllm_capacity.derive.capacity import (
     GENERATION_OLDEST,
     LIMITS,
     NEARLY_FULL,
+    Bounds,
     accumulate_counter,
     blocks_per_engine,
     capacity_tokens,
@@ -41,6 +42,7 @@ from vllm_capacity.derive.features import (
     learn_sustained,
     lora_slots,
     spec_decode,
+    steps_near_budget,
 )
 from vllm_capacity.derive.layout import (
     LiveSpeculation,
@@ -59,6 +61,7 @@ __all__ = [
     "NO_FACTS",
     "NO_HISTORY",
     "NO_SUSTAINED",
+    "Bounds",
     "EngineCapacity",
     "EngineHistory",
     "EngineInputs",
@@ -92,5 +95,6 @@ __all__ = [
     "planned_layout",
     "sizing_rules",
     "spec_decode",
+    "steps_near_budget",
     "used_tokens",
 ]

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from vllm_capacity import sizing
 from vllm_capacity.sources.vllm_records import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_CAPACITY, SCHEMA_V1_LEGACY
@@ -160,7 +161,18 @@ def headroom(
 
 
 # concurrency_limit's values, in the order they are tried (lora_slots only where vLLM serves LoRA)
-LIMITS = ("kv_cache", "max_num_seqs", "lora_slots", "slo", "none")
+LIMITS = ("kv_cache", "max_num_seqs", "lora_slots", "token_budget", "slo", "none")
+STEPS_AT_BUDGET = 0.5  # share of the window's engine steps over half the token budget that names it
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The limits the agent knows of beside the KV cache, for :func:`concurrency_limit`."""
+
+    max_num_seqs: int | None = None  # --max-num-seqs (or the log's)
+    slo_max_concurrency: int | None = None  # what the latency objectives allow
+    lora_blocked: bool = False  # requests for an adapter wait while the --max-loras slots hold others
+    steps_near_budget: float | None = None  # the share of steps over half of --max-num-batched-tokens
 
 
 def concurrency_limit(
@@ -170,25 +182,29 @@ def concurrency_limit(
     waiting_for_capacity: float | None,
     preempted: bool,
     usage: float | None,
-    max_num_seqs: int | None,
-    slo_max_concurrency: int | None,
-    lora_blocked: bool = False,
+    bounds: Bounds = Bounds(),
 ) -> str | None:
     """What limits concurrency now: ``kv_cache`` (requests were preempted since the last read, or requests wait on
     a nearly full cache), ``max_num_seqs`` (running at vLLM's --max-num-seqs), ``lora_slots`` (requests for an
-    adapter wait while vLLM's --max-loras slots hold others), ``slo`` (running above the SLO-bound concurrency),
+    adapter wait while vLLM's --max-loras slots hold others), ``token_budget`` (requests wait for capacity while
+    most engine steps are as large as --max-num-batched-tokens allows: ``steps_near_budget``, the share of steps
+    over half of it), ``slo`` (running above the SLO-bound concurrency),
     ``none`` (nothing waits). None when requests wait for a reason none of these names: vLLM counts a
     request as waiting for "capacity" for any scheduling limit (a batch slot, the step's token budget), so that
     reason alone, on a cache with room, does not name the KV cache (measured on vLLM 0.32)."""
+    b = bounds
     if preempted:
         return "kv_cache"
-    if max_num_seqs is not None and running is not None and running >= max_num_seqs:
+    if b.max_num_seqs is not None and running is not None and running >= b.max_num_seqs:
         return "max_num_seqs"
     if (waiting or 0) > 0 and usage is not None and usage >= NEARLY_FULL:
         return "kv_cache"
-    if lora_blocked:
+    if b.lora_blocked:
         return "lora_slots"
-    if slo_max_concurrency is not None and running is not None and running > slo_max_concurrency:
+    queue = waiting_for_capacity if waiting_for_capacity is not None else waiting
+    if (queue or 0) > 0 and b.steps_near_budget is not None and b.steps_near_budget >= STEPS_AT_BUDGET:
+        return "token_budget"
+    if b.slo_max_concurrency is not None and running is not None and running > b.slo_max_concurrency:
         return "slo"
     if waiting is not None and waiting == 0:
         return "none"

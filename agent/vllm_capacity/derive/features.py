@@ -19,6 +19,8 @@ class LatencyView:
     slo_max_concurrency: int | None = None  # with objectives, once known
     slo_knee_observed: bool | None = None  # None without objectives
     context_p90_tokens: float | None = None  # p90 prompt + p90 generation tokens of finished requests
+    #: vllm:iteration_tokens_total's increase over the last latency interval: (upper bound, steps), cumulative
+    step_tokens: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,24 @@ def learn_sustained(known: Sustained, running: float | None, pressed: bool, now:
         return Sustained(level=running, at=now)
     decay = 0.5 ** ((now - known.at) / half_life) if known.observed and known.at is not None else 0.0
     weight = known.weight * decay
-    level = ((known.level or 0.0) * weight + running) / (weight + 1.0)
+    before = known.level if known.observed and known.level is not None else running
+    level = before + (running - before) / (weight + 1.0)  # the same level read again stays exactly that level
     return Sustained(level=level, observed=True, weight=weight + 1.0, at=now)
+
+
+MIN_STEPS = 20  # engine steps a window needs before the share of large ones says anything
+
+
+def steps_near_budget(step_tokens: tuple[tuple[float, float], ...], budget: int | None) -> float | None:
+    """The share of engine steps, over the last window, larger than half the scheduler's token budget
+    (--max-num-batched-tokens): near 1, every step is as large as vLLM allows, and a request that waits cannot be
+    admitted for want of tokens in the step. vLLM's buckets are powers of two: "larger than half" is counted from
+    the largest bucket at or below ``budget / 2``. None without the budget, or with fewer than MIN_STEPS steps."""
+    if not budget or not step_tokens or step_tokens[-1][1] < MIN_STEPS:
+        return None
+    total = step_tokens[-1][1]
+    small = max((count for le, count in step_tokens if le <= budget / 2), default=0.0)
+    return (total - small) / total
 
 
 @dataclass(frozen=True)

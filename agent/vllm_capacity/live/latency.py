@@ -45,6 +45,7 @@ class LatencyLearner:
         self._contexts: dict[EngineKey, ContextTokens] = {}
         self._views: dict[EngineKey, derive.LatencyView] = {}
         self._running_seen: dict[EngineKey, tuple[float, int]] = {}
+        self._steps: dict[EngineKey, Buckets] = {}  # vllm:iteration_tokens_total at the last latency read
         self._read_at: float | None = None
         self._unresolvable_logged: set[str] = set()
 
@@ -90,12 +91,27 @@ class LatencyLearner:
                 slo_max_concurrency=bound.max_concurrency,
                 slo_knee_observed=bound.knee_observed if self.objectives else None,
                 context_p90_tokens=context.quantile(),
+                step_tokens=self._step_increase(key, m.latency.get("steps")),
             )
         self._running_seen.clear()  # what is left belongs to engines that went away
         for gone in set(self._curves) - present:  # an engine that went away takes what it taught with it
             del self._curves[gone]
             self._contexts.pop(gone, None)
             self._views.pop(gone, None)
+            self._steps.pop(gone, None)
+
+    def _step_increase(self, key: EngineKey, steps: Buckets | None) -> tuple[tuple[float, float], ...]:
+        """The step-size histogram's increase since the last latency read ((), the first time, after a restart of
+        vLLM (a count went down) or a new bucket layout)."""
+        before = self._steps.get(key)
+        if steps is None:
+            self._steps.pop(key, None)
+            return ()
+        self._steps[key] = steps
+        if before is None or [le for le, _ in before] != [le for le, _ in steps]:
+            return ()
+        increase = tuple((le, now - then) for (le, now), (_, then) in zip(steps, before, strict=True))
+        return increase if all(d >= 0 for _, d in increase) else ()
 
     def _warn_unresolvable(self, histograms: Mapping[str, Buckets]) -> None:
         """Once per objective: say so when it lies below the first bucket of the histogram it is learned from."""

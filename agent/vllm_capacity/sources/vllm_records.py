@@ -45,6 +45,7 @@ SLEEP = "vllm:engine_sleep_state"
 ITL = "vllm:inter_token_latency_seconds"
 TPOT = "vllm:time_per_output_token_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
+ITERATION_TOKENS = "vllm:iteration_tokens_total"  # a histogram despite its name
 #: The latency histograms' buckets (the latency-by-concurrency curve): wire name -> kind ("itl" or "ttft").
 #: The newer inter-token name is preferred where a server serves both (0.10.2 - 0.14).
 LATENCY_BUCKETS = {
@@ -54,6 +55,9 @@ LATENCY_BUCKETS = {
     # finished requests' sizes, for the context distribution (max_concurrency{basis="p90_context"})
     "vllm:request_prompt_tokens_bucket": "prompt",
     "vllm:request_generation_tokens_bucket": "generation",
+    # tokens per engine step (V0 >= 0.6.4, V1 >= 0.7.3): steps as large as --max-num-batched-tokens allows name the
+    # token budget as the limit (concurrency_limit{limit="token_budget"})
+    ITERATION_TOKENS + "_bucket": "steps",
 }
 
 #: Sample names (as they appear on the wire) the agent reads; lines of other families are never parsed.
@@ -81,7 +85,7 @@ WANTED_WITHOUT_LATENCY = tuple(n for n in WANTED if n not in LATENCY_BUCKETS)
 PRESENCE_ONLY = (ITL, TPOT)
 #: Names whose HELP/TYPE lines are read beside those of WANTED: the latency histograms' own (their buckets are
 #: WANTED), so that the buckets are read inside their families as a parse of the whole body reads them.
-META = (ITL, TPOT, TTFT, "vllm:request_prompt_tokens", "vllm:request_generation_tokens")
+META = (ITL, TPOT, TTFT, "vllm:request_prompt_tokens", "vllm:request_generation_tokens", ITERATION_TOKENS)
 
 #: Metric schema generations, as exported in ``vllm_capacity_vllm_info{schema}``.
 SCHEMA_V0 = "v0"  # legacy engine: gpu_cache_usage_perc, no engine label
