@@ -627,7 +627,8 @@ def test_the_report_shows_speculative_acceptance_next_to_capacity() -> None:
     from dataclasses import replace
 
     from vllm_capacity.derive import EngineInputs, derive_engine
-    from vllm_capacity.report import render_json, render_text
+    from vllm_capacity.report import render_text
+    from vllm_capacity.report_json import render_json
     from vllm_capacity.snapshot import Snapshot
     from vllm_capacity.sources.vllm_parse import parse_metrics
 

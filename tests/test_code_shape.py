@@ -30,7 +30,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("derive", "budget"),  # what the agent derives from one read, pure
     ("snapshot", "metrics"),  # the one consistent view, and the catalogue of what is exported
     ("live", "agent"),  # the loop and its readers
-    ("exposition", "report"),  # renders of a snapshot
+    ("exposition", "report", "report_json"),  # renders of a snapshot
     ("server", "options", "plan_inputs", "plan", "cli", "__main__"),  # the front ends
 )
 

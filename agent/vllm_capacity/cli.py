@@ -182,7 +182,8 @@ async def _report(values: ReportConfig) -> int:
     import asyncio
     import signal
 
-    from vllm_capacity.report import render_json, render_text
+    from vllm_capacity.report import render_text
+    from vllm_capacity.report_json import render_json
 
     agent = _agent(values, values.watch or 1.0)
     client = agent.client
