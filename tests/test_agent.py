@@ -185,6 +185,23 @@ async def test_http_endpoints(h: Harness) -> None:
     assert odd.status == 200 and odd.headers["Content-Type"].startswith("text/plain")  # was an HTTP 500
 
 
+async def test_a_models_list_nested_past_the_parser_is_a_models_failure_not_a_crash(
+    h: Harness, fake_vllm: FakeVllm
+) -> None:
+    """A /v1/models body nested 100,000 deep (json raises RecursionError) is the vllm_models source's parse error:
+    the cycle goes on, vLLM's capacity is served, the agent's own source stays up. It was a crash every cycle:
+    no derived series while every source_up read 1."""
+    fake_vllm.models = "[" * 100_000 + "]" * 100_000
+    with structlog.testing.capture_logs() as logs:
+        await h.agent.cycle()
+    text = await h.scrape()
+    assert "cycle_crashed" not in [e["event"] for e in logs]
+    assert value(text, "vllm_capacity_source_up", source="vllm_models") == 0
+    assert value(text, "vllm_capacity_source_errors_total", source="vllm_models", reason="parse_error") == 1
+    assert value(text, "vllm_capacity_source_up", source="agent") == 1
+    assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096
+
+
 async def test_a_crashing_cycle_does_not_kill_the_loop(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 
@@ -205,9 +222,12 @@ async def test_a_crashing_cycle_does_not_kill_the_loop(h: Harness, monkeypatch: 
     with structlog.testing.capture_logs() as logs:
         await asyncio.wait_for(h.agent.run(stop), timeout=10)
     assert calls == 3  # the loop went on after each crash, and stopped when told
-    assert [e["event"] for e in logs].count("cycle_crashed") == 1  # one cause, logged once
+    (crashed,) = [e for e in logs if e["event"] == "cycle_crashed"]  # one cause, logged once
+    assert isinstance(crashed["exc_info"], RuntimeError)  # with its traceback (it was logged outside an except)
     assert h.agent.errors[("agent", "internal")] == 3  # and counted every time
-    assert value(await h.scrape(), "vllm_capacity_source_errors_total", source="agent", reason="internal") == 3
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_source_errors_total", source="agent", reason="internal") == 3
+    assert value(text, "vllm_capacity_source_up", source="agent") == 0  # said where up-level series are read
     assert not h.agent.snapshot.up
     assert (await h.http.get("/healthz")).status == 200
     assert (await h.http.get("/readyz")).status == 200  # serving up 0 is the truth: the pod stays ready

@@ -32,7 +32,7 @@ from vllm_capacity.live.startup import StartupLogReader
 from vllm_capacity.live.status import SourceBook, first_time, internal
 from vllm_capacity.live.sustained import SustainedLearner
 from vllm_capacity.snapshot import Snapshot
-from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.nvml_scope import vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
@@ -90,7 +90,8 @@ class Agent:
         self.clock = clock
         self.monotonic = monotonic
         self.logger = structlog.get_logger("vllm_capacity")
-        self.sources = SourceBook((SOURCE_VLLM, SOURCE_MODELS), monotonic)
+        # the agent itself is a source too: source_up{source="agent"} is 0 while its last cycle crashed
+        self.sources = SourceBook((SOURCE_VLLM, SOURCE_MODELS, SOURCE_AGENT), monotonic)
         # vLLM's start-up log, when given (--vllm-log): its memory figures; else none of them
         self.startup_log = StartupLogReader(vllm_log, self.sources, monotonic) if vllm_log is not None else None
         self.figures = self.startup_log.figures if self.startup_log is not None else StartupFigures()
@@ -180,6 +181,7 @@ class Agent:
                 )
 
     async def cycle(self) -> Snapshot:
+        self.sources.ok(SOURCE_AGENT, 0.0)  # until this cycle crashes (_crashed)
         # the sources are read side by side: a slow or hung one never delays the others
         read_latency = self.latency.due()
         _, _, (metrics, took) = await asyncio.gather(
@@ -275,10 +277,10 @@ class Agent:
         """A cycle raised: counted as source_errors_total{source="agent",reason="internal"}, logged with its
         traceback once per distinct cause, and the snapshot keeps what was read (vLLM's state, the GPUs) without
         the derived series it could not compute."""
-        self.errors[(SOURCE_AGENT, Reason.INTERNAL)] += 1
+        self.sources.fail(SOURCE_AGENT, internal(err, "a cycle crashed"), 0.0)  # source_up{source="agent"} 0
         cause = f"{type(err).__name__}: {err}"
         if first_time(self._crashes_logged, cause):
-            self.logger.exception("cycle_crashed", cause=cause)
+            self.logger.error("cycle_crashed", cause=cause, exc_info=err)  # its traceback, once per cause
         self.snapshot = self._snapshot(
             up=self.sources[SOURCE_VLLM].up,
             timestamp=self.snapshot.timestamp,

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from vllm_capacity import derive
-from vllm_capacity.live.status import SourceBook
+from vllm_capacity.live.status import SourceBook, internal
 from vllm_capacity.snapshot import EngineKey
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
@@ -103,11 +103,13 @@ class ModelsReader:
         t0 = self.monotonic()
         try:
             models = await self.client.fetch_models()
-        except SourceError as err:
-            self.sources.fail(SOURCE_MODELS, err, self.monotonic() - t0)
+            version = await self.client.fetch_version()
+        except Exception as err:  # what no rule covers is this source's failure too, never a crashed cycle
+            failure = err if isinstance(err, SourceError) else internal(err, "reading vLLM's /v1/models")
+            self.sources.fail(SOURCE_MODELS, failure, self.monotonic() - t0)
             self._fetched_at = self.monotonic() - self.refresh + min(30.0, self.refresh)
             return
-        self.version = await self.client.fetch_version()
+        self.version = version
         self.sources.ok(SOURCE_MODELS, self.monotonic() - t0)
         self.models, self._fetched_at = models, self.monotonic()
 

@@ -159,7 +159,7 @@ class VllmClient:
         try:
             body, _ = await self._get("/version", accept="application/json")
             version = json.loads(body).get("version")
-        except (SourceError, ValueError, AttributeError):
+        except (SourceError, ValueError, AttributeError, RecursionError):
             return None
         return str(version) if version else None
 
@@ -189,6 +189,8 @@ def parse_models(text: str, base_url: str = "vLLM") -> ModelsInfo:
         cards = doc["data"]
         if not isinstance(cards, list):
             raise TypeError("data is not a list")
+    except RecursionError as err:  # nested deeper than the JSON parser goes: not a model list
+        raise SourceError(Reason.PARSE_ERROR, f"{base_url}/v1/models is nested too deeply to be a model list") from err
     except (ValueError, KeyError, TypeError) as err:
         raise SourceError(Reason.PARSE_ERROR, f"{base_url}/v1/models is not an OpenAI model list: {err}") from err
     found: dict[str, int] = {}
