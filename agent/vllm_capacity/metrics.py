@@ -525,7 +525,9 @@ SPECS: tuple[MetricSpec, ...] = (
         "source_up",
         "gauge",
         ("source",),
-        "1 if the last read of a source (vllm, vllm_models, vllm_log, nvml) succeeded, 0 if not; agent: 0 while the agent's last cycle crashed (a bug: source_errors_total{source=agent,reason=internal} counts them, the log has the traceback).",
+        "1 if the last read of a source (vllm, vllm_models, vllm_log, nvml) succeeded, 0 if not; agent: 0 while "
+        "the agent's last cycle crashed (a bug: source_errors_total{source=agent,reason=internal} counts them, the "
+        "log has the traceback).",
     ),
     _m("source_duration_seconds", "gauge", ("source",), "Seconds the last read of a source took."),
     _m(
