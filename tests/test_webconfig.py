@@ -245,3 +245,22 @@ def test_prometheus_scrapes_over_tls_with_basic_auth_and_a_client_certificate(
         assert [s["value"][1] for s in up["data"]["result"]] == ["1"]
     finally:
         stop_process(proc)
+
+
+@pytest.mark.parametrize("password", ["p" * 73, "é" * 37, "p" * 4096], ids=["73 bytes", "74 bytes of é", "4 KiB"])
+def test_a_password_longer_than_bcrypt_reads_is_refused_not_an_error(password: str) -> None:
+    """bcrypt reads 72 bytes; bcrypt 5 raises on more, which was an HTTP 500 and a traceback a minute. A longer
+    password is a wrong one (Go's bcrypt, the exporter toolkit's, refuses it too), for a known user and an unknown
+    one; the right password still passes."""
+    import base64
+
+    from vllm_capacity.webconfig import Authenticator
+
+    auth = Authenticator({"prometheus": bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=4))})
+
+    def basic(user: str, pw: str) -> str:
+        return "Basic " + base64.b64encode(f"{user}:{pw}".encode()).decode()
+
+    assert auth.allows(basic("prometheus", password)) is False
+    assert auth.allows(basic("nobody", password)) is False
+    assert auth.allows(basic("prometheus", "right")) is True

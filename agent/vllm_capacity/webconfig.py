@@ -146,6 +146,9 @@ def configure_ssl_context(ctx: ssl.SSLContext, config: WebConfig) -> None:
     ctx.minimum_version = _VERSIONS[version]
 
 
+BCRYPT_MAX_BYTES = 72  # bcrypt reads no further: a longer password is refused, not truncated
+
+
 class Authenticator:
     """Checks HTTP basic credentials against bcrypt hashes. A bcrypt check costs tens of milliseconds on purpose;
     a successful one is remembered (keyed by a keyed hash of the credentials, never the password) so that a
@@ -170,15 +173,16 @@ class Authenticator:
             user, _, password = base64.b64decode(authorization[6:], validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
             return False
-        hashed = self.users.get(user)
-        if hashed is None:
-            # as long as a wrong password takes: an unknown user must not answer faster than a known one
-            bcrypt.checkpw(password.encode(), self._decoy)
+        hashed, secret = self.users.get(user), password.encode()
+        if hashed is None or len(secret) > BCRYPT_MAX_BYTES:
+            # as long as a wrong password takes: an unknown user must not answer faster than a known one. A password
+            # longer than bcrypt takes (bcrypt 5 raises; Go's bcrypt, the exporter toolkit's, refuses it) is wrong.
+            bcrypt.checkpw(secret[:BCRYPT_MAX_BYTES], self._decoy)
             return False
         token = hmac.new(self._key, f"{user}:{password}".encode(), hashlib.sha256).digest()
         if token in self._good:
             return True
-        if bcrypt.checkpw(password.encode(), hashed):
+        if bcrypt.checkpw(secret, hashed):
             self._good.add(token)
             return True
         return False
