@@ -1,6 +1,9 @@
 """Derivations: plain functions over plain data, checked against vLLM's own figures."""
 
+import dataclasses
 import math
+import random
+from collections.abc import Iterator, Mapping
 
 import pytest
 
@@ -352,3 +355,69 @@ def test_lora_slots_from_vllms_series() -> None:
     assert derive.lora_slots(LoraRequests(3, ("sql", "chat"), ("code",)), queued, 1, SCHEMA_V0).blocked is False
     assert derive.lora_slots(v1, deferred, 2, SCHEMA_V1_CAPACITY) is None  # data parallel: vLLM's one series misleads
     assert derive.lora_slots(None, deferred, 1, SCHEMA_V1_CAPACITY) is None
+
+
+def _numbers(value: object, where: str = "") -> Iterator[tuple[str, float]]:
+    """Every float or int inside a derived record (dataclasses, mappings, tuples), with where it sits."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return
+    if isinstance(value, int | float):
+        yield where, float(value)
+    elif dataclasses.is_dataclass(value):
+        for f in dataclasses.fields(value):
+            yield from _numbers(getattr(value, f.name), f"{where}.{f.name}")
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _numbers(v, f"{where}[{k!r}]")
+    elif isinstance(value, tuple | list):
+        for i, v in enumerate(value):
+            yield from _numbers(v, f"{where}[{i}]")
+
+
+def test_no_derived_value_is_ever_non_finite() -> None:
+    """A property over derive_engine: whatever plausible values vLLM reports (denormal numbers, zeros, 2^53, a
+    usage of 1e-320 once made max_concurrency{basis=observed_context} and the headroom +Inf), every number derived
+    is finite. 3,000 engines drawn from the extremes and ordinary values, with and without the agent's history."""
+    from vllm_capacity.sources.vllm_records import SCHEMA_V1_CAPACITY, CacheConfig, EngineMetrics
+
+    rng = random.Random(27)
+    extremes = [0.0, 5e-324, 1e-320, 1e-300, 1e-9, 0.5, 1.0, 3.0, 1e6, 1e15, 2.0**53]
+
+    def draw(low: float = 0.0, high: float = 2.0**53) -> float:
+        x = rng.choice(extremes) if rng.random() < 0.6 else rng.uniform(0, 1e5)
+        return min(max(x, low), high)
+
+    for _ in range(3000):
+        labels = {
+            "block_size": str(rng.choice([1, 16, 128])),
+            "num_gpu_blocks": str(int(draw(0, 2**40))),
+            "kv_cache_max_concurrency": repr(draw()),
+            "kv_cache_memory_bytes": str(int(draw(0, 2**50))),
+        }
+        if rng.random() < 0.5:
+            labels["kv_cache_size_tokens"] = str(int(draw(0, 2**50)))
+        m = EngineMetrics(
+            "m",
+            "0",
+            kv_cache_usage=draw(0, 1),
+            running=draw(),
+            waiting=draw(),
+            waiting_by_reason={"capacity": draw()},
+            preemptions_total=draw(),
+            cache_config=CacheConfig(labels),
+        )
+        history = derive.Sustained(level=draw(), observed=rng.random() < 0.5, weight=1.0, at=0.0)
+        inputs = derive.EngineInputs(
+            schema=SCHEMA_V1_CAPACITY,
+            max_model_len=rng.choice([None, 1, 1024, 131072]),
+            preempted=rng.random() < 0.3,
+            sustained=history,
+            latency=derive.LatencyView(step_tokens=((128.0, draw()), (math.inf, draw()))),
+        )
+        facts = derive.ServerFacts(
+            max_num_seqs=rng.choice([None, 1, 256]), max_num_batched_tokens=rng.choice([None, 256])
+        )
+        e = derive.derive_engine(m, inputs, facts)
+        # the latency view is the learner's, passed through (its buckets end at +Inf)
+        bad = [(w, v) for w, v in _numbers(e) if not math.isfinite(v) and not w.startswith(".latency.")]
+        assert not bad, (bad, m, inputs)

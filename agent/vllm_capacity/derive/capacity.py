@@ -40,6 +40,7 @@ max_model_len come from the startup log.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -117,23 +118,27 @@ def max_concurrency_at_max_model_len(
 
 
 def mean_context_tokens(used: float | None, running: float | None) -> float | None:
-    """Average KV tokens per running request; unknown while nothing runs."""
+    """Average KV tokens per running request; unknown while nothing runs, and when it comes out under one token (a
+    running request holds at least a block: a usage that small is below vLLM's resolution, or a denormal number)."""
     if used is None or not running or running <= 0:
         return None
-    return used / running
+    mean = used / running
+    return None if 0 < mean < 1 or not math.isfinite(mean) else mean
 
 
 def max_concurrency_at_context(capacity: int | None, context_tokens: float | None) -> float | None:
-    """How many requests of ``context_tokens`` each fit in ``capacity`` tokens."""
-    if capacity is None or not context_tokens or context_tokens <= 0:
+    """How many requests of ``context_tokens`` each fit in ``capacity`` tokens (none of under a token)."""
+    if capacity is None or not context_tokens or context_tokens < 1:
         return None
     return capacity / context_tokens
 
 
 def concurrency_utilization(running: float | None, max_concurrency: float | None) -> float | None:
+    """running / max_concurrency; None when the bound is unknown or so small that the ratio is not a number."""
     if running is None or not max_concurrency or max_concurrency <= 0:
         return None
-    return running / max_concurrency
+    ratio = running / max_concurrency
+    return ratio if math.isfinite(ratio) else None
 
 
 def headroom(
