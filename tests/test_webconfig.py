@@ -180,15 +180,54 @@ def test_sighup_re_reads_the_web_config_without_dropping_the_listener(
             time.sleep(0.1)
         assert client.get(url + "/metrics", auth=("grafana", "new-pw")).status_code == 200
         assert client.get(url + "/metrics", auth=("prometheus", "scrape-pw")).status_code == 401
-    web.write_text("basic_auth_users: {x: not-a-hash}\n")  # a broken file keeps the settings in force
-    proc.send_signal(signal.SIGHUP)
-    time.sleep(0.5)
-    with _client(pki) as client:
-        assert client.get(url + "/metrics", auth=("grafana", "new-pw")).status_code == 200
+    # a broken file, then one that is not UTF-8 text, keep the settings in force (the second once escaped as an
+    # asyncio traceback)
+    for broken in (b"basic_auth_users: {x: not-a-hash}\n", b"\xff\xfe not text\n"):
+        web.write_bytes(broken)
+        proc.send_signal(signal.SIGHUP)
+        time.sleep(0.5)
+        with _client(pki) as client:
+            assert client.get(url + "/metrics", auth=("grafana", "new-pw")).status_code == 200
+    assert proc.poll() is None
     _, stderr = stop_process(proc)
     events = [json.loads(line)["event"] for line in stderr.splitlines()]
-    assert "web_config_reloaded" in events and "web_config_reload_failed" in events
+    assert "web_config_reloaded" in events and events.count("web_config_reload_failed") == 2, events
     assert "new-pw" not in stderr and "scrape-pw" not in stderr
+
+
+def test_sighup_without_a_web_config_is_ignored_not_fatal(fake_vllm_thread: str) -> None:
+    """Without --web.config.file there is nothing to re-read: SIGHUP (a config reloader's habit, or a terminal
+    hang-up) once ended the sidecar, as SIGHUP's default action does. It says so in its log and serves on."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "vllm_capacity", "serve", "--vllm-url", fake_vllm_thread),
+            *("--listen", f"127.0.0.1:{port}", "--interval", "200ms"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(url + "/healthz")
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.send_signal(signal.SIGHUP)
+    time.sleep(0.5)
+    assert proc.poll() is None, "SIGHUP ended the sidecar"
+    assert httpx.get(url + "/healthz").status_code == 200
+    _, stderr = stop_process(proc)
+    assert "sighup_ignored" in [json.loads(line)["event"] for line in stderr.splitlines()]
+
+
+def test_a_web_config_that_is_not_utf8_is_a_start_up_error(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_bytes(b"\xff\xfe\n")
+    with pytest.raises(WebConfigError, match="is not UTF-8 text"):
+        load(web)
 
 
 def test_prometheus_scrapes_over_tls_with_basic_auth_and_a_client_certificate(

@@ -128,9 +128,19 @@ async def _serve(values: ServeConfig) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    if values.web_config_file is not None:
-        path = values.web_config_file
-        loop.add_signal_handler(signal.SIGHUP, lambda: _reload_web_config(path, access, ssl_context))
+    # SIGHUP re-reads the web configuration, in a thread (bcrypt checks each hash: seconds at a high cost); without
+    # one there is nothing to re-read, and SIGHUP's default action (ending the process) must not apply
+    reloads: set[asyncio.Future[None]] = set()
+
+    def on_sighup() -> None:
+        if values.web_config_file is None:
+            log.info("sighup_ignored", reason="no --web.config.file: nothing to re-read")
+            return
+        future = asyncio.ensure_future(_reload_web_config(values.web_config_file, access, ssl_context))
+        reloads.add(future)
+        future.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, on_sighup)
     log.info("serving", version=__version__, listen=f"{host}:{port}", tls=ssl_context is not None,
              basic_auth=bool(access.auth.users), vllm_url=redact_url(values.vllm_url),
              interval_seconds=values.interval, api_key="set" if values.api_key_file else "unset")  # fmt: skip
@@ -157,24 +167,33 @@ def _web_access(path: Path | None) -> tuple[Any, Any]:
     return access, webconfig.new_ssl_context(web_config) if web_config.tls else None
 
 
-def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
-    """SIGHUP: read the web configuration again. New certificates serve the next handshakes, new users and headers
-    the next requests; the listener stays. A file that no longer loads keeps the settings in force."""
+async def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
+    """SIGHUP: read the web configuration again, off the event loop. New certificates serve the next handshakes, new
+    users and headers the next requests; the listener stays. A file that no longer loads, for whatever reason, keeps
+    the settings in force."""
+    import asyncio
+
     import structlog
 
     from vllm_capacity import webconfig
 
     log = structlog.get_logger("vllm_capacity")
-    try:
+
+    def load() -> tuple[Any, Any]:
         config = webconfig.load(path)
         if bool(config.tls) != (ssl_context is not None):
             raise webconfig.WebConfigError("turning TLS on or off needs a restart (the listener stays as it is)")
         if ssl_context is not None:
             webconfig.configure_ssl_context(ssl_context, config)
-    except webconfig.WebConfigError as err:
-        log.error("web_config_reload_failed", file=str(path), error=str(err), kept="the settings in force")
+        return config, webconfig.Authenticator(config.users)
+
+    try:
+        config, auth = await asyncio.to_thread(load)
+    except Exception as err:  # a WebConfigError, or what nothing foresaw: the settings in force stay
+        log.error("web_config_reload_failed", file=str(path), error=str(err) or type(err).__name__,
+                  kept="the settings in force")  # fmt: skip
         return
-    access.auth, access.headers = webconfig.Authenticator(config.users), dict(config.headers)
+    access.auth, access.headers = auth, dict(config.headers)
     log.info("web_config_reloaded", file=str(path), tls=ssl_context is not None, users=len(config.users))
 
 

@@ -68,6 +68,8 @@ def load(path: Path) -> WebConfig:
         doc = yaml.safe_load(path.read_text())
     except OSError as err:
         raise WebConfigError(f"cannot read {path}: {err.strerror}") from None
+    except UnicodeDecodeError as err:
+        raise WebConfigError(f"{path} is not UTF-8 text: {err.reason} at byte {err.start}") from None
     except yaml.YAMLError as err:
         raise WebConfigError(f"{path} is not YAML: {err}") from None
     doc = doc or {}
