@@ -429,6 +429,27 @@ async def test_a_flapping_source_logs_at_a_bounded_rate(fake_vllm: FakeVllm) -> 
     assert lines[-1]["event"] == "source_recovered"  # the log ends saying the state it is in
 
 
+async def test_every_new_cause_reaches_the_log_whatever_the_rate_limit(fake_vllm: FakeVllm) -> None:
+    """503 for a second, then a body that is not vLLM's for five: the second cause came inside the first line's
+    10 s and its 25 failures never reached the log. A reason the log has not given is said at once; one it has
+    given waits for the rate limit."""
+    clock = FakeClock()
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    agent = Agent(vllm, AgentSettings(interval=0.2), monotonic=clock)
+    with structlog.testing.capture_logs() as logs:
+        for status, body, cycles in ((503, None, 5), (200, "# HELP up Up.\nup 1\n", 25), (503, None, 5)):
+            fake_vllm.status = status
+            if body is not None:
+                fake_vllm.metrics = body
+            for _ in range(cycles):
+                await agent.cycle()
+                clock.advance(0.2)
+    await vllm.aclose()
+    failed = [e["reason"] for e in logs if e["event"] == "source_failed" and e["source"] == "vllm"]
+    assert agent.errors[("vllm", "not_vllm")] == 25
+    assert failed == ["http_5xx", "not_vllm"], failed  # the second 503 stretch waits: the log has said http_5xx
+
+
 async def test_scrapers_of_one_snapshot_share_one_render_per_format(
     fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -25,6 +25,7 @@ class SourceStatus:
     logged_reason: str | None = None
     logged_at: float = -float("inf")
     unlogged_changes: int = 0
+    reasons_logged: set[str] = field(default_factory=set)  # every failure reason the log has said once
 
 
 def internal(err: Exception, doing: str) -> SourceError:
@@ -46,7 +47,7 @@ def first_time(seen: set[Any], cause: object, remember: int = 256) -> bool:
 class SourceBook:
     """Each source's status, the failures counted by (source, reason), and what the log says of them: a state
     change is logged once (again when the reason changes or after a recovery), at most once per LOG_EVERY seconds a
-    source."""
+    source, except a failure reason the log has never given, which is said at once."""
 
     def __init__(self, names: Iterable[str], monotonic: Callable[[], float] = time.monotonic) -> None:
         self._status = {name: SourceStatus() for name in names}
@@ -104,7 +105,10 @@ class SourceBook:
         if same and not status.unlogged_changes:
             return
         now = self.monotonic()
-        if now - status.logged_at < LOG_EVERY:
+        # a reason the log has never given is said at once, whatever the rate limit: a cause that came and went
+        # between two lines (503s, then a body that is not vLLM's) would otherwise never reach the log
+        new_reason = err is not None and first_time(status.reasons_logged, err.reason)
+        if now - status.logged_at < LOG_EVERY and not new_reason:
             return
         changes = {"changes_since_last_line": status.unlogged_changes} if status.unlogged_changes > 1 else {}
         if same:  # back where the last line left it, after changes in between: it flaps
