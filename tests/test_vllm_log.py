@@ -148,6 +148,10 @@ def test_follower_survives_rotation_and_truncation(tmp_path: Path) -> None:
     assert f.read_lines() == ["partial", "line 4"]
     log.write_text("new\n")  # truncated and rewritten in place
     assert f.read_lines() == ["new"]
+    log.write_text("two\n")  # truncated and rewritten to the same size: its first bytes tell it apart
+    assert f.read_lines() == ["two"]
+    log.write_text("three\nfour\n")  # and to a larger one
+    assert f.read_lines() == ["three", "four"]
     log.rename(tmp_path / "vllm.log.1")  # rotated: a new file under the old name
     log.write_text("after rotation\n")
     assert f.read_lines() == ["after rotation"]

@@ -189,26 +189,35 @@ class StartupFigures:
                 setattr(fig, name, value)
 
 
+HEAD_BYTES = 256  # the file's first bytes that tell it from one rewritten in its place (vLLM's lines: a timestamp)
+
+
 class LogFollower:
     """Reads what was appended to a log file since the last call; starts over after rotation or truncation."""
 
     def __init__(self, path: Path, *, max_read: int = 8 * MiB) -> None:
         self.path = Path(path)
         self.max_read = max_read
-        self._inode: int | None = None
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file being followed
+        self._head = b""  # its first bytes as read: a file rewritten in place, to any size, begins otherwise
         self._offset = 0
         self._partial = b""
 
     def read_lines(self) -> list[str]:
-        """New complete lines. Raises OSError when the file cannot be read (missing, no permission)."""
+        """New complete lines. Raises OSError when the file cannot be read (missing, no permission). The file is
+        read from its start again when it is another file (device and inode), shorter than what was read, or
+        begins with other bytes than it did (truncated and rewritten in place, even to the same size)."""
         st = os.stat(self.path)
-        if st.st_ino != self._inode or st.st_size < self._offset:  # rotated, or truncated in place
-            self._inode, self._offset, self._partial = st.st_ino, 0, b""
-        if st.st_size == self._offset:
-            return []
         with self.path.open("rb") as f:
+            head = f.read(len(self._head)) if self._head else b""
+            if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset or head != self._head:
+                self._identity, self._offset, self._partial, self._head = (st.st_dev, st.st_ino), 0, b"", b""
+            if st.st_size == self._offset:
+                return []
             f.seek(self._offset)
             data = f.read(self.max_read)
+        if self._offset < HEAD_BYTES:
+            self._head = (self._head + data)[:HEAD_BYTES]
         self._offset += len(data)
         data = self._partial + data
         lines = data.split(b"\n")
