@@ -429,6 +429,19 @@ async def test_a_flapping_source_logs_at_a_bounded_rate(fake_vllm: FakeVllm) -> 
     assert lines[-1]["event"] == "source_recovered"  # the log ends saying the state it is in
 
 
+async def test_a_schema_that_flips_is_announced_once_in_each_shape(h: Harness, fake_vllm: FakeVllm) -> None:
+    """A server whose answers flip between two shapes every read (a family that comes and goes) was announced on
+    every read: once in each shape now."""
+    v1 = SATURATED
+    legacy = SATURATED.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    with structlog.testing.capture_logs() as logs:
+        for i in range(20):
+            fake_vllm.metrics = v1 if i % 2 == 0 else legacy
+            await h.agent.cycle()
+    schemas = [e["schema"] for e in logs if e["event"] == "vllm_discovered"]
+    assert len(schemas) == 2 and len(set(schemas)) == 2, schemas
+
+
 async def test_every_new_cause_reaches_the_log_whatever_the_rate_limit(fake_vllm: FakeVllm) -> None:
     """503 for a second, then a body that is not vLLM's for five: the second cause came inside the first line's
     10 s and its 25 failures never reached the log. A reason the log has not given is said at once; one it has

@@ -113,6 +113,7 @@ class Agent:
         self.models = ModelsReader(client, self.sources, settings.models_refresh, monotonic)  # /v1/models and /version
         self.counters = Counters()  # restarts, and the counters carried over them
         self._announced: tuple[object, ...] | None = None
+        self._shapes_announced: set[tuple[object, ...]] = set()
         self._crashes_logged: set[str] = set()
         self.latency = LatencyLearner(settings.objectives, settings.latency_half_life, monotonic)  # latency curve
         self.sustained = SustainedLearner(settings.latency_half_life, monotonic)  # the concurrency vLLM holds
@@ -241,11 +242,14 @@ class Agent:
         return self.snapshot
 
     def _announce(self, metrics: VllmMetrics, engines: tuple[EngineCapacity, ...]) -> None:
-        """Log what was found whenever it changes: schema, engines, capacity, and what cannot be derived."""
+        """Log what was found when it is new: schema, engines, capacity, and what cannot be derived. A server whose
+        answers flip between two shapes (a schema that comes and goes) is announced once in each, not every read."""
         summary = (metrics.schema, tuple((e.model_name, e.engine, e.capacity_tokens, e.max_model_len) for e in engines))
         if summary == self._announced:
             return
         self._announced = summary
+        if not first_time(self._shapes_announced, summary):
+            return
         self.logger.info(
             "vllm_discovered",
             schema=metrics.schema,
