@@ -593,8 +593,7 @@ def test_a_full_token_budget_per_step_is_named_not_the_kv_cache(
     """48 streams of ~700-token prompts on a server whose scheduler takes 256 tokens a step (--max-num-batched-tokens,
     which the agent reads from vLLM's log) and whose cache is 100 times what they hold: requests wait for "capacity"
     while the cache is nearly empty, because every step is full. At the agent's reads that saw requests waiting, it
-    names the token budget (most of them: a read right after a lull can find small steps in its 5 s window) and
-    never the KV cache."""
+    names the token budget where the steps were full, and never the KV cache."""
     vllm = token_budget_vllm
     agent = AgentProcess(vllm.url, tmp_path / "agent.log", "--vllm-log", str(vllm.log_path))
     key = {"model_name": lab.MODEL_NAME, "engine": "0"}
@@ -618,7 +617,11 @@ def test_a_full_token_budget_per_step_is_named_not_the_kv_cache(
     assert said, "requests never waited for capacity under the long prompts"
     assert all(usage is not None and usage < 0.5 for _, usage, _ in said), said  # the cache had room throughout
     assert "kv_cache" not in limits and "max_num_seqs" not in limits, limits
-    assert limits.count("token_budget") >= len(limits) / 2, limits
+    # the budget filled steps at some reads (alone: most; beside a CPU hog, requests arrive slower and a queue can
+    # be requests between two steps, which nothing holds: named as nothing), and where the steps were full, the
+    # agent named the budget at that same read
+    assert "token_budget" in limits, said
+    assert all(lim == "token_budget" for lim, _, ratio in said if ratio is not None and ratio >= 0.5), said
 
 
 @pytest.fixture(autouse=True, scope="module")
