@@ -25,6 +25,7 @@ async def fake_vllm() -> AsyncIterator[FakeVllm]:
 
     async def metrics(request: web.Request) -> web.StreamResponse:
         state.requests.append("/metrics")
+        state.authorization["/metrics"] = request.headers.get("Authorization")
         if state.delay:
             await asyncio.sleep(state.delay)
         body = state.metrics_bytes if state.metrics_bytes is not None else state.metrics.encode()
@@ -37,8 +38,9 @@ async def fake_vllm() -> AsyncIterator[FakeVllm]:
             return resp
         return web.Response(status=state.status, body=body, headers={"Content-Type": state.content_type})
 
-    async def models(_: web.Request) -> web.Response:
+    async def models(request: web.Request) -> web.Response:
         state.requests.append("/v1/models")
+        state.authorization["/v1/models"] = request.headers.get("Authorization")
         return web.Response(text=state.models, content_type="application/json")
 
     async def version(_: web.Request) -> web.Response:

@@ -311,10 +311,9 @@ async def test_v1_0_8_capacity_comes_from_the_log(fake_vllm: FakeVllm, tmp_path)
 
 
 async def test_no_secret_reaches_a_log_line_an_endpoint_or_an_error(fake_vllm: FakeVllm) -> None:
-    """A password in --vllm-url and an API key that cannot go into a header (a UTF-8 byte-order mark before it, as a
-    key file saved by some editors gave; the command line now refuses such a file): neither appears in any log
-    line, error message, /metrics or the landing page, through a failing /metrics, a /v1/models that cannot be
-    asked, and a recovery. The unsendable key is a named, counted failure, not a crashed cycle."""
+    """A password in --vllm-url and an API key with a UTF-8 byte-order mark before it (as a key file saved by some
+    editors gave; the command line now refuses such a file): neither appears in any log line, error message,
+    /metrics or the landing page, through a failing /metrics, a /v1/models read with that key, and a recovery."""
     password, key = "pw-very-secret", "\ufeffsk-secret"
     url = fake_vllm.url.replace("http://", f"http://scraper:{password}@")
     client = VllmClient(url, timeout=10, api_key=key)
@@ -326,13 +325,13 @@ async def test_no_secret_reaches_a_log_line_an_endpoint_or_an_error(fake_vllm: F
             await agent.cycle()
             seen.append(await (await http.get("/")).text())
             fake_vllm.status = 200
-            await agent.cycle()  # /metrics answers; /v1/models cannot even be asked with that key
+            await agent.cycle()  # /metrics answers (basic auth), and /v1/models (the key)
             seen.append(await (await http.get("/metrics")).text())
             seen.append(await (await http.get("/")).text())
     await client.aclose()
     seen += [repr(e) for e in logs]
     assert agent.errors[("vllm", "http_5xx")] == 1
-    assert agent.errors[("vllm_models", "internal")] == 1  # httpx's UnicodeEncodeError: named, counted
+    assert agent.errors[("agent", "internal")] == 0  # no crashed cycle, whatever the key
     assert "***@127.0.0.1" in seen[0]  # the landing page names the server, without its userinfo
     for text in seen:
         assert password not in text and "sk-secret" not in text, text
@@ -427,6 +426,22 @@ async def test_a_flapping_source_logs_at_a_bounded_rate(fake_vllm: FakeVllm) -> 
     assert lines[0]["event"] == "source_failed" and "changes_since_last_line" not in lines[0]
     assert any(e.get("changes_since_last_line", 0) > 50 for e in lines)
     assert lines[-1]["event"] == "source_recovered"  # the log ends saying the state it is in
+
+
+async def test_credentials_in_the_url_and_an_api_key_work_together(fake_vllm: FakeVllm) -> None:
+    """Basic credentials in --vllm-url (a proxy's) go with /metrics, vLLM's API key with /v1/*: a request carries
+    one Authorization header, and aiohttp refused a request with both, so /v1/models was never read and the sizing
+    fell back to the oldest rules."""
+    import base64
+
+    url = fake_vllm.url.replace("http://", "http://scraper:p%40ss@")
+    vllm = VllmClient(url, timeout=10, api_key="sk-key")
+    agent = Agent(vllm, AgentSettings(interval=0.1))
+    await agent.cycle()
+    await vllm.aclose()
+    assert fake_vllm.authorization["/metrics"] == "Basic " + base64.b64encode(b"scraper:p@ss").decode()
+    assert fake_vllm.authorization["/v1/models"] == "Bearer sk-key"
+    assert agent.sources["vllm_models"].up and agent.snapshot.engines[0].max_model_len == 1024
 
 
 async def test_a_schema_that_flips_is_announced_once_in_each_shape(h: Harness, fake_vllm: FakeVllm) -> None:

@@ -172,18 +172,6 @@ def test_an_api_key_that_cannot_be_sent_is_refused_at_start(tmp_path: Path, cont
     assert "sk-" not in line
 
 
-@pytest.mark.parametrize("command", ["serve", "report"])
-def test_credentials_in_the_url_and_an_api_key_are_refused_together(tmp_path: Path, command: str) -> None:
-    """aiohttp refuses a request with both (one Authorization header): /v1/models and /version were never read and
-    the sizing fell back to the oldest rules, silently. Now one line at start, naming neither secret."""
-    key = tmp_path / "key"
-    key.write_text("sk-secret-key\n")
-    result = _main(command, "--vllm-url", "http://scraper:pw-secret@127.0.0.1:9", "--api-key-file", str(key))
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
-    assert "not both" in line and "secret" not in line
-
-
 def test_an_api_key_file_with_a_byte_order_mark() -> None:
     import tempfile
 

@@ -33,16 +33,9 @@ KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays o
 
 def _check_combination(values: SourceConfig) -> None:
     """Refuse options that each parse but do not go together."""
-    from urllib.parse import urlsplit
-
     if values.model_config is not None and values.model_dir is not None:
         raise UsageError("give --model-config or --model-dir, not both")
-    url = urlsplit(values.vllm_url)
-    if values.api_key_file is not None and (url.username or url.password):
-        # a request carries one Authorization header: basic credentials for a proxy, or vLLM's API key (/v1/*)
-        raise UsageError(
-            "give credentials in --vllm-url or --api-key-file, not both: a request carries one Authorization header"
-        )
+
 
 
 def _agent(values: SourceConfig, interval: float, serve: ServeConfig | None = None) -> Agent:

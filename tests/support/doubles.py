@@ -33,4 +33,5 @@ class FakeVllm:
     truncate_to: int | None = None  # send a Content-Length for the whole body but only this many bytes
     metrics_bytes: bytes | None = None  # sent instead of ``metrics`` when set (a body that is not UTF-8)
     requests: list[str] = field(default_factory=list)
+    authorization: dict[str, str | None] = field(default_factory=dict)  # path -> the last Authorization header
     url: str = ""

@@ -18,6 +18,7 @@ import json
 import ssl
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
 
@@ -59,6 +60,15 @@ class VllmClient:
         self.timeout = timeout
         self.max_body_bytes = max_body_bytes
         self._api_headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # credentials in the URL go as basic auth on every request but those that carry the API key (/v1/*): a
+        # request has one Authorization header, and aiohttp refuses both (then /v1/models was never read)
+        parts = urlsplit(self.base_url)
+        self._basic: dict[str, str] = {}  # the Authorization header of the URL's credentials, if it has some
+        self._session_url = self.base_url
+        if parts.username is not None or parts.password is not None:
+            basic = aiohttp.encode_basic_auth(unquote(parts.username or ""), unquote(parts.password or ""))
+            self._basic = {"Authorization": basic}
+            self._session_url = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
         self._session: aiohttp.ClientSession | None = None  # made on first use, inside the event loop
         # one thread: parses never run side by side, and one thread means one more malloc arena, not several
         self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-parse")
@@ -67,7 +77,7 @@ class VllmClient:
         if self._session is None:
             https = self.base_url.startswith("https://")
             self._session = aiohttp.ClientSession(
-                self.base_url + "/",
+                self._session_url + "/",
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
                 connector=aiohttp.TCPConnector(
                     limit=1, ssl=ssl.create_default_context() if https else False, enable_cleanup_closed=False
@@ -100,14 +110,15 @@ class VllmClient:
         try:
             async with asyncio.timeout(self.timeout):
                 async with self._client().get(
-                    path.lstrip("/"), headers={"Accept": accept, **headers}, allow_redirects=False
+                    path.lstrip("/"), headers={"Accept": accept, **self._basic, **headers}, allow_redirects=False
                 ) as resp:
                     if resp.status in (401, 403):
-                        hint = (
-                            "check --api-key-file"
-                            if "Authorization" in headers
-                            else "vLLM asks for authentication here, and the API key is sent to /v1/* only"
-                        )
+                        if "Authorization" in headers:
+                            hint = "check --api-key-file"
+                        elif self._basic:
+                            hint = "check the credentials in --vllm-url"
+                        else:
+                            hint = "vLLM asks for authentication here, and the API key is sent to /v1/* only"
                         raise SourceError(Reason.UNAUTHORIZED, f"{url} answered {resp.status}: {hint}")
                     if resp.status >= 400:
                         kind = Reason.HTTP_5XX if resp.status >= 500 else Reason.HTTP_4XX
