@@ -37,7 +37,6 @@ def _check_combination(values: SourceConfig) -> None:
         raise UsageError("give --model-config or --model-dir, not both")
 
 
-
 def _agent(values: SourceConfig, interval: float, serve: ServeConfig | None = None) -> Agent:
     """The agent ``serve`` and ``report`` run (``serve``: the options only it has): the model, log, GPU and latency
     options, and the client of vLLM."""
