@@ -345,12 +345,16 @@ def _saturation_truth(prom: str, reads: list[Read], started: float) -> None:
         assert peak is not None and peak >= 2, series
         # the load has stopped; vLLM finishes (or drops) what it holds: once the agent reads it calm, the headroom
         # is above 0, and the fleet rule asks for 1 replica within two of its evaluations (30 s each, as shipped)
+        # (calm: nothing runs or waits, and no preemption since the agent's last read: the drain's last read can
+        # still count the preemptions of its final moments, and then says at most 0, rightly)
+        def calm(r: Read) -> bool:
+            return r.running == 0 and r.waiting == 0 and r.basis not in ("queue", "preemption")
+
         drained_by = time.monotonic() + 180
-        while time.monotonic() < drained_by and not (reads and reads[-1].running == 0 and reads[-1].waiting == 0):
+        while time.monotonic() < drained_by and not (reads and calm(reads[-1])):
             time.sleep(0.5)
-        calm = reads[-1]
-        assert calm.running == 0 and calm.waiting == 0, calm
-        assert calm.headroom is not None and calm.headroom > 0, calm
+        assert reads and calm(reads[-1]), reads[-3:]
+        assert reads[-1].headroom is not None and reads[-1].headroom > 0, reads[-1]
         calm_by = time.monotonic() + 2 * 30 + 15  # two evaluations of the fleet group, and a scrape's lag
         needed = None
         while time.monotonic() < calm_by:
