@@ -343,6 +343,7 @@ def _saturation_truth(prom: str, reads: list[Read], started: float) -> None:
         ).json()["data"]["result"]
         peak = max((float(v) for s in series for _, v in s["values"]), default=None)
         assert peak is not None and peak >= 2, series
+
         # the load has stopped; vLLM finishes (or drops) what it holds: once the agent reads it calm, the headroom
         # is above 0, and the fleet rule asks for 1 replica within two of its evaluations (30 s each, as shipped)
         # (calm: nothing runs or waits, and no preemption since the agent's last read: the drain's last read can
