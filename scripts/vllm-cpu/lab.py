@@ -327,21 +327,17 @@ def drive_load(
     }
 
 
-def hold_streams(
-    url: str, *, parallel: int, seconds: float, max_tokens: int, model: str = MODEL_NAME, prompt: str = ""
-) -> list[str]:
-    """``parallel`` streams of /v1/completions, each sending its next request as soon as the last returns, for
-    ``seconds``; returns the errors. The prompt is short, or ``prompt`` after each stream's own words. Run it in a
-    process of its own (``python -c``) so that the test's sampling and the load do not share one interpreter lock on
-    a 2-core machine."""
+def hold_streams(url: str, *, parallel: int, seconds: float, max_tokens: int, model: str = MODEL_NAME) -> list[str]:
+    """``parallel`` streams of short /v1/completions, each sending its next request as soon as the last returns,
+    for ``seconds``; returns the errors. Run it in a process of its own (``python -c``) so that the test's sampling
+    and the load do not share one interpreter lock on a 2-core machine."""
     deadline, errors = time.monotonic() + seconds, []
     lock = threading.Lock()
     limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
     with httpx.Client(timeout=120, limits=limits) as client:
 
         def stream(i: int) -> None:
-            words = f"stream {i} " * 10 + prompt
-            body = {"model": model, "prompt": words, "max_tokens": max_tokens, "ignore_eos": True}
+            body = {"model": model, "prompt": f"stream {i} " * 10, "max_tokens": max_tokens, "ignore_eos": True}
             while time.monotonic() < deadline:
                 try:
                     try:
