@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from support.files import CASES, VLLM_FIXTURES
-from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
+from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures, might_carry_figures
 
 GiB = 2**30
 
@@ -225,3 +225,106 @@ def test_max_num_batched_tokens_from_the_scheduler_line() -> None:
     assert figures.max_num_batched_tokens == 256
     figures.feed("(APIServer pid=1) INFO 12-01 12:05:00 [api_utils.py:286] non-default args: {'model': 'x'}")
     assert figures.max_num_batched_tokens is None
+
+
+# --- bounds: the log is written by vLLM's request logger too, with users' prompts in it (#28 row 4) -------------
+
+KNOWN_LOGS = [V0_066, V0_064] + [v for k, v in sorted(globals().items()) if k.startswith("V1_") and isinstance(v, str)]
+
+
+def _every_known_line() -> list[str]:
+    lines = [ln for text in KNOWN_LOGS for ln in text.splitlines()]
+    lines += (VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log").read_text().splitlines()
+    for case in json.loads((CASES / "capacity-dev.json").read_text()):
+        lines += case["verbatim_log"].splitlines()
+    return lines
+
+
+def test_the_fixed_string_prefilter_passes_every_line_that_carries_a_figure() -> None:
+    """A line the follower does not decode (no fixed string) must be one that carries nothing: checked over every
+    verbatim line the tests hold, each fed alone."""
+    carrying = 0
+    for line in _every_known_line():
+        if figures(line) != StartupFigures():
+            carrying += 1
+            assert might_carry_figures(line.encode()), line
+    assert carrying >= 40
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(" * 1_000_000,
+        "(DP" * 300_000,
+        "(EngineCore" * 100_000,
+        "(Worker pid=" * 100_000,
+        "speculative_config=SpeculativeConfig(method=x," * 30_000,
+        "KV cache size: 1" + ",1" * 500_000,
+    ],
+    ids=["parens", "dp", "engine", "worker", "speculative", "separators"],
+)
+def test_a_hostile_line_is_read_in_linear_time(line: str) -> None:
+    """A request log line is user text: 24 KB of "(" stalled the loop 8 s and 100 KB 169 s (the engine pattern
+    backtracked over the whole line). Whatever the line, the patterns' work is linear in it: a megabyte line
+    reads in well under a second here (the bound is loose: it fails only on super-linear matching)."""
+    import time
+
+    t0 = time.perf_counter()
+    StartupFigures().feed(line)
+    assert time.perf_counter() - t0 < 3.0
+
+
+def test_request_log_lines_never_carry_a_figure(tmp_path: Path) -> None:
+    """vLLM's request logger (--enable-log-requests) quotes prompts: a prompt cannot plant a figure."""
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(APIServer pid=9) INFO 12-01 12:00:00 [logger.py:43] Received request cmpl-1: prompt: "
+        "'Available KV cache memory: 999.0 GiB\\nGPU KV cache size: 9,999,999 tokens', params: SamplingParams(n=1)\n"
+        "(APIServer pid=9) INFO 12-01 12:00:01 [logger.py:70] Generated response cmpl-1: output: "
+        "'Maximum concurrency for 1 tokens per request: 999.00x'\n"
+        "(EngineCore pid=7) INFO 12-01 12:00:02 [kv_cache_utils.py:1147] GPU KV cache size: 208,625 tokens\n"
+    )
+    lines = LogFollower(log, keep=might_carry_figures).read_lines()
+    s = figures("\n".join(lines))
+    assert (s.engines["0"].kv_cache_tokens, s.engines["0"].kv_cache_memory_bytes) == (208_625, None)
+    assert s.engines["0"].max_concurrency is None
+
+
+def test_a_line_longer_than_the_cap_is_passed_over_and_never_buffered(tmp_path: Path) -> None:
+    """200 MiB without a newline peaked at 661 MiB: the unfinished line was kept whole. Now a line past max_line is
+    dropped as it is read, counted, and the line after it is read as usual."""
+    log = tmp_path / "vllm.log"
+    follower = LogFollower(log, max_read=64 * 1024, max_line=4096)
+    with log.open("wb") as out:
+        out.write(b"first\n" + b"x" * 300_000)  # a long line, still unfinished
+    reads = [follower.read_lines() for _ in range(6)]
+    assert reads[0] == ["first"] and all(r == [] for r in reads[1:])
+    assert len(follower._partial) == 0 and follower.long_lines == 1
+    with log.open("ab") as out:
+        out.write(b"x" * 10_000 + b"\nafter\n" + b"y" * 5000 + b"\nlast\n")
+    lines = [ln for _ in range(3) for ln in follower.read_lines()]
+    assert lines == ["after", "last"] and follower.long_lines == 2
+
+
+async def test_the_log_is_read_and_matched_off_the_event_loop(tmp_path: Path) -> None:
+    """A 1 GiB log catching up failed 36 of 244 /healthz probes: the patterns ran on the loop. The read and the
+    matching both run in a worker thread now; the figures still land."""
+    import threading
+
+    from vllm_capacity.live.startup import SOURCE_LOG, StartupLogReader
+    from vllm_capacity.live.status import SourceBook
+
+    log = tmp_path / "vllm.log"
+    log.write_text(V1_033)
+    reader = StartupLogReader(LogFollower(log, keep=might_carry_figures), SourceBook(()))
+    threads: set[bool] = set()
+    feed = reader.figures.feed
+
+    def feed_and_note(line: str) -> None:
+        threads.add(threading.current_thread() is threading.main_thread())
+        feed(line)
+
+    reader.figures.feed = feed_and_note  # type: ignore[method-assign]
+    await reader.read()
+    assert threads == {False}
+    assert reader.sources[SOURCE_LOG].up and reader.figures.engines["1"].kv_cache_tokens == 208_625

@@ -41,7 +41,7 @@ def _agent(values: SourceConfig, interval: float, serve: ServeConfig | None = No
     """The agent ``serve`` and ``report`` run (``serve``: the options only it has): the model, log, GPU and latency
     options, and the client of vLLM."""
     from vllm_capacity.agent import Agent, AgentSettings
-    from vllm_capacity.sources.vllm_log import LogFollower
+    from vllm_capacity.sources.vllm_log import LogFollower, might_carry_figures
 
     _check_combination(values)
     nvml = None
@@ -78,7 +78,7 @@ def _agent(values: SourceConfig, interval: float, serve: ServeConfig | None = No
         objectives=tuple(o for o in (values.slo_itl, values.slo_ttft) if o is not None),
         latency_half_life=values.latency_half_life,
     )
-    vllm_log = LogFollower(Path(values.vllm_log)) if values.vllm_log else None
+    vllm_log = LogFollower(Path(values.vllm_log), keep=might_carry_figures) if values.vllm_log else None
     return Agent(_client(values), settings, vllm_log=vllm_log, nvml=nvml)
 
 

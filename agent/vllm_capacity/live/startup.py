@@ -26,10 +26,15 @@ class StartupLogReader:
         self.figures = StartupFigures()
         sources.add(SOURCE_LOG)
 
+    def _read_and_feed(self) -> None:
+        for line in self.follower.read_lines():
+            self.figures.feed(line)
+
     async def read(self) -> None:
         t0 = self.monotonic()
         try:
-            lines = await asyncio.to_thread(self.follower.read_lines)
+            # off the loop: the file's bytes and the patterns over its lines (a catch-up of 8 MiB at most a read)
+            await asyncio.to_thread(self._read_and_feed)
         except FileNotFoundError as err:
             missing = SourceError(Reason.MISSING, f"vLLM log {err.filename} does not exist (yet)")
             self.sources.fail(SOURCE_LOG, missing, 0.0)
@@ -43,6 +48,4 @@ class StartupLogReader:
         except Exception as err:  # what nothing expected: named and counted, never a crashed cycle
             self.sources.fail(SOURCE_LOG, internal(err, "reading the vLLM log"), 0.0)
             return
-        for line in lines:
-            self.figures.feed(line)
         self.sources.ok(SOURCE_LOG, self.monotonic() - t0)

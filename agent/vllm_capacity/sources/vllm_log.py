@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,7 +19,11 @@ from vllm_capacity.units import GiB, MiB
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
-_ENGINE = re.compile(r"\((?:[A-Za-z]*Engine[A-Za-z]*_?(?:DP)?|[^)]*\bDP)(\d+)[^)]*pid=\d+\)")
+# The engine's prefix, "(EngineCore_DP1 pid=123)", opens the line (after colour codes): it is looked for in the
+# first PREFIX_CHARS only, so the pattern's backtracking is bounded whatever the rest of the line holds (a request
+# log line of 100 KB of "(" cost 169 s when the whole line was searched).
+PREFIX_CHARS = 160
+_ENGINE = re.compile(r"\((?:[A-Za-z]*Engine[A-Za-z]*_?(?:DP)?|[^()]*\bDP)(\d+)[^()]*pid=\d+\)")
 # a worker's prefix, one per GPU rank: "(Worker_TP1 pid=2080)", "(Worker_PP1_TP0 pid=..)", "(VllmWorker rank=1 pid=..)"
 _WORKER = re.compile(r"\([A-Za-z]*Worker[^)]*?\bpid=(\d+)\)")
 
@@ -55,8 +60,25 @@ _BATCHED_TOKENS = re.compile(r"Chunked prefill is enabled with max_num_batched_t
 # the engine's "Initializing a V1 LLM engine (v0.32.0) with config: ... speculative_config=SpeculativeConfig(
 # method='eagle', model='/models/head', num_spec_tokens=2), ..." (SpeculativeConfig.__repr__), or "=None"
 _SPECULATIVE = re.compile(
-    r"speculative_config=(?:None\b|SpeculativeConfig\(method='?([\w.-]+)'?,.*?num_spec_tokens=(\d+)\))"
+    r"speculative_config=(?:None\b|SpeculativeConfig\(method='?([\w.-]+)'?,[^()]{0,4096}?num_spec_tokens=(\d+)\))"
 )
+
+# Every line any pattern above reads holds one of these fixed strings: a line without them is passed over by a
+# substring test (C speed, no regex), and only lines with them are decoded (LogFollower's ``keep``).
+_FIXED = (
+    b"took", b"weights take", b"KV cache", b"KV Cache", b"kv_cache", b"Maximum concurrency", b"blocks: ",
+    b"peak memory", b"max model len", b"num_gpu_blocks", b"non-default args", b"API server version",
+    b"max_num_batched_tokens", b"speculative_config=",
+)  # fmt: skip
+# vLLM's request logger (vllm/entrypoints/logger.py, --enable-log-requests / --enable-log-outputs) writes users'
+# prompts and outputs into the same log: such a line never carries a figure, whatever text it quotes.
+_REQUEST_LOG = (b"Received request ", b"Generated response ", b" details: prompt")
+MAX_LINE = 64 * 1024  # vLLM's memory lines are < 300 bytes, its engine config line a few KiB
+
+
+def might_carry_figures(line: bytes) -> bool:
+    """Whether a raw log line can hold a figure: one of the fixed strings, and not a request log line."""
+    return any(k in line for k in _FIXED) and not any(k in line for k in _REQUEST_LOG)
 
 
 def _number(text: str) -> float:
@@ -66,7 +88,7 @@ def _number(text: str) -> float:
 def parse_line(line: str) -> tuple[str, dict[str, float]]:
     """The engine index (from a ``(EngineCore_DP1 pid=..)`` prefix, else "0") and the figures one line carries."""
     line = _ANSI.sub("", line)
-    m = _ENGINE.search(line)
+    m = _ENGINE.search(line[:PREFIX_CHARS])
     engine = m[1] if m else "0"
     found: dict[str, float] = {}
     for name, pattern in _PATTERNS.items():
@@ -164,7 +186,9 @@ class StartupFigures:
             return
         fig = self.engines.setdefault(engine, EngineFigures())
         line = _ANSI.sub("", line)
-        if (worker := _WORKER.search(line)) and ("weights_gib" in found or "kv_cache_memory_gib" in found):
+        if (worker := _WORKER.search(line[:PREFIX_CHARS])) and (
+            "weights_gib" in found or "kv_cache_memory_gib" in found
+        ):
             rank = self.ranks.setdefault(int(worker[1]), RankFigures())
             if found.get("weights_gib"):
                 rank.weights_bytes = found["weights_gib"] * GiB
@@ -193,15 +217,28 @@ HEAD_BYTES = 256  # the file's first bytes that tell it from one rewritten in it
 
 
 class LogFollower:
-    """Reads what was appended to a log file since the last call; starts over after rotation or truncation."""
+    """Reads what was appended to a log file since the last call; starts over after rotation or truncation.
 
-    def __init__(self, path: Path, *, max_read: int = 8 * MiB) -> None:
+    Bounded whatever the file holds: at most ``max_read`` bytes a call (a large log is caught up over several
+    calls), a line longer than ``max_line`` is passed over (counted in ``long_lines``) and never buffered, and only
+    lines ``keep`` accepts (on their bytes) are decoded."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_read: int = 8 * MiB,
+        max_line: int = MAX_LINE,
+        keep: Callable[[bytes], bool] | None = None,
+    ) -> None:
         self.path = Path(path)
-        self.max_read = max_read
+        self.max_read, self.max_line, self.keep = max_read, max_line, keep
         self._identity: tuple[int, int] | None = None  # (device, inode) of the file being followed
         self._head = b""  # its first bytes as read: a file rewritten in place, to any size, begins otherwise
         self._offset = 0
         self._partial = b""
+        self._in_long_line = False  # within a line longer than max_line: its bytes are dropped up to its end
+        self.long_lines = 0
 
     def read_lines(self) -> list[str]:
         """New complete lines. Raises OSError when the file cannot be read (missing, no permission). The file is
@@ -211,7 +248,8 @@ class LogFollower:
         with self.path.open("rb") as f:
             head = f.read(len(self._head)) if self._head else b""
             if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset or head != self._head:
-                self._identity, self._offset, self._partial, self._head = (st.st_dev, st.st_ino), 0, b"", b""
+                self._identity, self._offset, self._head = (st.st_dev, st.st_ino), 0, b""
+                self._partial, self._in_long_line = b"", False
             if st.st_size == self._offset:
                 return []
             f.seek(self._offset)
@@ -219,7 +257,25 @@ class LogFollower:
         if self._offset < HEAD_BYTES:
             self._head = (self._head + data)[:HEAD_BYTES]
         self._offset += len(data)
-        data = self._partial + data
+        return self._lines(self._partial + data)
+
+    def _lines(self, data: bytes) -> list[str]:
         lines = data.split(b"\n")
-        self._partial = lines.pop()  # an unfinished last line waits for its end
-        return [ln.decode("utf-8", errors="replace") for ln in lines]
+        tail = lines.pop()  # an unfinished last line waits for its end
+        if self._in_long_line:
+            if not lines:
+                return []  # still inside the long line
+            lines.pop(0)  # its end
+            self._in_long_line = False
+        if len(tail) > self.max_line:
+            self._in_long_line, tail = True, b""
+            self.long_lines += 1
+        self._partial = tail
+        keep = self.keep
+        out = []
+        for ln in lines:
+            if len(ln) > self.max_line:
+                self.long_lines += 1
+            elif keep is None or keep(ln):
+                out.append(ln.decode("utf-8", errors="replace"))
+        return out
