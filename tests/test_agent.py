@@ -668,3 +668,33 @@ async def test_an_objective_below_the_first_bucket_is_named_once(fake_vllm: Fake
     assert [(e["objective"], e["first_bucket_seconds"], e["log_level"]) for e in named] == [
         ("itl p90<=5ms", 0.01, "warning")
     ]
+
+
+async def test_a_failed_latency_read_keeps_the_latency_schedule(fake_vllm: FakeVllm) -> None:
+    """The latency histograms are most of a large server's lines, so the read with them is the one that fails
+    (a timeout, a cap): it was retried every cycle, its schedule moving only on success. It keeps its
+    LATENCY_EVERY now, failed or not; the cycles between read without them."""
+    from vllm_capacity.live.latency import LATENCY_EVERY
+
+    clock = FakeClock()
+    vllm = VllmClient(fake_vllm.url, timeout=10.0)
+    asked: list[bool] = []
+    fetch = vllm.fetch_metrics
+
+    async def noted(*, latency: bool = True) -> object:
+        asked.append(latency)
+        return await fetch(latency=latency)
+
+    vllm.fetch_metrics = noted  # type: ignore[method-assign]
+    agent = Agent(vllm, AgentSettings(interval=0.1), monotonic=clock)
+    fake_vllm.status = 503
+    for _ in range(3):
+        await agent.cycle()
+        clock.advance(1.0)
+    assert asked == [True, False, False]
+    clock.advance(LATENCY_EVERY)
+    fake_vllm.status, fake_vllm.metrics = 200, SATURATED
+    await agent.cycle()
+    await agent.cycle()
+    assert asked[3:] == [True, False]
+    await vllm.aclose()

@@ -26,10 +26,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.files import fixture_text
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_parse import parse_metrics, parse_metrics_body
-from vllm_capacity.sources.vllm_records import META, WANTED
+from vllm_capacity.sources.vllm_records import LATENCY_BUCKETS, META, WANTED
 from vllm_capacity.sources.vllm_scan import (
     MAX_LINE,
-    ScanError,
+    family_key,
     is_ascii,
     parse_selected,
     select_lines,
@@ -64,6 +64,15 @@ def _canon(families: list[Metric]) -> list[tuple[object, ...]]:
     ]
 
 
+def _selection(select, text):  # type: ignore[no-untyped-def]
+    selected = select(text, WANTED, META)
+    return list(selected), dict(selected.over_limit)
+
+
+def _name(line: str) -> str:
+    return line[1:].split()[1] if line.startswith("#") and len(line[1:].split()) > 1 else line.split("{")[0].split()[0]
+
+
 def _outcome(fn, *args):  # type: ignore[no-untyped-def]
     try:
         return "ok", fn(*args)
@@ -73,16 +82,18 @@ def _outcome(fn, *args):  # type: ignore[no-untyped-def]
 
 def _check(text: str) -> str:
     """Assert the scanner agrees with its definitions on ``text``; returns which path read it."""
-    plain = _outcome(select_lines_plainly, text, WANTED, META)
-    fast = _outcome(select_lines, text, WANTED, META)
+    plain = _outcome(_selection, select_lines_plainly, text)
+    fast = _outcome(_selection, select_lines, text)
     assert fast == plain, text
     body = text.encode()
     if is_ascii(body):  # the agent scans an ASCII body's bytes as they came
-        assert _outcome(select_lines, body, WANTED, META) == plain, text
+        assert _outcome(_selection, select_lines, body) == plain, text
         assert _outcome(parse_metrics_body, body) == _outcome(parse_metrics, text), text
-    if plain[0] == "raised":
-        return "refused"
-    lines = plain[1]
+    assert plain[0] == "ok", plain  # the selection never raises: a family past its bounds is left out
+    lines, over_limit = plain[1]
+    if over_limit:
+        assert not any(family_key(_name(line)) in over_limit for line in lines)
+        return "over limit"
     library = _outcome(lambda: _canon(list(text_string_to_metric_families("\n".join(lines) + "\n"))))
     ours = _outcome(lambda: _canon(parse_selected(lines)))
     assert ours == library, "\n".join(lines)
@@ -251,7 +262,7 @@ def test_generated_payloads_read_exactly_as_the_library_reads_them() -> None:
         result = _check(text)
         outcomes[result] = outcomes.get(result, 0) + 1
     # the generator reaches every outcome (a generator that only ever made valid text would prove little)
-    assert set(outcomes) == {"parsed", "parse error", "refused"}, outcomes
+    assert set(outcomes) == {"parsed", "parse error", "over limit"}, outcomes
     assert outcomes["parsed"] > CASES / 3, outcomes
 
 
@@ -267,15 +278,68 @@ def test_the_fast_path_reads_canonical_lines_itself(monkeypatch: pytest.MonkeyPa
         assert parse_metrics(fixture_text(name)).engines
 
 
-def test_a_line_over_the_limit_is_refused_not_parsed() -> None:
-    """prometheus-client's parser is quadratic in some lines (a HELP of spaces, a value of escaped quotes): a
-    line of the families the agent reads longer than MAX_LINE is an error, found in time linear in the body."""
-    text = fixture_text("v1-0.32.0-cpu-idle.prom") + "# HELP vllm:num_requests_running " + " x" * MAX_LINE + "\n"
-    with pytest.raises(ScanError, match="limit"):
-        select_lines(text, WANTED, META)
-    # lines of other families may be as long as they like: they are never parsed
-    other = fixture_text("v1-0.32.0-cpu-idle.prom") + "# HELP vllm:other_family " + " x" * MAX_LINE + "\n"
-    assert select_lines(other, WANTED, META)
+def test_a_line_over_the_limit_leaves_its_family_out_not_the_scrape() -> None:
+    """prometheus-client's parser is quadratic in some lines (a HELP of spaces, a value of escaped quotes): a line
+    of the families the agent reads longer than MAX_LINE is never parsed; found in time linear in the body, it
+    leaves that family out (named, with why) and the rest is read as before."""
+    idle = fixture_text("v1-0.32.0-cpu-idle.prom")
+    text = idle + "# HELP vllm:num_requests_running " + " x" * MAX_LINE + "\n"
+    selected = select_lines(text, WANTED, META)
+    assert list(selected.over_limit) == ["vllm:num_requests_running"]
+    assert "limit is 8192" in selected.over_limit["vllm:num_requests_running"]
+    assert not any("vllm:num_requests_running" in line.split(" ")[0 if line[0] != "#" else 2] for line in selected)
+    metrics = parse_metrics(text)
+    assert metrics.engines[0].running is None and metrics.engines[0].kv_cache_usage is not None
+    assert metrics.over_limit == (("vllm:num_requests_running", selected.over_limit["vllm:num_requests_running"]),)
+    # lines of other families may be as long as they like: they are never parsed, never counted
+    other = idle + "# HELP vllm:other_family " + " x" * MAX_LINE + "\n"
+    assert select_lines(other, WANTED, META).over_limit == {}
+
+
+def test_a_thousand_engines_read_their_capacity_and_leave_the_largest_histograms_out() -> None:
+    """1,024 data-parallel engines (35 MiB, over the 32,768 lines all families may select with the latency
+    histograms): the capacity families of every engine are read, the largest latency families are left out and
+    named, and up stays 1 (it read as parse_error from ~420 engines, the latency read retried every cycle)."""
+    from support.payloads import data_parallel
+
+    body = data_parallel(1024).encode()
+    metrics = parse_metrics_body(body)
+    assert len(metrics.engines) == 1024 and metrics.dp_engines == 1024
+    assert all(m.kv_cache_usage is not None and m.running is not None for m in metrics.engines)
+    left_out = dict(metrics.over_limit)
+    # what is left out is the latency histograms, each by one of the bounds, never a capacity family
+    assert "vllm:time_to_first_token_seconds" in left_out
+    assert set(left_out) <= {family_key(name) for name in LATENCY_BUCKETS}, left_out
+    assert all(why == "more than 16384 lines" or "largest family" in why for why in left_out.values()), left_out
+    # at 440 engines only the largest is left out: the other histograms are read for every engine
+    metrics = parse_metrics_body(data_parallel(440).encode())
+    assert [family for family, _ in metrics.over_limit] == ["vllm:time_to_first_token_seconds"]
+    assert all(set(m.latency) == {"itl", "prompt", "generation", "steps"} for m in metrics.engines)
+    # without the latency histograms (most cycles) nothing is left out
+    assert parse_metrics_body(body, latency=False).over_limit == ()
+
+
+def test_fifty_thousand_lora_series_leave_lora_out_not_the_scrape() -> None:
+    """vLLM never deletes a vllm:lora_requests_info series (each new pair of adapter lists is a new one): 50,000 of
+    them pass the family's bound; the LoRA read is left out, the rest of the scrape is served."""
+    idle = fixture_text("v1-0.32.0-cpu-idle.prom")
+    lora = "".join(
+        f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="a{i}",waiting_lora_adapters=""}} {i}.0\n'
+        for i in range(50_000)
+    )
+    text = idle + "# HELP vllm:lora_requests_info Running stats on lora requests.\n"
+    text += "# TYPE vllm:lora_requests_info gauge\n" + lora
+    metrics = parse_metrics_body(text.encode())
+    assert metrics.lora is None and dict(metrics.over_limit) == {"vllm:lora_requests_info": "more than 16384 lines"}
+    assert metrics.engines[0].kv_cache_usage is not None
+    # one adapter-list line of 8,667 characters: the same, by the line bound
+    long_line = (
+        f'vllm:lora_requests_info{{max_lora="4",running_lora_adapters="{"a," * 4333}",waiting_lora_adapters=""}} 1.0\n'
+    )
+    metrics = parse_metrics_body((idle + long_line).encode())
+    assert (
+        list(dict(metrics.over_limit)) == ["vllm:lora_requests_info"] and metrics.engines[0].kv_cache_usage is not None
+    )
 
 
 def test_a_body_that_is_not_utf8_is_a_parse_error() -> None:
@@ -303,14 +367,15 @@ def test_a_body_near_the_cap_is_read_without_a_copy() -> None:
     finally:
         tracemalloc.stop()
     assert peak < 2 * 1024 * 1024, f"parsing a {len(body) >> 20} MiB body allocated {peak >> 20} MiB at its peak"
-    # as many lines of a family the agent reads: refused at the bounds, before they cost memory
+    # as many lines of a family the agent reads: that family is left out at its bound, before it costs memory
     wanted = 'vllm:num_requests_running{engine="%d",model_name="tiny-llama"} 1.0\n'
     many = (fixture_text("v1-0.32.0-cpu-saturated.prom") + "".join(wanted % i for i in range(400_000))).encode()
     tracemalloc.start()
     try:
-        with pytest.raises(SourceError, match="more than"):
-            parse_metrics_body(many)
+        metrics = parse_metrics_body(many)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert peak < 12 * 1024 * 1024, f"refusing {len(many) >> 20} MiB of wanted lines allocated {peak >> 20} MiB"
+    assert [family for family, _ in metrics.over_limit] == ["vllm:num_requests_running"]
+    assert metrics.engines[0].kv_cache_usage is not None and metrics.engines[0].running is None
+    assert peak < 12 * 1024 * 1024, f"reading {len(many) >> 20} MiB of wanted lines allocated {peak >> 20} MiB"

@@ -189,19 +189,10 @@ class Agent:
             self._read_log(), self._read_gpus(), self._fetch_metrics(read_latency)
         )
         if isinstance(metrics, SourceError):
-            self.sources.fail(SOURCE_VLLM, metrics, took)
-            # vLLM is gone (or is not vLLM): drop every derived series now; re-read /v1/models when it is back.
-            # The GPUs stay: their memory (now without vLLM) is still what NVML says.
-            self.snapshot = self._snapshot(
-                up=False,
-                timestamp=self.snapshot.timestamp,
-                **self._gpu_fields((), None),
-            )
-            self.models.forget()
-            self.ready = True
-            return self.snapshot
+            return self._vllm_failed(metrics, took, read_latency)
         self.sources.ok(SOURCE_VLLM, took)
         self.sources.implausible(SOURCE_VLLM, metrics.implausible)
+        self.sources.over_limit(SOURCE_VLLM, metrics.over_limit)
 
         restarted = self.counters.restarted(metrics)
         if restarted:
@@ -212,20 +203,8 @@ class Agent:
         if restarted:
             self.sustained.forget()
         self.sustained.learn(metrics, self.counters.preempted)
-        facts = derive.ServerFacts(
-            max_model_len=self.models.max_model_len,
-            fallback_max_model_len=self.settings.max_model_len,
-            startup=self.figures.engines,
-            geometry=self.settings.geometry,
-            tp=self.settings.tp,
-            pp=self.settings.pp,
-            version=self.models.version,
-            max_num_seqs=self.settings.max_num_seqs or self.figures.max_num_seqs,
-            max_num_batched_tokens=self.settings.max_num_batched_tokens or self.figures.max_num_batched_tokens,
-            speculation=self.figures.speculation,
-        )
         history = derive.EngineHistory(carried, self.latency.views, self.counters.preempted, self.sustained.views)
-        engines = tuple(derive.derive_all(metrics, facts, history))
+        engines = tuple(derive.derive_all(metrics, self._facts(), history))
         self._check_agreement(engines)
         self.counters.last = metrics
         self.snapshot = self._snapshot(
@@ -240,6 +219,31 @@ class Agent:
         self.ready = True
         self._announce(metrics, engines)
         return self.snapshot
+
+    def _vllm_failed(self, err: SourceError, took: float, read_latency: bool) -> Snapshot:
+        """vLLM is gone (or not vLLM): no derived series, /v1/models re-read when it is back; NVML's GPUs stay."""
+        self.sources.fail(SOURCE_VLLM, err, took)
+        if read_latency:
+            self.latency.missed()
+        self.snapshot = self._snapshot(up=False, timestamp=self.snapshot.timestamp, **self._gpu_fields((), None))
+        self.models.forget()
+        self.ready = True
+        return self.snapshot
+
+    def _facts(self) -> derive.ServerFacts:
+        """What the derivations know of the server beside its /metrics: /v1/models, the flags, its start-up log."""
+        return derive.ServerFacts(
+            max_model_len=self.models.max_model_len,
+            fallback_max_model_len=self.settings.max_model_len,
+            startup=self.figures.engines,
+            geometry=self.settings.geometry,
+            tp=self.settings.tp,
+            pp=self.settings.pp,
+            version=self.models.version,
+            max_num_seqs=self.settings.max_num_seqs or self.figures.max_num_seqs,
+            max_num_batched_tokens=self.settings.max_num_batched_tokens or self.figures.max_num_batched_tokens,
+            speculation=self.figures.speculation,
+        )
 
     def _announce(self, metrics: VllmMetrics, engines: tuple[EngineCapacity, ...]) -> None:
         """Log what was found when it is new: schema, engines, capacity, and what cannot be derived. A server whose

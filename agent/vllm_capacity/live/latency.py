@@ -46,7 +46,8 @@ class LatencyLearner:
         self._views: dict[EngineKey, derive.LatencyView] = {}
         self._running_seen: dict[EngineKey, tuple[float, int]] = {}
         self._steps: dict[EngineKey, Buckets] = {}  # vllm:iteration_tokens_total at the last latency read
-        self._read_at: float | None = None
+        self._read_at: float | None = None  # when the last latency read was learned from
+        self._tried_at: float | None = None  # when a latency read was last tried, whether or not it came back
         self._unresolvable_logged: set[str] = set()
 
     @property
@@ -55,8 +56,13 @@ class LatencyLearner:
         return self._views
 
     def due(self) -> bool:
-        """Whether this cycle should read vLLM's latency histograms (the first one does, then every LATENCY_EVERY)."""
-        return self._read_at is None or self.monotonic() - self._read_at >= LATENCY_EVERY
+        """Whether this cycle should read vLLM's latency histograms (the first one does, then every LATENCY_EVERY
+        after the last try: a read that failed is not retried every cycle, the larger read is what may fail)."""
+        return self._tried_at is None or self.monotonic() - self._tried_at >= LATENCY_EVERY
+
+    def missed(self) -> None:
+        """A latency read was tried and did not come back: the next try keeps the schedule."""
+        self._tried_at = self.monotonic()
 
     def learn(self, metrics: VllmMetrics, read: bool) -> None:
         """Note each engine's running requests; when this cycle read the latency histograms, teach each engine's
@@ -70,7 +76,7 @@ class LatencyLearner:
             return
         now = self.monotonic()
         seconds = now - self._read_at if self._read_at is not None else 0.0
-        self._read_at = now
+        self._read_at = self._tried_at = now
         present = set()
         for m in metrics.engines:
             key = (m.model_name, m.engine)

@@ -55,6 +55,7 @@ class SourceBook:
         self.monotonic = monotonic
         self.logger = structlog.get_logger("vllm_capacity")
         self._implausible_logged: set[tuple[str, ...]] = set()
+        self._over_limit_logged: set[tuple[str, ...]] = set()
 
     def add(self, name: str) -> None:
         self._status[name] = SourceStatus()
@@ -96,6 +97,19 @@ class SourceBook:
         self.errors[(source, Reason.IMPLAUSIBLE_VALUE)] += 1
         if first_time(self._implausible_logged, families):
             self.logger.warning("implausible_values", families=list(families), hint="left out of this cycle's metrics")
+
+    def over_limit(self, source: str, families: tuple[tuple[str, str], ...]) -> None:
+        """Families a source sent beyond the bounds it reads (left out of this read): counted each read, logged once
+        a set of families."""
+        if not families:
+            return
+        self.errors[(source, Reason.FAMILY_OVER_LIMIT)] += 1
+        if first_time(self._over_limit_logged, tuple(f for f, _ in families)):
+            self.logger.warning(
+                "families_over_limit",
+                families={family: why for family, why in families},
+                hint="left out of this read, the rest is read; docs/security.md gives the bounds",
+            )
 
     def _log_state(self, source: str, status: SourceStatus, err: SourceError | None) -> None:
         """Log a source's state when it differs from what the log last said, at most once per LOG_EVERY seconds a

@@ -51,7 +51,7 @@ from vllm_capacity.sources.vllm_records import (
     VllmMetrics,
     label_float,
 )
-from vllm_capacity.sources.vllm_scan import ScanError, is_ascii, parse_selected, select_lines
+from vllm_capacity.sources.vllm_scan import is_ascii, parse_selected, select_lines
 
 _WANTED_SET = frozenset(WANTED)
 #: The per-engine values: every wanted family but the cache config, the process start and the sleep state (read
@@ -118,10 +118,9 @@ def parse_metrics_body(body: bytes | bytearray, *, latency: bool = True) -> Vllm
 def _parse(text: str | bytes | bytearray, latency: bool) -> VllmMetrics:
     _check_body(text)
     names, meta = (WANTED, META) if latency else (WANTED_WITHOUT_LATENCY, PRESENCE_ONLY)
+    selected = select_lines(text, names, meta)
     try:
-        families = parse_selected(select_lines(text, names, meta))
-    except ScanError as err:
-        raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not what a vLLM server sends: {err}") from err
+        families = parse_selected(selected)
     except (ValueError, TypeError, IndexError, OverflowError) as err:  # OverflowError: an integer beyond a float
         raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not valid Prometheus text: {err}") from err
     scan = _Scan()
@@ -139,6 +138,7 @@ def _parse(text: str | bytes | bytearray, latency: bool) -> VllmMetrics:
         itl_metric=next((n for n in PRESENCE_ONLY if n in scan.latency_families), None),
         implausible=tuple(sorted(scan.implausible)),
         lora=LoraRequests.from_labels(scan.lora[1]) if scan.lora else None,
+        over_limit=tuple(sorted(selected.over_limit.items())),
     )
 
 
