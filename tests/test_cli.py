@@ -355,6 +355,84 @@ async def test_sigterm_stops_at_once_while_a_read_of_vllm_hangs(fake_vllm: FakeV
     assert took < 2.0, f"exit took {took:.2f}s after SIGTERM (promise: at once, whatever --timeout is)"
 
 
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether the process has a handler for ``sig`` (its SigCgt mask, /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) & (1 << (sig - 1)))
+
+
+def _accepts(port: int) -> bool:
+    import socket
+
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+    return False
+
+
+@pytest.mark.serial  # watches a process start in fine steps
+async def test_a_sigterm_while_starting_is_a_clean_exit(fake_vllm: FakeVllm) -> None:
+    """SIGTERM was handled only once the listener was up: in the first ~0.4 s (the imports) it killed the sidecar
+    (rc -15, no stopping line). The handler is now installed before anything slow: it is in place while the
+    listener is not up yet, and a SIGTERM then ends the process cleanly."""
+    port = free_port()
+    proc = _serve("--vllm-url", fake_vllm.url, "--listen", f"127.0.0.1:{port}")
+    try:
+        for _ in range(5000):
+            if _catches(proc.pid, signal.SIGTERM) or proc.poll() is not None:
+                break
+            await asyncio.sleep(0.001)
+        listening = _accepts(port)
+        proc.send_signal(signal.SIGTERM)
+        await asyncio.to_thread(proc.wait, 10)
+    finally:
+        _, stderr = stop_process(proc)
+    assert not listening, "the SIGTERM handler came only with the listener: a SIGTERM before it was rc -15"
+    assert proc.returncode == 0, stderr
+    assert "stopping" in {json.loads(line)["event"] for line in stderr.splitlines()}
+
+
+@pytest.mark.serial  # bounds the time from SIGTERM to exit
+async def test_sigterm_stops_within_a_second_whatever_a_client_does(fake_vllm: FakeVllm) -> None:
+    """A client asks for megabytes of /metrics and does not read them: the exit waited for it (122 s at 4.7 MB;
+    the kubelet kills at 30 s). Requests in flight now get half a second, then their connections are cut."""
+    import socket
+
+    from support.payloads import data_parallel
+
+    fake_vllm.metrics = data_parallel(256)
+    port = free_port()
+    proc = _serve("--vllm-url", fake_vllm.url, "--listen", f"127.0.0.1:{port}", "--max-body-size", "64MiB")
+    stuck = socket.socket()
+    try:
+        async with httpx.AsyncClient(timeout=30) as client:
+            for _ in range(300):
+                await asyncio.sleep(0.1)
+                with contextlib.suppress(httpx.TransportError):
+                    size = len((await client.get(f"http://127.0.0.1:{port}/metrics")).content)
+                    if size > 400 * 1024:
+                        break
+        assert size > 400 * 1024, f"the sidecar's /metrics is {size} bytes: too small to hold a writer up"
+        stuck.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stuck.connect(("127.0.0.1", port))
+        # sixteen requests in a row on the connection (HTTP/1.1 pipelining), read by none: megabytes of answers
+        stuck.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 16)
+        await asyncio.sleep(1.0)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(proc.wait, 15)
+        took = time.monotonic() - sent
+    finally:
+        stuck.close()
+        _, stderr = stop_process(proc)
+    assert proc.returncode == 0, stderr
+    assert took < 2.0, f"exit took {took:.2f}s after SIGTERM (promise: within a second, whatever clients do)"
+
+
 def test_report_text_and_json(fake_vllm_thread: str) -> None:
     text = _main("report", "--vllm-url", fake_vllm_thread)
     assert text.returncode == 0, text.stderr

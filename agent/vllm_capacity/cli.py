@@ -8,7 +8,9 @@ variable) and why.
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +31,14 @@ if TYPE_CHECKING:  # the agent's imports (asyncio, aiohttp, structlog) wait for 
     from vllm_capacity.agent import Agent
 
 KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays open
+# SIGTERM to exit: requests in flight get this long, then their connections are cut (the kubelet kills at 30 s; a
+# client that asked for /metrics and does not read held the exit for 122 s)
+SHUTDOWN_GRACE = 0.5
+_early_stop: list[int] = []  # SIGTERM / SIGINT that came before the event loop's handlers were installed
+
+
+def _note_early_stop(signum: int, _frame: object) -> None:
+    _early_stop.append(signum)
 
 
 def _check_combination(values: SourceConfig) -> None:
@@ -95,6 +105,7 @@ def _client(values: SourceConfig) -> Any:
 
 async def _serve(values: ServeConfig) -> int:
     import asyncio
+    import contextlib
     import signal
 
     import structlog
@@ -105,16 +116,24 @@ async def _serve(values: ServeConfig) -> int:
     from vllm_capacity.server import make_app
 
     log = structlog.get_logger("vllm_capacity")
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if _early_stop:  # asked to stop while the modules were loading: nothing was started
+        log.info("stopping", signal=signal.Signals(_early_stop[0]).name, before="serving")
+        return 0
     agent = _agent(values, values.interval, values)
     client = agent.client
     host, port = values.listen
     access, ssl_context = _web_access(values.web_config_file)
     # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)
     app = make_app(agent, access=access, metrics_path=values.web_telemetry_path)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
+    runner = web.AppRunner(
+        app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE, shutdown_timeout=SHUTDOWN_GRACE
+    )
     await runner.setup()
     log_setup.count_foreign_errors(agent.http_errors)
-    loop = asyncio.get_running_loop()
     assert runner.server is not None  # set up just above
     guard = ConnectionGuard(runner.server, agent.http_errors)  # a connection cap and a header deadline
     try:
@@ -125,22 +144,7 @@ async def _serve(values: ServeConfig) -> int:
         await client.aclose()
         print(f"vllm-capacity serve: error: --listen {host}:{port}: {err.strerror}", file=sys.stderr)
         return 1
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    # SIGHUP re-reads the web configuration, in a thread (bcrypt checks each hash: seconds at a high cost); without
-    # one there is nothing to re-read, and SIGHUP's default action (ending the process) must not apply
-    reloads: set[asyncio.Future[None]] = set()
-
-    def on_sighup() -> None:
-        if values.web_config_file is None:
-            log.info("sighup_ignored", reason="no --web.config.file: nothing to re-read")
-            return
-        future = asyncio.ensure_future(_reload_web_config(values.web_config_file, access, ssl_context))
-        reloads.add(future)
-        future.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, on_sighup)
+    _reload_on_sighup(values.web_config_file, access, ssl_context)
     log.info("serving", version=__version__, listen=f"{host}:{port}", tls=ssl_context is not None,
              basic_auth=bool(access.auth.users), vllm_url=redact_url(values.vllm_url),
              interval_seconds=values.interval, api_key="set" if values.api_key_file else "unset")  # fmt: skip
@@ -149,9 +153,35 @@ async def _serve(values: ServeConfig) -> int:
     finally:
         log.info("stopping")
         listener.close()
-        await runner.cleanup()
+        # requests in flight get SHUTDOWN_GRACE; then every connection still open is cut, whatever its client does
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(runner.cleanup(), SHUTDOWN_GRACE + 0.25)
+        guard.abort_all()
         await client.aclose()
     return 0
+
+
+def _reload_on_sighup(path: Path | None, access: Any, ssl_context: Any) -> None:
+    """SIGHUP re-reads the web configuration, in a thread (bcrypt checks each hash: seconds at a high cost); without
+    one there is nothing to re-read, and SIGHUP's default action (ending the process) must not apply."""
+    import asyncio
+    import signal
+
+    import structlog
+
+    reloads: set[asyncio.Future[None]] = set()
+
+    def on_sighup() -> None:
+        if path is None:
+            structlog.get_logger("vllm_capacity").info(
+                "sighup_ignored", reason="no --web.config.file: nothing to re-read"
+            )
+            return
+        future = asyncio.ensure_future(_reload_web_config(path, access, ssl_context))
+        reloads.add(future)
+        future.add_done_callback(reloads.discard)
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
 
 
 def _web_access(path: Path | None) -> tuple[Any, Any]:
@@ -263,8 +293,24 @@ def _plan(values: PlanConfig) -> int:
     return 0
 
 
+def _run_serve(values: ServeConfig) -> int:
+    """Serve until SIGTERM, then exit within about a second: worker threads still busy (a parse of a large body, an
+    NVML call that hangs in the driver) are not waited for, as the interpreter's exit and asyncio.run would."""
+    import asyncio
+
+    rc = asyncio.new_event_loop().run_until_complete(_serve(values))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
     # --help and usage errors import nothing beyond argparse and the options (asyncio, aiohttp, structlog come later)
+    serving = (sys.argv[1:] if argv is None else list(argv))[:1] == ["serve"]
+    if serving and threading.current_thread() is threading.main_thread():
+        # before anything slow (the imports take a few tenths of a second): a SIGTERM now is a clean exit, not -15
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, _note_early_stop)
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
@@ -281,6 +327,6 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
 
     if isinstance(values, ServeConfig):
         log.configure(values.log_format, values.log_level)
-        return asyncio.run(_serve(values))
+        return _run_serve(values)
     log.configure("console", "error")  # a report prints its result; only errors go to stderr
     return asyncio.run(_report(values))

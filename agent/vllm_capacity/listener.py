@@ -37,13 +37,13 @@ class _Guarded(asyncio.Protocol):
 
     def __init__(self, guard: ConnectionGuard, inner: Any) -> None:
         self._guard, self._inner = guard, inner
-        self._transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport | None = None
         self._tail = b""
         self._timer: asyncio.TimerHandle | None = None
         self.waiting = True  # for the first request head
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]
         self._timer = asyncio.get_running_loop().call_later(self._guard.header_timeout, self._expire)
         self._guard.opened(self)
         self._inner.connection_made(transport)
@@ -73,9 +73,9 @@ class _Guarded(asyncio.Protocol):
 
     def close(self, kind: str) -> None:
         """Close for ``kind`` (counted), unless already closed."""
-        if self._transport is not None and not self._transport.is_closing():
+        if self.transport is not None and not self.transport.is_closing():
             self._guard.errors[kind] += 1
-            self._transport.abort()
+            self.transport.abort()
 
     def _head_complete(self) -> None:
         self.waiting = False
@@ -126,6 +126,13 @@ class ConnectionGuard:
     @property
     def open_connections(self) -> int:
         return len(self._open)
+
+    def abort_all(self) -> None:
+        """Cut every connection still open (at exit, after the grace for requests in flight)."""
+        for connection in list(self._open):
+            if connection.transport is not None:
+                connection.transport.abort()
+        self._open.clear()
 
     def opened(self, connection: _Guarded) -> None:
         self._open[connection] = None
