@@ -4,13 +4,16 @@ evicts slow clients before it refuses anyone, every closure counted. Real socket
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 from collections import Counter
 from collections.abc import AsyncIterator
 
 import pytest
+import trustme
 from aiohttp import web
 
-from vllm_capacity.listener import EVICTED, HEADER_TIMEOUT_KIND, OVER_LIMIT, ConnectionGuard
+from vllm_capacity.listener import EVICTED, EVICTED_IDLE, HEADER_TIMEOUT_KIND, OVER_LIMIT, ConnectionGuard
 
 
 class Listener:
@@ -34,11 +37,17 @@ class Listener:
 
 @pytest.fixture
 async def listener() -> AsyncIterator[Listener]:
+    release = asyncio.Event()
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def slow(_: web.Request) -> web.Response:  # a request in progress until the test releases it
+        await release.wait()
+        return web.Response(text="done\n")
+
     app = web.Application()
-    app.add_routes([web.get("/healthz", healthz)])
+    app.add_routes([web.get("/healthz", healthz), web.get("/slow", slow)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     errors: Counter[str] = Counter()
@@ -46,6 +55,7 @@ async def listener() -> AsyncIterator[Listener]:
     guard = ConnectionGuard(runner.server, errors, max_connections=3, header_timeout=0.3)
     server = await asyncio.get_running_loop().create_server(guard, "127.0.0.1", 0)
     yield Listener(server.sockets[0].getsockname()[1], guard, errors)
+    release.set()
     server.close()
     await runner.cleanup()
 
@@ -83,20 +93,130 @@ async def test_at_the_cap_slow_clients_make_room_and_then_new_ones_are_refused(l
     assert (await listener.get()).startswith(b"HTTP/1.1 200")
     assert listener.errors[EVICTED] == 1
     assert await asyncio.wait_for(slow[0][0].read(), 5) == b""
-    # three keep-alive connections that each sent a request: nothing to evict, a fourth is refused with 503
     for _, writer in slow:
         writer.close()
         await writer.wait_closed()
     await asyncio.sleep(0.4)
+
+
+async def test_at_the_cap_the_longest_idle_keepalive_makes_room_for_the_probes(listener: Listener) -> None:
+    """512 clients that each sent one /healthz and idle locked out the scrapes and the kubelet's probes (503): an
+    idle keep-alive connection is evicted now, the longest idle first. Only when every connection is in the middle
+    of a request is a new one refused."""
     kept = []
-    for _ in range(3):
+    for _ in range(3):  # the cap: three keep-alive connections, each after one request, idle
         reader, writer = await listener.connect()
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
         assert (await reader.readline()).startswith(b"HTTP/1.1 200")
-        kept.append(writer)
+        kept.append((reader, writer))
+        await asyncio.sleep(0.05)
     assert listener.guard.open_connections == 3
-    assert (await listener.get()).startswith(b"HTTP/1.1 503")
-    assert listener.errors[OVER_LIMIT] == 1
-    for writer in kept:
+    assert (await listener.get()).startswith(b"HTTP/1.1 200")  # a probe gets through
+    assert listener.errors[EVICTED_IDLE] == 1 and listener.errors[OVER_LIMIT] == 0
+    await asyncio.wait_for(kept[0][0].read(), 5)  # the longest idle: the rest of its answer, then closed
+    assert kept[0][0].at_eof()
+    for _, writer in kept:
         writer.close()
         await writer.wait_closed()
+    await asyncio.sleep(0.1)
+    busy = []
+    for _ in range(3):  # three connections each in the middle of a request: nothing to evict
+        reader, writer = await listener.connect()
+        writer.write(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+        await writer.drain()
+        busy.append(writer)
+    await asyncio.sleep(0.1)
+    assert (await listener.get()).startswith(b"HTTP/1.1 503")
+    assert listener.errors[OVER_LIMIT] == 1
+    for writer in busy:
+        writer.close()
+        await writer.wait_closed()
+
+
+# --- TLS: guarded from the accept, not from the end of the handshake (#28 row 1) -----------------------------------
+
+
+@pytest.fixture
+async def tls_listener() -> AsyncIterator[tuple[Listener, ssl.SSLContext]]:
+    """The guard serving TLS itself (the sidecar's way): a certificate for 127.0.0.1 from a CA made here."""
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    client_context = ssl.create_default_context()
+    ca.configure_trust(client_context)
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    app = web.Application()
+    app.add_routes([web.get("/healthz", healthz)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    errors: Counter[str] = Counter()
+    assert runner.server is not None
+    guard = ConnectionGuard(runner.server, errors, max_connections=3, header_timeout=0.5, ssl_context=server_context)
+    server = await asyncio.get_running_loop().create_server(guard, "127.0.0.1", 0)
+    yield Listener(server.sockets[0].getsockname()[1], guard, errors), client_context
+    server.close()
+    await runner.cleanup()
+
+
+async def _tls_get(port: int, context: ssl.SSLContext) -> bytes:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        return await reader.readline()
+    finally:
+        writer.close()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await writer.wait_closed()
+
+
+async def test_tls_connections_are_counted_and_timed_from_their_accept(
+    tls_listener: tuple[Listener, ssl.SSLContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Connections that never send a ClientHello were invisible to the guard (asyncio hands a TLS connection over
+    only after its handshake): no count, no deadline, ~300 KiB each. They are counted at once now, closed by the
+    head deadline, and no TLS session is made for them (that waits for the client's first byte)."""
+    import vllm_capacity.listener as listener_module
+
+    made: list[object] = []
+    layer = listener_module._TlsLayer
+
+    class Counted(layer):  # type: ignore[misc, valid-type]
+        def __init__(self, *args: object) -> None:
+            made.append(self)
+            super().__init__(*args)
+
+    monkeypatch.setattr(listener_module, "_TlsLayer", Counted)
+    listener, context = tls_listener
+    silent = [await listener.connect() for _ in range(2)]
+    await asyncio.sleep(0.1)
+    assert listener.guard.open_connections == 2 and made == []
+    for reader, _ in silent:
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the sidecar's deadline
+    assert listener.errors[HEADER_TIMEOUT_KIND] == 2 and listener.guard.open_connections == 0
+    assert (await _tls_get(listener.port, context)).startswith(b"HTTP/1.1 200")  # a real client is served
+    assert len(made) == 1
+    for _, writer in silent:
+        writer.close()
+
+
+async def test_at_the_cap_a_stalled_handshake_makes_room_for_a_tls_scrape(
+    tls_listener: tuple[Listener, ssl.SSLContext],
+) -> None:
+    listener, context = tls_listener
+    stalled = []
+    for _ in range(3):  # the cap: three connections that began a handshake and stalled
+        reader, writer = await listener.connect()
+        writer.write(b"\x16\x03\x01")
+        await writer.drain()
+        stalled.append((reader, writer))
+    await asyncio.sleep(0.1)
+    assert listener.guard.open_connections == 3
+    assert (await _tls_get(listener.port, context)).startswith(b"HTTP/1.1 200")
+    assert listener.errors[EVICTED] == 1 and listener.errors[OVER_LIMIT] == 0
+    assert await asyncio.wait_for(stalled[0][0].read(), 5) == b""
+    for _, writer in stalled:
+        writer.close()

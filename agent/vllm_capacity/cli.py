@@ -135,10 +135,11 @@ async def _serve(values: ServeConfig) -> int:
     await runner.setup()
     log_setup.count_foreign_errors(agent.http_errors)
     assert runner.server is not None  # set up just above
-    guard = ConnectionGuard(runner.server, agent.http_errors)  # a connection cap and a header deadline
+    # a connection cap and a head deadline from accept; with TLS the guard runs the handshake itself
+    guard = ConnectionGuard(runner.server, agent.http_errors, ssl_context=ssl_context)
     try:
         # None: every interface, IPv4 and IPv6
-        listener = await loop.create_server(guard, host or None, port, ssl=ssl_context, reuse_address=True)
+        listener = await loop.create_server(guard, host or None, port, reuse_address=True)
     except OSError as err:
         await runner.cleanup()
         await client.aclose()

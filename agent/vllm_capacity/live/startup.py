@@ -24,6 +24,7 @@ class StartupLogReader:
     ) -> None:
         self.follower, self.sources, self.monotonic = follower, sources, monotonic
         self.figures = StartupFigures()
+        self._long_lines_logged = False
         sources.add(SOURCE_LOG)
 
     def _read_and_feed(self) -> None:
@@ -49,3 +50,11 @@ class StartupLogReader:
             self.sources.fail(SOURCE_LOG, internal(err, "reading the vLLM log"), 0.0)
             return
         self.sources.ok(SOURCE_LOG, self.monotonic() - t0)
+        if self.follower.long_lines and not self._long_lines_logged:
+            self._long_lines_logged = True  # once: the lines are users' text (request logs), not worth a line each
+            self.sources.logger.info(
+                "vllm_log_long_lines_skipped",
+                lines=self.follower.long_lines,
+                limit_bytes=self.follower.max_line,
+                hint="lines past the limit are not read for figures (vLLM's memory lines are short)",
+            )
