@@ -1,7 +1,9 @@
 # vllm-capacity: the sidecar image. Build: docker build -t vllm-capacity:0.1.0 .
 # Multi-stage: the wheel is built in the first stage; the final image holds Python, the wheel's pinned
 # dependencies and nothing else (no compilers, no build tools, no source tree).
-ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+# The base image by digest (a tag can be pushed again; a digest cannot), its tag beside it for people.
+# scripts/refresh-base-image pins the digest the tag points at now (or --tag another one).
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm@sha256:081075da77b2b55c23c088251026fb69a7b2bf92471e491ff5fd75c192fd38e5
 
 FROM ${PYTHON_IMAGE} AS build
 WORKDIR /src

@@ -58,11 +58,29 @@ def test_dockerfile_contract() -> None:
     text = (ROOT / "Dockerfile").read_text()
     assert text.count("\nFROM ") >= 1 and "AS build" in text, "multi-stage"
     base = next(line for line in text.splitlines() if line.startswith("ARG PYTHON_IMAGE="))
-    assert ":" in base and "latest" not in base and "slim" in base, "an exact slim tag"
+    # by digest, with its exact slim tag beside it for people (a tag can be pushed again; a digest cannot)
+    assert re.fullmatch(r"ARG PYTHON_IMAGE=python:[0-9.]+-slim-\w+@sha256:[0-9a-f]{64}", base), base
     assert 'ENTRYPOINT ["vllm-capacity"]' in text and 'CMD ["serve"]' in text
     assert "USER 65532:65532" in text
     repository = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
     assert f'org.opencontainers.image.source="{repository}"' in text, "the address pyproject.toml gives"
+
+
+def test_the_base_image_digest_is_refreshed_by_the_script(tmp_path: Path) -> None:
+    """scripts/refresh-base-image rewrites the ARG line to the tag and digest given (the registry's, without
+    --digest), and refuses what is not a digest."""
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text((ROOT / "Dockerfile").read_text())
+    script = [sys.executable, str(ROOT / "scripts" / "refresh-base-image"), "--dockerfile", str(dockerfile)]
+    digest = "sha256:" + "ab" * 32
+    run = subprocess.run(
+        [*script, "--tag", "python:3.11.12-slim-bookworm", "--digest", digest], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert f"ARG PYTHON_IMAGE=python:3.11.12-slim-bookworm@{digest}\n" in dockerfile.read_text()
+    assert dockerfile.read_text().count("FROM ${PYTHON_IMAGE}") == 2
+    bad = subprocess.run([*script, "--digest", "sha256:short"], capture_output=True, text=True)
+    assert bad.returncode == 1 and "is not a sha256 digest" in bad.stderr
 
 
 @pytest.mark.slow  # a fresh virtualenv and a wheel build: a minute or more, and it needs the package index
