@@ -4,7 +4,6 @@ here), and the Kubernetes manifests rendered with kubectl kustomize and validate
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -15,38 +14,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from support.kustomize import kustomize
+from support.kustomize import overlay as _overlay
+from support.kustomize import sidecars as _sidecars
 from support.promql import load_generator
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
 BIN = Path(sys.executable).parent
 VERSIONS = ("1.29.0", "1.31.0", "1.33.0", "1.35.0")  # native sidecars: 1.29 and later
-
-
-def kustomize(path: Path) -> list[dict]:
-    kubectl = shutil.which("kubectl")
-    assert kubectl, "kubectl missing (it comes with the machine image; kustomize is built into it)"
-    out = subprocess.run([kubectl, "kustomize", str(path)], capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-def _rel(path: Path, start: Path) -> str:
-    """kustomize takes other kustomizations by relative path only."""
-    return os.path.relpath(path, start)
-
-
-def _overlay(path: Path, *components: str) -> Path:
-    """A kustomization of the plain vLLM Deployment with the named components of deploy/kubernetes/components."""
-    path.mkdir()
-    doc = {
-        "apiVersion": "kustomize.config.k8s.io/v1beta1",
-        "kind": "Kustomization",
-        "resources": [_rel(K8S / "vllm", path)],
-        "components": [_rel(K8S / "components" / c, path) for c in components],
-    }
-    (path / "kustomization.yaml").write_text(yaml.safe_dump(doc))
-    return path
 
 
 def test_hadolint() -> None:
@@ -187,16 +163,6 @@ def _assert_probes_never_follow_vllm(container: dict) -> None:
             assert container[probe]["httpGet"]["path"] in PROBE_PATHS, f"{container['name']} {probe}"
 
 
-def _sidecars(docs: list[dict]) -> list[dict]:
-    return [
-        c
-        for d in docs
-        if d.get("kind") == "Deployment"
-        for c in d["spec"]["template"]["spec"].get("initContainers", [])
-        if c["name"] == "vllm-capacity"
-    ]
-
-
 def test_no_shipped_sidecar_probe_depends_on_vllm(tmp_path: Path) -> None:
     example = _sidecars(kustomize(K8S / "example"))
     overlay = _sidecars(kustomize(_overlay(tmp_path / "overlay", "vllm-capacity-sidecar")))
@@ -229,15 +195,19 @@ def test_manifests_expose_no_more_than_they_need() -> None:
 
 def test_web_config_component(tmp_path: Path) -> None:
     """On top of the sidecar component: the web configuration mounted from its Secret, named by the env twin of
-    --web.config.file, and every probe over HTTPS on the endpoints that need no credentials."""
+    --web.config.file, and every probe on the plain-HTTP probe port (tests/test_webconfig.py probes it as the kubelet
+    would, under every client_auth_type)."""
     docs = kustomize(_overlay(tmp_path / "overlay", "vllm-capacity-sidecar", "vllm-capacity-web-config"))
     (sidecar,) = _sidecars(docs)
     env = {e["name"]: e["value"] for e in sidecar["env"]}
     mount = next(m for m in sidecar["volumeMounts"] if m["name"] == "vllm-capacity-web-config")
     assert env["VLLM_CAPACITY_WEB_CONFIG_FILE"].startswith(mount["mountPath"] + "/") and mount["readOnly"]
     assert env["VLLM_CAPACITY_VLLM_URL"] == "http://127.0.0.1:8000", "the sidecar component's env is kept"
+    # the probes on a plain-HTTP port of their own (--probe-listen): the kubelet sends no client certificate
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    assert env["VLLM_CAPACITY_PROBE_LISTEN"] == f":{ports['probes']}" and ports["capacity"] != ports["probes"]
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
-        assert sidecar[probe]["httpGet"]["scheme"] == "HTTPS", probe
+        assert sidecar[probe]["httpGet"]["scheme"] == "HTTP" and sidecar[probe]["httpGet"]["port"] == "probes", probe
     _assert_probes_never_follow_vllm(sidecar)
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}

@@ -4,6 +4,7 @@ certificates made in the test (trustme) and Debian's Prometheus scraping it over
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import ssl
@@ -136,7 +137,7 @@ def secured(
     )
     url = f"https://127.0.0.1:{port}"
     with _client(pki) as client:
-        for _ in range(100):
+        for _ in range(600):  # a loaded machine starts the sidecar in seconds
             try:
                 client.get(url + "/healthz")
                 break
@@ -165,6 +166,71 @@ def test_tls_basic_auth_and_headers(secured: tuple[str, Path, subprocess.Popen],
         client.get(url + "/metrics", auth=("prometheus", "scrape-pw"))
     with pytest.raises(httpx.TransportError):  # plain HTTP is not served
         httpx.get(url.replace("https", "http") + "/metrics", timeout=5)
+
+
+# the client_auth_types the docs offer (Python's TLS cannot honour RequestClientCert and RequireAnyClientCert)
+CLIENT_AUTH_TYPES = ("NoClientCert", "VerifyClientCertIfGiven", "RequireAndVerifyClientCert")
+
+
+def _kubelet_probe(url: str) -> int | None:
+    """An HTTP(S) probe as the kubelet makes it: no client certificate, no credentials, the server's certificate not
+    verified. The status, or None when the connection or the handshake fails."""
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    try:
+        return httpx.get(url, verify=context, timeout=5).status_code
+    except httpx.TransportError:
+        return None
+
+
+@pytest.mark.parametrize("client_auth", CLIENT_AUTH_TYPES)
+def test_the_rendered_probes_pass_under_every_client_auth_type(
+    client_auth: str, fake_vllm_thread: str, pki: dict[str, Path], tmp_path: Path
+) -> None:
+    """The web-config component's probes, run as the kubelet runs them against the sidecar its env starts: they pass
+    whatever client_auth_type the web configuration asks (over HTTPS on the main port they failed the handshake
+    under RequireAndVerifyClientCert, and a native sidecar whose startup probe never passes keeps vLLM from
+    starting)."""
+    from support.kustomize import kustomize, overlay, sidecars
+
+    (sidecar,) = sidecars(kustomize(overlay(tmp_path / "overlay", "vllm-capacity-sidecar", "vllm-capacity-web-config")))
+    env = {e["name"]: e["value"] for e in sidecar["env"] if "value" in e}
+    ports = {p["name"]: p["containerPort"] for p in sidecar["ports"]}
+    probe_port, main_port = free_port(), free_port()
+    local = {ports["capacity"]: main_port, ports["probes"]: probe_port}  # the pod's ports, here
+    web = _write(tmp_path / "web.yml", pki, {"prometheus": "scrape-pw"}, client_auth_type=client_auth,
+                 **({"client_ca_file": str(pki["ca"])} if "Verify" in client_auth else {}))  # fmt: skip
+    run_env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("VLLM_CAPACITY_")},
+        "VLLM_CAPACITY_VLLM_URL": fake_vllm_thread,
+        "VLLM_CAPACITY_LISTEN": f"127.0.0.1:{main_port}",
+        "VLLM_CAPACITY_WEB_CONFIG_FILE": str(web),
+        "VLLM_CAPACITY_PROBE_LISTEN": env["VLLM_CAPACITY_PROBE_LISTEN"].replace(
+            f":{ports['probes']}", f"127.0.0.1:{probe_port}"
+        ),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm_capacity", "serve", "--interval", "200ms"],
+        env=run_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        for name in ("startupProbe", "livenessProbe", "readinessProbe"):
+            get = sidecar[name]["httpGet"]
+            port = local[ports[get["port"]] if isinstance(get["port"], str) else get["port"]]
+            url = f"{get.get('scheme', 'HTTP').lower()}://127.0.0.1:{port}{get['path']}"
+            status = None
+            for _ in range(300):  # the kubelet retries until the failure threshold; a loaded machine starts slowly
+                status = _kubelet_probe(url)
+                if status == 200:
+                    break
+                time.sleep(0.1)
+            assert status == 200, (name, url, status)
+        # the reason for the probe port: under RequireAndVerifyClientCert the main port refuses the kubelet
+        main = _kubelet_probe(f"https://127.0.0.1:{main_port}/healthz")
+        assert main == (None if client_auth == "RequireAndVerifyClientCert" else 200), main
+        assert _kubelet_probe(f"http://127.0.0.1:{probe_port}/metrics") == 404  # the probe port serves probes alone
+    finally:
+        stop_process(proc)
 
 
 def test_sighup_re_reads_the_web_config_without_dropping_the_listener(

@@ -138,15 +138,16 @@ async def _serve(values: ServeConfig) -> int:
     # a connection cap and a head deadline from accept; with TLS the guard runs the handshake itself
     guard = ConnectionGuard(runner.server, agent.http_errors, ssl_context=ssl_context)
     try:
-        # None: every interface, IPv4 and IPv6
-        listener = await loop.create_server(guard, host or None, port, reuse_address=True)
+        listener = await _listen(guard, "--listen", values.listen)
+        probes = await _probe_listener(agent, values.probe_listen)
     except OSError as err:
         await runner.cleanup()
         await client.aclose()
-        print(f"vllm-capacity serve: error: --listen {host}:{port}: {err.strerror}", file=sys.stderr)
+        print(f"vllm-capacity serve: error: {err}", file=sys.stderr)
         return 1
     _reload_on_sighup(values.web_config_file, access, ssl_context)
     log.info("serving", version=__version__, listen=f"{host}:{port}", tls=ssl_context is not None,
+             probe_listen=":".join(map(str, values.probe_listen)) if values.probe_listen else None,
              basic_auth=bool(access.auth.users), vllm_url=redact_url(values.vllm_url),
              interval_seconds=values.interval, api_key="set" if values.api_key_file else "unset")  # fmt: skip
     try:
@@ -154,12 +155,43 @@ async def _serve(values: ServeConfig) -> int:
     finally:
         log.info("stopping")
         listener.close()
+        if probes is not None:
+            probes.close()
         # requests in flight get SHUTDOWN_GRACE; then every connection still open is cut, whatever its client does
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(runner.cleanup(), SHUTDOWN_GRACE + 0.25)
         guard.abort_all()
         await client.aclose()
     return 0
+
+
+async def _listen(guard: Any, flag: str, address: tuple[str, int]) -> Any:
+    """A listening server for ``guard``; an OSError says which flag and address (None: every interface, IPv4 and
+    IPv6)."""
+    import asyncio
+
+    host, port = address
+    try:
+        return await asyncio.get_running_loop().create_server(guard, host or None, port, reuse_address=True)
+    except OSError as err:
+        raise OSError(f"{flag} {host}:{port}: {err.strerror}") from err
+
+
+async def _probe_listener(agent: Agent, address: tuple[str, int] | None) -> Any:
+    """--probe-listen: /healthz and /readyz in plain HTTP, behind a guard of their own (a small cap)."""
+    if address is None:
+        return None
+    from aiohttp import web
+
+    from vllm_capacity.listener import ConnectionGuard
+    from vllm_capacity.server import make_probe_app
+
+    runner = web.AppRunner(make_probe_app(agent), access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
+    await runner.setup()
+    assert runner.server is not None
+    return await _listen(
+        ConnectionGuard(runner.server, agent.http_errors, max_connections=64), "--probe-listen", address
+    )
 
 
 def _reload_on_sighup(path: Path | None, access: Any, ssl_context: Any) -> None:

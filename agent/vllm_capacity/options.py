@@ -282,6 +282,13 @@ SERVE_OPTIONS = (
         None,
         "TLS and basic auth for the listener, in the exporter-toolkit format (re-read on SIGHUP)",
     ),
+    Option(
+        "--probe-listen",
+        parse_listen,
+        None,
+        "host:port serving /healthz and /readyz alone, in plain HTTP whatever --web.config.file asks: for the "
+        "kubelet's probes where the listener asks for client certificates (the kubelet sends none)",
+    ),
     Option("--log-format", _choice("json", "console"), "json", "json (one object per line) or console"),
     Option("--log-level", _choice("debug", "info", "warning", "error"), "info", "debug, info, warning or error"),
 )
@@ -541,6 +548,7 @@ class ServeConfig(SourceConfig):
     max_num_seqs: int | None
     max_num_batched_tokens: int | None
     web_config_file: Path | None
+    probe_listen: tuple[str, int] | None
     log_format: str
     log_level: str
 

@@ -69,6 +69,19 @@ def make_app(
         body, content_type = await renders.body(request.headers.get("Accept"))
         return web.Response(body=body, headers={"Content-Type": content_type})
 
+    async def landing(_: web.Request) -> web.Response:
+        return web.Response(text=_landing_page(agent, metrics_path), content_type="text/html")
+
+    async def close_renders(_: web.Application) -> None:
+        renders.close()
+
+    app = web.Application(middlewares=[guard])
+    app.on_cleanup.append(close_renders)
+    app.add_routes([web.get(metrics_path, metrics), *_probe_routes(agent), web.get("/", landing)])
+    return app
+
+
+def _probe_routes(agent: Agent) -> list[web.RouteDef]:
     async def healthz(_: web.Request) -> web.Response:
         # Liveness of the sidecar itself; deliberately independent of vLLM so a vLLM outage never restarts us.
         return web.Response(text="ok\n")
@@ -81,20 +94,12 @@ def make_app(
             return web.Response(text="ready\n")
         return web.Response(status=503, text="not ready: the first read of vLLM has not finished yet\n")
 
-    async def landing(_: web.Request) -> web.Response:
-        return web.Response(text=_landing_page(agent, metrics_path), content_type="text/html")
+    return [web.get("/healthz", healthz), web.get("/readyz", readyz)]
 
-    async def close_renders(_: web.Application) -> None:
-        renders.close()
 
-    app = web.Application(middlewares=[guard])
-    app.on_cleanup.append(close_renders)
-    app.add_routes(
-        [
-            web.get(metrics_path, metrics),
-            web.get("/healthz", healthz),
-            web.get("/readyz", readyz),
-            web.get("/", landing),
-        ]
-    )
+def make_probe_app(agent: Agent) -> web.Application:
+    """/healthz and /readyz alone (--probe-listen): plain HTTP for the kubelet, whose probes carry no client
+    certificate and no credentials. They say nothing but "serving" and "has read vLLM once"."""
+    app = web.Application()
+    app.add_routes(_probe_routes(agent))
     return app
