@@ -202,6 +202,42 @@ async def test_a_models_list_nested_past_the_parser_is_a_models_failure_not_a_cr
     assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096
 
 
+async def test_a_large_models_list_is_read_off_the_loop_and_capped(
+    h: Harness, fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 14.6 MB /v1/models was parsed on the event loop: 166 MiB and /healthz waiting 473 ms. A list over 128 KiB
+    is parsed in the parse thread now, and one over MODELS_MAX_BYTES is a vllm_models failure (body_too_large)
+    before it is parsed at all; vLLM's capacity is served either way."""
+    import threading
+
+    import vllm_capacity.sources.vllm as vllm_source
+
+    threads: list[bool] = []
+    parse = vllm_source.parse_models
+
+    def noted(*args: object) -> object:
+        threads.append(threading.current_thread() is threading.main_thread())
+        return parse(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(vllm_source, "parse_models", noted)
+    adapters = ",".join(f'{{"id":"adapter-{i}","object":"model","parent":"tiny-llama"}}' for i in range(5000))
+    fake_vllm.models = (
+        '{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":1024},' + adapters + "]}"
+    )
+    assert 128 * 1024 < len(fake_vllm.models) < vllm_source.MODELS_MAX_BYTES
+    await h.agent.cycle()
+    assert threads == [False]  # parsed, and not on the loop
+    assert value(await h.scrape(), "vllm_capacity_source_up", source="vllm_models") == 1
+    h.agent.models.forget()
+    fake_vllm.models = fake_vllm.models.replace("]}", "," + ",".join([adapters] * 15) + "]}")
+    assert len(fake_vllm.models) > vllm_source.MODELS_MAX_BYTES
+    await h.agent.cycle()
+    text = await h.scrape()
+    assert value(text, "vllm_capacity_source_errors_total", source="vllm_models", reason="body_too_large") == 1
+    assert threads == [False]  # refused before a parse
+    assert value(text, "vllm_capacity_kv_cache_capacity_tokens") == 4096
+
+
 async def test_a_crashing_cycle_does_not_kill_the_loop(h: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     import asyncio
 

@@ -30,8 +30,8 @@ from vllm_capacity.sources.vllm_records import LATENCY_BUCKETS, META, WANTED
 from vllm_capacity.sources.vllm_scan import (
     MAX_LINE,
     family_key,
-    is_ascii,
     parse_selected,
+    select_body,
     select_lines,
     select_lines_plainly,
 )
@@ -86,7 +86,9 @@ def _check(text: str) -> str:
     fast = _outcome(_selection, select_lines, text)
     assert fast == plain, text
     body = text.encode()
-    if is_ascii(body):  # the agent scans an ASCII body's bytes as they came
+    # a body's bytes a chunk of lines at a time (small chunks: many boundaries), decoding only non-ASCII chunks
+    assert _outcome(_selection, lambda b, n, m: select_body(b, n, m, chunk=257), body) == plain, text
+    if body.isascii():  # the agent scans an ASCII body's bytes as they came
         assert _outcome(_selection, select_lines, body) == plain, text
         assert _outcome(parse_metrics_body, body) == _outcome(parse_metrics, text), text
     assert plain[0] == "ok", plain  # the selection never raises: a family past its bounds is left out
@@ -342,6 +344,26 @@ def test_fifty_thousand_lora_series_leave_lora_out_not_the_scrape() -> None:
     )
 
 
+def test_one_non_ascii_character_costs_its_chunk_not_the_body() -> None:
+    """One emoji in a 31 MiB body decoded all of it (203 MiB peak, over the 128 Mi limit): now the bytes are read a
+    megabyte of lines at a time and only a chunk that is not ASCII is decoded. The read is the same as a parse of
+    the decoded text."""
+    import tracemalloc
+
+    line = 'vllm:request_prefill_time_seconds_bucket{engine="0",le="0.5",model_name="tiny-llama"} 3.0\n'
+    text = fixture_text("v1-0.32.0-cpu-saturated.prom") + "# HELP vllm:other ünïcode \U0001f680\n"
+    text += line * (31 * 1024 * 1024 // len(line))
+    body = text.encode()
+    tracemalloc.start()
+    try:
+        metrics = parse_metrics_body(body)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, f"parsing a {len(body) >> 20} MiB body with one emoji allocated {peak >> 20} MiB"
+    assert metrics == parse_metrics(text)
+
+
 def test_a_body_that_is_not_utf8_is_a_parse_error() -> None:
     body = fixture_text("v1-0.32.0-cpu-idle.prom").encode() + b'vllm:num_requests_running{model_name="\xff"} 1\n'
     with pytest.raises(SourceError, match="not UTF-8") as err:
@@ -379,3 +401,20 @@ def test_a_body_near_the_cap_is_read_without_a_copy() -> None:
     assert [family for family, _ in metrics.over_limit] == ["vllm:num_requests_running"]
     assert metrics.engines[0].kv_cache_usage is not None and metrics.engines[0].running is None
     assert peak < 12 * 1024 * 1024, f"reading {len(many) >> 20} MiB of wanted lines allocated {peak >> 20} MiB"
+
+
+def test_series_no_longer_served_are_forgotten() -> None:
+    """The series cache (a series' name and labels, read once) kept every series until it was full: 5,000 models
+    served in turn held ~20 MiB of them. Series no longer served are dropped within two generations now, and the
+    series still served stay read (the second generation moves them back)."""
+    import vllm_capacity.sources.vllm_scan as scan
+
+    body = fixture_text("v1-0.32.0-cpu-saturated.prom")
+    for i in range(300):
+        parse_metrics(body.replace("tiny-llama", f"model-{i}"))
+    assert len(scan._SERIES) + len(scan._PREVIOUS) > 1000  # what the churn left, before it is forgotten
+    for _ in range(2 * scan.SERIES_GENERATION):
+        metrics = parse_metrics(body)
+    served = len(select_lines(body, WANTED, META))
+    assert len(scan._SERIES) + len(scan._PREVIOUS) <= served
+    assert metrics.engines[0].model_name == "tiny-llama"

@@ -34,6 +34,10 @@ DEFAULT_MAX_BODY_BYTES = 32 * MiB
 # than waking the parse thread and the loop again costs); a larger one in the parse thread, so that nothing in
 # proportion to a large body ever holds up /healthz or a scrape (docs/performance.md)
 INLINE_PARSE_BYTES = 128 * KiB
+# /v1/models: a card is ~200 bytes, so 4 MiB lists 20,000 adapters; a JSON document costs about ten times its size in
+# Python objects (14.6 MB of it held 166 MiB): the cap keeps that inside the sidecar's memory limit. /version is tiny.
+MODELS_MAX_BYTES = 4 * MiB
+VERSION_MAX_BYTES = 64 * KiB
 
 
 @dataclass(frozen=True)
@@ -93,19 +97,21 @@ class VllmClient:
         self._parser.shutdown(wait=False, cancel_futures=True)
 
     async def _get(
-        self, path: str, *, headers: dict[str, str] | None = None, accept: str = "*/*"
+        self, path: str, *, headers: dict[str, str] | None = None, accept: str = "*/*", cap: int | None = None
     ) -> tuple[bytearray, str]:
-        """GET ``path`` within one deadline for the whole exchange; returns (body, content-type). Every failure is a
-        SourceError whose message carries no secret (the URL's userinfo, the API key)."""
+        """GET ``path`` within one deadline for the whole exchange; returns (body, content-type). The body is at most
+        ``cap`` bytes (at most --max-body-size). Every failure is a SourceError whose message carries no secret (the
+        URL's userinfo, the API key)."""
+        cap = self.max_body_bytes if cap is None else min(cap, self.max_body_bytes)
         try:
-            return await self._exchange(path, headers or {}, accept)
+            return await self._exchange(path, headers or {}, accept, cap)
         except SourceError as err:
             raise SourceError(err.reason, redact(str(err), self._secrets)) from None
         except Exception as err:  # what nothing below expected (a header value refused, ...): named, not a crash
             message = f"{self.display_url}{path}: {type(err).__name__}: {err}"
             raise SourceError(Reason.INTERNAL, redact(message, self._secrets)) from None
 
-    async def _exchange(self, path: str, headers: dict[str, str], accept: str) -> tuple[bytearray, str]:
+    async def _exchange(self, path: str, headers: dict[str, str], accept: str, cap: int) -> tuple[bytearray, str]:
         url = self.display_url + path
         try:
             async with asyncio.timeout(self.timeout):
@@ -124,17 +130,13 @@ class VllmClient:
                         kind = Reason.HTTP_5XX if resp.status >= 500 else Reason.HTTP_4XX
                         raise SourceError(kind, f"{url} answered HTTP {resp.status} {resp.reason or ''}".rstrip())
                     declared = resp.headers.get("Content-Length")
-                    if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
-                        raise SourceError(
-                            Reason.BODY_TOO_LARGE, f"{url} body is {declared} bytes, over the {self.max_body_bytes} cap"
-                        )
+                    if declared and declared.isdigit() and int(declared) > cap:
+                        raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body is {declared} bytes, over the {cap} cap")
                     # one growing buffer (a large one grows in place): never the chunks and their join side by side
                     body = bytearray()
                     async for chunk in resp.content.iter_chunked(1 << 20):
-                        if len(body) + len(chunk) > self.max_body_bytes:
-                            raise SourceError(
-                                Reason.BODY_TOO_LARGE, f"{url} body exceeds the {self.max_body_bytes}-byte cap"
-                            )
+                        if len(body) + len(chunk) > cap:
+                            raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body exceeds the {cap}-byte cap")
                         body += chunk
                     content_type = resp.headers.get("Content-Type", "")
         except TimeoutError as err:
@@ -162,17 +164,26 @@ class VllmClient:
         return await asyncio.get_running_loop().run_in_executor(self._parser, parse)
 
     async def fetch_models(self) -> ModelsInfo:
-        body, _ = await self._get("/v1/models", headers=self._api_headers, accept="application/json")
-        return parse_models(_decode(body, self.display_url + "/v1/models"), self.display_url)
+        body, _ = await self._get(
+            "/v1/models", headers=self._api_headers, accept="application/json", cap=MODELS_MAX_BYTES
+        )
+        parse = functools.partial(_parse_models_body, body, self.display_url)
+        if len(body) <= INLINE_PARSE_BYTES:
+            return parse()
+        return await asyncio.get_running_loop().run_in_executor(self._parser, parse)  # off the loop
 
     async def fetch_version(self) -> str | None:
         """vLLM's ``/version`` (``{"version": "0.10.2"}``); None when absent. Never raises."""
         try:
-            body, _ = await self._get("/version", accept="application/json")
+            body, _ = await self._get("/version", accept="application/json", cap=VERSION_MAX_BYTES)
             version = json.loads(body).get("version")
         except (SourceError, ValueError, AttributeError, RecursionError):
             return None
         return str(version) if version else None
+
+
+def _parse_models_body(body: bytes | bytearray, display_url: str) -> ModelsInfo:
+    return parse_models(_decode(body, display_url + "/v1/models"), display_url)
 
 
 def _decode(body: bytes | bytearray, url: str) -> str:

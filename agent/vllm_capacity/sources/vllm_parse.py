@@ -51,7 +51,7 @@ from vllm_capacity.sources.vllm_records import (
     VllmMetrics,
     label_float,
 )
-from vllm_capacity.sources.vllm_scan import is_ascii, parse_selected, select_lines
+from vllm_capacity.sources.vllm_scan import parse_selected, select_body, select_lines
 
 _WANTED_SET = frozenset(WANTED)
 #: The per-engine values: every wanted family but the cache config, the process start and the sleep state (read
@@ -104,21 +104,22 @@ def parse_metrics(text: str, *, latency: bool = True) -> VllmMetrics:
 
 
 def parse_metrics_body(body: bytes | bytearray, *, latency: bool = True) -> VllmMetrics:
-    """:func:`parse_metrics` of the body's bytes: an ASCII body (vLLM's) is scanned as it came, never copied into a
-    string (a body near the --max-body-size cap then costs its own size in memory, not two or three times it)."""
-    if is_ascii(body):
-        return _parse(body, latency)
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics body is not UTF-8 text: {err}") from err
-    return _parse(text, latency)
+    """:func:`parse_metrics` of the body's bytes, scanned as they came, a megabyte of lines at a time: an ASCII
+    chunk (vLLM's are) is never copied into a string, any other is decoded alone (a body near the --max-body-size
+    cap then costs about its own size in memory, whatever its encoding, not two to six times it)."""
+    return _parse(body, latency)
 
 
 def _parse(text: str | bytes | bytearray, latency: bool) -> VllmMetrics:
     _check_body(text)
     names, meta = (WANTED, META) if latency else (WANTED_WITHOUT_LATENCY, PRESENCE_ONLY)
-    selected = select_lines(text, names, meta)
+    if isinstance(text, str):
+        selected = select_lines(text, names, meta)
+    else:
+        try:
+            selected = select_body(text, names, meta)
+        except UnicodeDecodeError as err:
+            raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics body is not UTF-8 text: {err}") from err
     try:
         families = parse_selected(selected)
     except (ValueError, TypeError, IndexError, OverflowError) as err:  # OverflowError: an integer beyond a float
@@ -151,7 +152,7 @@ def _check_body(text: str | bytes | bytearray) -> None:
     if start == len(text):
         raise SourceError(Reason.EMPTY_BODY, "vLLM /metrics returned an empty body")
     head = text[start : start + 200]
-    head_text = head.decode("ascii") if isinstance(head, bytes | bytearray) else head
+    head_text = head.decode("utf-8", "replace") if isinstance(head, bytes | bytearray) else head
     if head_text.lower().startswith(("<!doctype", "<html", "<?xml", "{")):
         raise SourceError(
             Reason.NOT_METRICS, f"vLLM /metrics returned a document, not metrics text: {head_text[:60]!r}"

@@ -58,8 +58,15 @@ _VALUE = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?Inf|Na
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
 _SERIES_FORM = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})?", re.DOTALL)
 _VALUES = re.compile(rf" ({_VALUE})(?: ({_VALUE}))?")
-#: series part of a sample line -> (name, labels), as read before (bounded: cleared when full)
+#: series part of a sample line -> (name, labels), as read before, in two generations: a series is looked for in the
+#: current one, then in the previous one (and moved back). Every SERIES_GENERATION parses the current generation
+#: becomes the previous one and the old previous one is dropped: series no longer served (a model that went, an
+#: engine that restarted under new labels) are forgotten within two generations (5,000 models in turn held ~20 MiB
+#: of them until the cache was full); a generation is also started when one is full (MAX_SELECTED).
 _SERIES: dict[str, tuple[str, dict[str, str]]] = {}
+_PREVIOUS: dict[str, tuple[str, dict[str, str]]] = {}
+SERIES_GENERATION = 64
+_parses = 0
 _LABELS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', re.DOTALL)
 _TOKEN_END = re.compile(r"[{ \t]")
 # the parser's unescaping of label values and HELP text
@@ -163,20 +170,45 @@ def select_lines_plainly(text: str, sample_names: Iterable[str], meta_names: Ite
     return selected
 
 
-def select_lines(text: str | bytes | bytearray, sample_names: Sequence[str], meta_names: Sequence[str]) -> Selection:
+def select_body(
+    body: bytes | bytearray, sample_names: Sequence[str], meta_names: Sequence[str], chunk: int = 1 << 20
+) -> Selection:
+    """:func:`select_lines` over a body's bytes: an ASCII body (vLLM's) is read in place; any other a chunk of whole
+    lines at a time, an ASCII chunk as it came and any other decoded alone (UTF-8; UnicodeDecodeError when it is
+    not). One non-ASCII character in a 31 MiB body decoded all of it (203 MiB); now it costs its chunk."""
+    if body.isascii():  # vLLM's: read in place, no copy at all
+        return select_lines(body, sample_names, meta_names)
+    selected = Selection(sample_names, meta_names)
+    view = memoryview(body)
+    start = 0
+    while start < len(body):
+        end = body.find(b"\n", min(start + chunk, len(body)) - 1)
+        end = len(body) if end < 0 else end + 1
+        part = bytes(view[start:end])
+        select_lines(part if part.isascii() else part.decode("utf-8"), sample_names, meta_names, selected)
+        start = end
+    return selected
+
+
+def select_lines(
+    text: str | bytes | bytearray,
+    sample_names: Sequence[str],
+    meta_names: Sequence[str],
+    selected: Selection | None = None,
+) -> Selection:
     """The same lines as :func:`select_lines_plainly`, found without visiting the lines that name nothing wanted.
 
     A selected line either starts (after whitespace) with a sample name or is a comment naming one of the names:
     one regular expression finds both kinds from the newline before them, jumping from newline to newline in C.
     Comment lines are few (two per family, not per engine); each is searched for the names.
 
-    ``text`` may be the body's bytes when they are ASCII (the rule for vLLM's bodies; :func:`is_ascii`): then only the
+    ``text`` may be the body's bytes when they are ASCII (vLLM's are; :func:`select_body` sees to it): then only the
     selected lines are ever decoded, and a body of megabytes is never copied into a string."""
     samples = frozenset(sample_names)
     binary = isinstance(text, bytes | bytearray)
     starts_pattern = _starts_pattern(tuple(sample_names), tuple(meta_names), binary)
     newline: str | bytes = b"\n" if binary else "\n"
-    selected = Selection(sample_names, meta_names)
+    selected = Selection(sample_names, meta_names) if selected is None else selected
     first = newline + text[: _line_end(text, 0)]  # type: ignore[operator]
     # in the order of the text, one line at a time (the bounds stop a body of a million wanted lines early)
     for at, found in itertools.chain(((0, starts_pattern.match(first)),), _after_newline(starts_pattern, text)):
@@ -189,12 +221,6 @@ def select_lines(text: str | bytes | bytearray, sample_names: Sequence[str], met
 def _after_newline(pattern: re.Pattern[Any], text: str | bytes | bytearray) -> Iterator[tuple[int, re.Match[Any]]]:
     for m in pattern.finditer(text):
         yield m.start() + 1, m
-
-
-def is_ascii(body: bytes | bytearray) -> bool:
-    """Whether :func:`select_lines` may read these bytes as they are (for ASCII, what ``str.strip`` strips is
-    ``[ \\t\\n\\r\\x0b\\x0c\\x1c-\\x1f]``, which the byte expressions spell out)."""
-    return body.isascii()
 
 
 @functools.cache
@@ -232,6 +258,10 @@ def _line_end(text: str | bytes | bytearray, at: int) -> int:
 def parse_selected(lines: list[str]) -> list[Metric]:
     """``list(text_string_to_metric_families("\\n".join(lines)))``, read by the fast path when every line is in the
     canonical form, else by prometheus-client. Raises what the parser raises (ValueError and kin)."""
+    global _parses  # counts the parses for the series cache's generations
+    _parses += 1
+    if _parses % SERIES_GENERATION == 0:
+        _new_generation()
     try:
         return list(_families(_items(lines)))
     except _NotCanonical:
@@ -260,7 +290,11 @@ def _sample(line: str) -> Sample:
     cut = brace + 1 if brace > 0 else line.find(" ")
     series = _SERIES.get(line[:cut]) if cut > 0 else None
     if series is None:
-        series = _series(line[:cut] if cut > 0 else line)
+        series = _PREVIOUS.pop(line[:cut], None) if cut > 0 else None
+        if series is not None:
+            _remember(line[:cut], series)
+        else:
+            series = _series(line[:cut] if cut > 0 else line)
     m = _VALUES.fullmatch(line, cut)
     if m is None:
         raise _NotCanonical
@@ -283,10 +317,19 @@ def _series(text: str) -> tuple[str, dict[str, str]]:
             if label in labels or label.startswith("__"):  # a duplicate is the parser's error; __ names are reserved
                 raise _NotCanonical
             labels[label] = _LABEL_ESCAPE.sub(_unescape, raw) if "\\" in raw else raw
-    if len(_SERIES) >= MAX_SELECTED:
-        _SERIES.clear()
-    _SERIES[text] = (name, labels)
+    _remember(text, (name, labels))
     return name, labels
+
+
+def _remember(text: str, series: tuple[str, dict[str, str]]) -> None:
+    if len(_SERIES) >= MAX_SELECTED:
+        _new_generation()
+    _SERIES[text] = series
+
+
+def _new_generation() -> None:
+    global _SERIES, _PREVIOUS  # the module's cache, swapped whole
+    _SERIES, _PREVIOUS = {}, _SERIES
 
 
 def _unescape(match: re.Match[str]) -> str:
