@@ -67,14 +67,25 @@ def implausible(row: str, name: str, where: str, raw: str, absent: tuple[str, ..
     return Fault(row, name, body(text), "implausible_value", read=True, absent=absent, logged=logged)
 
 
-def over_limit(row: str, name: str, line: str) -> Fault:
-    """vLLM answers, but a line of vllm:num_requests_running passes the scan's bounds: that family is left out
-    (named in one families_over_limit line), with what derives from it; the rest is served."""
-    absent = ("requests_running", "mean_context_tokens")
-    text = body(SATURATED + line + "\n")
+def over_limit(
+    row: str,
+    name: str,
+    lines: str,
+    family: str = RUN,
+    absent: tuple[str, ...] = ("requests_running", "mean_context_tokens"),
+) -> Fault:
+    """vLLM answers, but ``family`` (vllm:num_requests_running unless said) passes the scan's bounds: that family is
+    left out (named in one families_over_limit line), with what derives from it; the rest is served."""
+    text = body(SATURATED + lines + "\n")
     return Fault(
-        row, name, text, "family_over_limit", read=True, absent=absent, logged=RUN, event="families_over_limit"
+        row, name, text, "family_over_limit", read=True, absent=absent, logged=family, event="families_over_limit"
     )
+
+
+LORA = "vllm:lora_requests_info"
+_LORA_SERIES = "\n".join(
+    f'{LORA}{{max_lora="4",running_lora_adapters="a{i}",waiting_lora_adapters=""}} {i}.0' for i in range(40_000)
+)
 
 
 FAULTS = (
@@ -113,6 +124,15 @@ FAULTS = (
     # served (round 2, row 5: it was a whole-scrape parse_error and up 0)
     over_limit("8", "a HELP line of a read family, 1 MB of spaces", "# HELP " + RUN + " " * 1_000_000 + "x"),
     over_limit("8", "a label value of 100,000 escaped quotes", RUN + '{model_name="' + '\\"' * 100_000 + '"} 1'),
+    # second round, row 5: normal output of a large deployment passes a bound: that family alone is left out
+    over_limit("r2-5", "40,000 LoRA series (vLLM never deletes them)", _LORA_SERIES, LORA, ("lora_slots",)),
+    over_limit(
+        "r2-5",
+        "an adapter list of 8,667 characters",
+        f'{LORA}{{running_lora_adapters="{"a," * 4333}"}} 1.0',
+        LORA,
+        ("lora_slots",),
+    ),  # fmt: skip
     Fault(
         "held", "not UTF-8", lambda f: setattr(f, "metrics_bytes", SATURATED.encode() + b"\xff\xfe\n"), "parse_error"
     ),
