@@ -83,6 +83,7 @@ def over_limit(
 
 
 LORA = "vllm:lora_requests_info"
+_LONG_ADAPTERS = f'{LORA}{{running_lora_adapters="{"a," * 4333}"}} 1.0'
 _LORA_SERIES = "\n".join(
     f'{LORA}{{max_lora="4",running_lora_adapters="a{i}",waiting_lora_adapters=""}} {i}.0' for i in range(40_000)
 )
@@ -126,13 +127,7 @@ FAULTS = (
     over_limit("8", "a label value of 100,000 escaped quotes", RUN + '{model_name="' + '\\"' * 100_000 + '"} 1'),
     # second round, row 5: normal output of a large deployment passes a bound: that family alone is left out
     over_limit("r2-5", "40,000 LoRA series (vLLM never deletes them)", _LORA_SERIES, LORA, ("lora_slots",)),
-    over_limit(
-        "r2-5",
-        "an adapter list of 8,667 characters",
-        f'{LORA}{{running_lora_adapters="{"a," * 4333}"}} 1.0',
-        LORA,
-        ("lora_slots",),
-    ),  # fmt: skip
+    over_limit("r2-5", "an adapter list of 8,667 characters", _LONG_ADAPTERS, LORA, ("lora_slots",)),
     Fault(
         "held", "not UTF-8", lambda f: setattr(f, "metrics_bytes", SATURATED.encode() + b"\xff\xfe\n"), "parse_error"
     ),
