@@ -14,3 +14,4 @@ _.repeated  # LogRecord.repeated (log.OncePerCause): structlog's ExtraAdder puts
 parse_metrics  # vllm_parse.parse_metrics (a string body): the tests' and the differential test's entry point
 select_lines_plainly  # vllm_scan.select_lines_plainly: the selection's definition, held to select_lines in tests
 _.max_size  # _TlsLayer.max_size: asyncio.sslproto.SSLProtocol reads it on the instance (the read buffer size)
+parse_metrics_body  # vllm_parse.parse_metrics_body: MetricsStream over bytes in hand; the tests' entry point

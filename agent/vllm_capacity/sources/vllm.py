@@ -16,6 +16,7 @@ import asyncio
 import functools
 import json
 import ssl
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -25,7 +26,7 @@ import aiohttp
 from vllm_capacity import __version__
 from vllm_capacity.redaction import redact, redact_url, url_secrets
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.vllm_parse import parse_metrics_body
+from vllm_capacity.sources.vllm_parse import MetricsStream
 from vllm_capacity.sources.vllm_records import VllmMetrics
 from vllm_capacity.units import KiB, MiB
 
@@ -97,21 +98,30 @@ class VllmClient:
         self._parser.shutdown(wait=False, cancel_futures=True)
 
     async def _get(
-        self, path: str, *, headers: dict[str, str] | None = None, accept: str = "*/*", cap: int | None = None
+        self,
+        path: str,
+        *,
+        headers: dict[str, str] | None = None,
+        accept: str = "*/*",
+        cap: int | None = None,
+        sink: Callable[[bytes], None] | None = None,
     ) -> tuple[bytearray, str]:
         """GET ``path`` within one deadline for the whole exchange; returns (body, content-type). The body is at most
-        ``cap`` bytes (at most --max-body-size). Every failure is a SourceError whose message carries no secret (the
-        URL's userinfo, the API key)."""
+        ``cap`` bytes (at most --max-body-size); with ``sink`` each chunk goes to it as it arrives and the body
+        returned is empty. Every failure is a SourceError whose message carries no secret (the URL's userinfo, the
+        API key)."""
         cap = self.max_body_bytes if cap is None else min(cap, self.max_body_bytes)
         try:
-            return await self._exchange(path, headers or {}, accept, cap)
+            return await self._exchange(path, headers or {}, accept, cap, sink)
         except SourceError as err:
             raise SourceError(err.reason, redact(str(err), self._secrets)) from None
         except Exception as err:  # what nothing below expected (a header value refused, ...): named, not a crash
             message = f"{self.display_url}{path}: {type(err).__name__}: {err}"
             raise SourceError(Reason.INTERNAL, redact(message, self._secrets)) from None
 
-    async def _exchange(self, path: str, headers: dict[str, str], accept: str, cap: int) -> tuple[bytearray, str]:
+    async def _exchange(
+        self, path: str, headers: dict[str, str], accept: str, cap: int, sink: Callable[[bytes], None] | None
+    ) -> tuple[bytearray, str]:
         url = self.display_url + path
         try:
             async with asyncio.timeout(self.timeout):
@@ -133,11 +143,15 @@ class VllmClient:
                     if declared and declared.isdigit() and int(declared) > cap:
                         raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body is {declared} bytes, over the {cap} cap")
                     # one growing buffer (a large one grows in place): never the chunks and their join side by side
-                    body = bytearray()
+                    body, size = bytearray(), 0
                     async for chunk in resp.content.iter_chunked(1 << 20):
-                        if len(body) + len(chunk) > cap:
+                        size += len(chunk)
+                        if size > cap:
                             raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body exceeds the {cap}-byte cap")
-                        body += chunk
+                        if sink is None:
+                            body += chunk
+                        else:
+                            sink(chunk)
                     content_type = resp.headers.get("Content-Type", "")
         except TimeoutError as err:
             raise SourceError(Reason.TIMEOUT, f"{url} did not answer in full within {self.timeout:g}s") from err
@@ -156,12 +170,13 @@ class VllmClient:
             )
 
     async def fetch_metrics(self, *, latency: bool = True) -> VllmMetrics:
-        body, content_type = await self._get("/metrics", accept="text/plain;version=0.0.4;q=1,*/*;q=0.1")
+        # the body is scanned as it arrives, a megabyte of lines at a time, and never held whole (MetricsStream)
+        stream = MetricsStream(latency=latency)
+        _, content_type = await self._get("/metrics", accept="text/plain;version=0.0.4;q=1,*/*;q=0.1", sink=stream.feed)
         self._check_metrics_type(content_type)
-        if len(body) <= INLINE_PARSE_BYTES:  # a parse shorter than the hand-off to a thread and back
-            return parse_metrics_body(body, latency=latency)
-        parse = functools.partial(parse_metrics_body, body, latency=latency)
-        return await asyncio.get_running_loop().run_in_executor(self._parser, parse)
+        if stream.size <= INLINE_PARSE_BYTES:  # a parse shorter than the hand-off to a thread and back
+            return stream.finish()
+        return await asyncio.get_running_loop().run_in_executor(self._parser, stream.finish)
 
     async def fetch_models(self) -> ModelsInfo:
         body, _ = await self._get(

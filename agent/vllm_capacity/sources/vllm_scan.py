@@ -170,26 +170,6 @@ def select_lines_plainly(text: str, sample_names: Iterable[str], meta_names: Ite
     return selected
 
 
-def select_body(
-    body: bytes | bytearray, sample_names: Sequence[str], meta_names: Sequence[str], chunk: int = 1 << 20
-) -> Selection:
-    """:func:`select_lines` over a body's bytes: an ASCII body (vLLM's) is read in place; any other a chunk of whole
-    lines at a time, an ASCII chunk as it came and any other decoded alone (UTF-8; UnicodeDecodeError when it is
-    not). One non-ASCII character in a 31 MiB body decoded all of it (203 MiB); now it costs its chunk."""
-    if body.isascii():  # vLLM's: read in place, no copy at all
-        return select_lines(body, sample_names, meta_names)
-    selected = Selection(sample_names, meta_names)
-    view = memoryview(body)
-    start = 0
-    while start < len(body):
-        end = body.find(b"\n", min(start + chunk, len(body)) - 1)
-        end = len(body) if end < 0 else end + 1
-        part = bytes(view[start:end])
-        select_lines(part if part.isascii() else part.decode("utf-8"), sample_names, meta_names, selected)
-        start = end
-    return selected
-
-
 def select_lines(
     text: str | bytes | bytearray,
     sample_names: Sequence[str],
@@ -202,7 +182,7 @@ def select_lines(
     one regular expression finds both kinds from the newline before them, jumping from newline to newline in C.
     Comment lines are few (two per family, not per engine); each is searched for the names.
 
-    ``text`` may be the body's bytes when they are ASCII (vLLM's are; :func:`select_body` sees to it): then only the
+    ``text`` may be the body's bytes when they are ASCII (vLLM's are; ``MetricsStream`` sees to it): then only the
     selected lines are ever decoded, and a body of megabytes is never copied into a string."""
     samples = frozenset(sample_names)
     binary = isinstance(text, bytes | bytearray)
