@@ -136,8 +136,8 @@ def test_every_option_has_a_documented_twin() -> None:
         (["serve", "--vllm-url", "http://vllm host:8000"], {}, "contains whitespace"),
         (["serve", "--vllm-url", "http://:8000"], {}, "names no host"),
         (["serve", "--vllm-url", "http://u:s3cret@h:x"], {}, "'http://***@h:x' is not a valid URL"),
-        (["serve", "--interval", "10000000000h"], {}, "--interval: '10000000000h' is above the maximum 3600s"),
-        (["serve", "--timeout", "1h"], {}, "--timeout: '1h' is above the maximum 600s"),
+        (["serve", "--interval", "10000000000h"], {}, "--interval: '10000000000h' is above the maximum 1h"),
+        (["serve", "--timeout", "1h"], {}, "--timeout: '1h' is above the maximum 10m"),
         (["serve", "--max-body-size", "1000TiB"], {}, "--max-body-size: '1000TiB' is above the maximum 1GiB"),
     ],
 )
@@ -353,6 +353,17 @@ async def test_sigterm_stops_at_once_while_a_read_of_vllm_hangs(fake_vllm: FakeV
         _, stderr = proc.communicate(timeout=10)
     assert proc.returncode == 0, stderr
     assert took < 2.0, f"exit took {took:.2f}s after SIGTERM (promise: at once, whatever --timeout is)"
+
+
+def test_durations_take_prometheus_grammar_on_every_flag() -> None:
+    """--latency-half-life's help says "1m to 7d" and 7d was refused, as was 1h30m: every duration flag and its env
+    twin take Prometheus' grammar now, and the bounds print in it."""
+    serve = _resolve(["--latency-half-life", "7d", "--interval", "1m30s", "--models-refresh", "1h30m"], {})
+    assert (serve.latency_half_life, serve.interval, serve.models_refresh) == (604800.0, 90.0, 5400.0)
+    assert _resolve([], {"VLLM_CAPACITY_LATENCY_HALF_LIFE": "1w"}).latency_half_life == 604800.0
+    result = _main("serve", "--latency-half-life", "2w")
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith("--latency-half-life: '2w' is above the maximum 1w")
 
 
 def _catches(pid: int, sig: signal.Signals) -> bool:

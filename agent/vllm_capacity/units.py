@@ -22,23 +22,41 @@ def format_bytes(value: float | None) -> str:
     return f"{value:,.0f} B"
 
 
-_DURATION = re.compile(r"^\s*(?P<num>\d+(?:\.\d+)?|\.\d+)\s*(?P<unit>ms|s|m|h)?\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+# Prometheus' duration grammar (model.ParseDuration): whole numbers with units, largest first, e.g. 1h30m, 7d, 1w,
+# 250ms; a year is 365 days, a week 7. Also a single number with an optional unit, fractions allowed (0.5s, 2.5, 1.5h):
+# what the flags took before, kept.
+_PROMETHEUS_UNITS = (("y", 365 * 86400.0), ("w", 7 * 86400.0), ("d", 86400.0), ("h", 3600.0), ("m", 60.0),
+                     ("s", 1.0), ("ms", 0.001))  # fmt: skip
+_PROMETHEUS_DURATION = re.compile("".join(rf"(?:(?P<{u}>\d+){u})?" for u, _ in _PROMETHEUS_UNITS))
+_SINGLE_DURATION = re.compile(r"(?P<num>\d+(?:\.\d+)?|\.\d+)(?P<unit>ms|s|m|h|d|w|y)?")
+_UNIT_SECONDS = dict(_PROMETHEUS_UNITS)
 
 
 def parse_duration(text: str) -> float:
-    """Parse ``100ms``, ``0.5s``, ``1m``, ``2h`` or plain seconds (``5``, ``2.5``) into seconds."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise ValueError(f"{text!r} is not a duration (examples: 100ms, 0.5s, 5s, 1m, or plain seconds)")
-    return float(m["num"]) * _DURATION_UNITS[m["unit"]]
+    """Seconds from a duration in Prometheus' grammar (``1h30m``, ``7d``, ``1w``, ``250ms``), a single number with a
+    unit (``0.5s``, ``1.5h``), or plain seconds (``5``, ``2.5``)."""
+    stripped = str(text).strip()
+    single = _SINGLE_DURATION.fullmatch(stripped)
+    if single:
+        return float(single["num"]) * _UNIT_SECONDS.get(single["unit"] or "s", 1.0)
+    compound = _PROMETHEUS_DURATION.fullmatch(stripped)
+    if not stripped or compound is None:
+        raise ValueError(f"{text!r} is not a duration (examples: 100ms, 0.5s, 5s, 1m, 1h30m, 7d, or plain seconds)")
+    return sum(int(compound[u]) * seconds for u, seconds in _PROMETHEUS_UNITS if compound[u])
 
 
 def format_duration(seconds: float) -> str:
-    """The inverse of parse_duration for messages: 0.1 -> '100ms', 5.0 -> '5s', 90.0 -> '90s'."""
-    if seconds < 1:
-        return f"{seconds * 1000:g}ms"
-    return f"{seconds:g}s"
+    """A duration in Prometheus' grammar, as parse_duration reads it: 0.1 -> '100ms', 90 -> '1m30s', 604800 -> '1w',
+    0 -> '0s'. Below a millisecond, what is left is rounded to it."""
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        return "0s"
+    parts = []
+    for unit, size in _PROMETHEUS_UNITS:
+        count, ms = divmod(ms, round(size * 1000))
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
