@@ -127,7 +127,7 @@ def test_every_option_has_a_documented_twin() -> None:
         (["serve", "--vllm-url", "localhost:8000"], {}, "--vllm-url: 'localhost:8000' is not an http"),
         (["serve", "--listen", "9790"], {}, "--listen: '9790' is not host:port"),
         (["serve", "--max-model-len", "-5"], {}, "--max-model-len: '-5' is not a positive whole number"),
-        (["serve", "--log-format", "xml"], {}, "--log-format: 'xml' is not one of json, console"),
+        (["serve", "--log-format", "xml"], {}, "--log.format: 'xml' is not one of json, logfmt, console"),
         (["serve", "--api-key-file", "/nonexistent/key"], {}, "--api-key-file: cannot read /nonexistent/key"),
         (["serve", "--bogus"], {}, "unrecognized arguments: --bogus"),
         (["report", "--format", "yaml"], {}, "--format: 'yaml' is not one of text, json"),
@@ -364,6 +364,35 @@ def test_durations_take_prometheus_grammar_on_every_flag() -> None:
     result = _main("serve", "--latency-half-life", "2w")
     assert result.returncode == 2
     assert result.stderr.strip().endswith("--latency-half-life: '2w' is above the maximum 1w")
+
+
+def test_logging_flags_as_prometheus_exporters_spell_them() -> None:
+    """--log.level (debug, info, warn, error) and --log.format (logfmt, json), as promslog's exporters take them;
+    the older spellings still work."""
+    serve = _resolve(["--log.level", "warn", "--log.format", "logfmt"], {})
+    assert (serve.log_level, serve.log_format) == ("warning", "logfmt")
+    assert _resolve(["--log-level", "warning", "--log-format", "console"], {}).log_format == "console"
+    from vllm_capacity import log
+
+    err = io.StringIO()
+    saved, saved_structlog = sys.stderr, structlog.get_config()
+    root = stdlib_logging.getLogger()
+    saved_root = (root.handlers[:], root.level)
+    sys.stderr = err
+    try:
+        log.configure("logfmt", "warning")
+        logger = structlog.get_logger("vllm_capacity")
+        logger.info("not_shown")
+        logger.warning("source_failed", source="vllm", error="cannot connect to http://127.0.0.1:9/metrics")
+    finally:
+        sys.stderr = saved
+        structlog.configure(**saved_structlog)
+        root.handlers[:], root.level = saved_root
+    (line,) = err.getvalue().splitlines()
+    assert re.fullmatch(
+        r'timestamp=\S+ level=warning event=source_failed source=vllm error="cannot connect to http://127.0.0.1:9/metrics"',
+        line,
+    ), line
 
 
 def _catches(pid: int, sig: signal.Signals) -> bool:

@@ -66,9 +66,13 @@ def count_foreign_errors(counts: Counter[str]) -> None:
 
 
 def configure(fmt: str = "console", level: str = "info") -> None:
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer(colors=False)
-    )
+    renderer: structlog.typing.Processor
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer()
+    elif fmt == "logfmt":  # ts, level and the event first, as promslog writes them
+        renderer = structlog.processors.LogfmtRenderer(key_order=["timestamp", "level", "event"], drop_missing=True)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=False)
     common: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,

@@ -110,6 +110,12 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _log_level(text: str) -> str:
+    """promslog's levels (debug, info, warn, error), and "warning" as this flag took before."""
+    level = _choice("debug", "info", "warn", "warning", "error")(text)
+    return "warning" if level == "warn" else level
+
+
 def _size(text: str) -> int:
     size = parse_size(text)
     if size < 1024:
@@ -289,8 +295,20 @@ SERVE_OPTIONS = (
         "host:port serving /healthz and /readyz alone, in plain HTTP whatever --web.config.file asks: for the "
         "kubelet's probes where the listener asks for client certificates (the kubelet sends none)",
     ),
-    Option("--log-format", _choice("json", "console"), "json", "json (one object per line) or console"),
-    Option("--log-level", _choice("debug", "info", "warning", "error"), "info", "debug, info, warning or error"),
+    Option(
+        "--log.format",
+        _choice("json", "logfmt", "console"),
+        "json",
+        "json (one object per line), logfmt (key=value, as Prometheus' exporters log) or console; also --log-format",
+        aliases=("--log-format",),
+    ),
+    Option(
+        "--log.level",
+        _log_level,
+        "info",
+        "debug, info, warn (or warning) or error; also --log-level",
+        aliases=("--log-level",),
+    ),
 )
 REPORT_OPTIONS = (
     VLLM_URL,
