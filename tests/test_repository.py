@@ -4,6 +4,7 @@ reads or cites a folder outside it."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -82,3 +83,23 @@ def test_tests_import_what_they_share_from_support_not_from_conftest() -> None:
         text=True,
     )
     assert found.returncode == 1, f"imports of conftest:\n{found.stdout}"
+
+
+def test_every_runtime_dependency_is_imported_by_the_agent() -> None:
+    """What the image installs is what the agent uses: a runtime dependency no module of agent/ imports (httpx was
+    one: only the scripts and the tests use it) belongs in an extra."""
+    import ast
+    import tomllib
+
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    names = {re.split(r"[=<>!~\[ ]", d, maxsplit=1)[0].lower() for d in deps}
+    modules = {"prometheus-client": "prometheus_client", "nvidia-ml-py": "pynvml", "pyyaml": "yaml"}
+    imported = set()
+    for path in (ROOT / "agent" / "vllm_capacity").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                imported.add(node.module.split(".")[0])
+    unused = {n for n in names if modules.get(n, n.replace("-", "_")) not in imported}
+    assert not unused, f"runtime dependencies the agent never imports: {sorted(unused)}"
