@@ -576,6 +576,7 @@ def test_the_opentelemetry_collector_configuration(tmp_path: Path) -> None:
     (pipeline,) = doc["service"]["pipelines"].values()
     for kind in ("receivers", "processors", "exporters"):
         assert set(pipeline[kind]) <= set(doc[kind]), kind
+    assert pipeline["processors"][0] == "memory_limiter", "first in every pipeline (the collector's own advice)"
     scrape = doc["receivers"]["prometheus"]["config"]
     (job,) = scrape["scrape_configs"]
     assert {r.get("target_label") for r in job["relabel_configs"]} >= {"namespace", "pod"}
