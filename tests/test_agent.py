@@ -734,3 +734,44 @@ async def test_a_failed_latency_read_keeps_the_latency_schedule(fake_vllm: FakeV
     await agent.cycle()
     assert asked[3:] == [True, False]
     await vllm.aclose()
+
+
+async def test_a_render_past_the_scrape_timeout_is_a_503(
+    h: Harness, fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prometheus sends X-Prometheus-Scrape-Timeout-Seconds: a render that cannot finish within it (less half a
+    second for the answer to travel) is answered 503 at the deadline, not into a scrape Prometheus has dropped."""
+    import asyncio
+    import time
+
+    from vllm_capacity.exposition import RenderCache
+
+    await h.agent.cycle()
+    body = RenderCache.body
+
+    async def slow(self: RenderCache, accept: str | None) -> tuple[bytes, str]:
+        await asyncio.sleep(3)
+        return await body(self, accept)
+
+    monkeypatch.setattr(RenderCache, "body", slow)
+    t0 = time.monotonic()
+    resp = await h.http.get("/metrics", headers={"X-Prometheus-Scrape-Timeout-Seconds": "1.5"})
+    assert resp.status == 503 and "scrape timeout" in await resp.text()
+    assert time.monotonic() - t0 < 2.5
+    # no header, or one that is not a positive number: no deadline
+    monkeypatch.setattr(RenderCache, "body", body)
+    for header in ({}, {"X-Prometheus-Scrape-Timeout-Seconds": "soon"}, {"X-Prometheus-Scrape-Timeout-Seconds": "0"}):
+        assert (await h.http.get("/metrics", headers=header)).status == 200
+
+
+async def test_exporter_metrics_can_be_left_out(fake_vllm: FakeVllm) -> None:
+    """--web.disable-exporter-metrics: the sidecar's own process_* series are left out, the rest is served."""
+    vllm = VllmClient(fake_vllm.url, timeout=10.0)
+    agent = Agent(vllm, AgentSettings(interval=0.1))
+    await agent.cycle()
+    for process_metrics in (True, False):
+        async with TestClient(TestServer(make_app(agent, process_metrics=process_metrics))) as http:
+            text = await (await http.get("/metrics")).text()
+        assert ("vllm_capacity_process_resident_memory_bytes" in text) is process_metrics
+        assert "vllm_capacity_up 1.0" in text
+    await vllm.aclose()

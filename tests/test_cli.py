@@ -395,6 +395,18 @@ def test_logging_flags_as_prometheus_exporters_spell_them() -> None:
     ), line
 
 
+def test_exporter_flags() -> None:
+    """--web.max-requests sets the listener's cap; --web.disable-exporter-metrics is a switch, given alone or with a
+    value, as exporters take it."""
+    serve = _resolve(["--web.max-requests", "64", "--web.disable-exporter-metrics"], {})
+    assert (serve.web_max_requests, serve.web_disable_exporter_metrics) == (64, True)
+    assert _resolve([], {}).web_max_requests == 512 and not _resolve([], {}).web_disable_exporter_metrics
+    assert not _resolve(["--web.disable-exporter-metrics=false"], {}).web_disable_exporter_metrics
+    assert _resolve([], {"VLLM_CAPACITY_WEB_DISABLE_EXPORTER_METRICS": "yes"}).web_disable_exporter_metrics
+    result = _main("serve", "--web.max-requests", "0")
+    assert result.returncode == 2 and "--web.max-requests: '0'" in result.stderr
+
+
 def _catches(pid: int, sig: signal.Signals) -> bool:
     """Whether the process has a handler for ``sig`` (its SigCgt mask, /proc/PID/status)."""
     try:

@@ -128,7 +128,12 @@ async def _serve(values: ServeConfig) -> int:
     host, port = values.listen
     access, ssl_context = _web_access(values.web_config_file)
     # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)
-    app = make_app(agent, access=access, metrics_path=values.web_telemetry_path)
+    app = make_app(
+        agent,
+        access=access,
+        metrics_path=values.web_telemetry_path,
+        process_metrics=not values.web_disable_exporter_metrics,
+    )
     runner = web.AppRunner(
         app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE, shutdown_timeout=SHUTDOWN_GRACE
     )
@@ -136,7 +141,9 @@ async def _serve(values: ServeConfig) -> int:
     log_setup.count_foreign_errors(agent.http_errors)
     assert runner.server is not None  # set up just above
     # a connection cap and a head deadline from accept; with TLS the guard runs the handshake itself
-    guard = ConnectionGuard(runner.server, agent.http_errors, ssl_context=ssl_context)
+    guard = ConnectionGuard(
+        runner.server, agent.http_errors, ssl_context=ssl_context, max_connections=values.web_max_requests
+    )
     try:
         listener = await _listen(guard, "--listen", values.listen)
         probes = await _probe_listener(agent, values.probe_listen)

@@ -110,6 +110,12 @@ def _choice(*choices: str) -> Callable[[str], str]:
     return parse
 
 
+def _flag(text: str) -> bool:
+    """true/false, 1/0, yes/no, on/off (a flag given alone is true)."""
+    value = _choice("true", "false", "1", "0", "yes", "no", "on", "off")(text)
+    return value in ("true", "1", "yes", "on")
+
+
 def _log_level(text: str) -> str:
     """promslog's levels (debug, info, warn, error), and "warning" as this flag took before."""
     level = _choice("debug", "info", "warn", "warning", "error")(text)
@@ -154,6 +160,7 @@ class Option:
     help: str
     key: str | None = None  # the name of the parsed value, when not the flag's
     aliases: tuple[str, ...] = ()  # other spellings of the flag (the Prometheus exporters' --web.* names)
+    switch: bool = False  # given alone, the flag means "true" (--web.disable-exporter-metrics)
 
     @property
     def dest(self) -> str:
@@ -289,6 +296,20 @@ SERVE_OPTIONS = (
         "TLS and basic auth for the listener, in the exporter-toolkit format (re-read on SIGHUP)",
     ),
     Option(
+        "--web.max-requests",
+        _positive_int,
+        "512",
+        "most connections the listener holds at once (node_exporter's flag caps parallel scrapes; this cap bounds "
+        "them too): at the cap a slow or idle one is evicted, else the new one is answered 503",
+    ),
+    Option(
+        "--web.disable-exporter-metrics",
+        _flag,
+        "false",
+        "leave out the sidecar's own process metrics (vllm_capacity_process_*), as exporters offer",
+        switch=True,
+    ),
+    Option(
         "--probe-listen",
         parse_listen,
         None,
@@ -332,8 +353,9 @@ REPORT_OPTIONS = (
 def _add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
     for opt in options:
         default = f" (default {opt.default})" if opt.default is not None else ""
+        switch: dict[str, Any] = {"nargs": "?", "const": "true"} if opt.switch else {}
         parser.add_argument(
-            opt.flag, *opt.aliases, dest=opt.dest, default=None, help=f"{opt.help}{default}; env {opt.env}"
+            opt.flag, *opt.aliases, dest=opt.dest, default=None, help=f"{opt.help}{default}; env {opt.env}", **switch
         )
 
 
@@ -567,6 +589,8 @@ class ServeConfig(SourceConfig):
     max_num_batched_tokens: int | None
     web_config_file: Path | None
     probe_listen: tuple[str, int] | None
+    web_max_requests: int
+    web_disable_exporter_metrics: bool
     log_format: str
     log_level: str
 

@@ -66,7 +66,11 @@ def make_app(
         return response
 
     async def metrics(request: web.Request) -> web.Response:
-        body, content_type = await renders.body(request.headers.get("Accept"))
+        deadline = _scrape_deadline(request.headers.get("X-Prometheus-Scrape-Timeout-Seconds"))
+        try:
+            body, content_type = await asyncio.wait_for(renders.body(request.headers.get("Accept")), deadline)
+        except TimeoutError:  # Prometheus has given up by now: say so rather than answer into a closed scrape
+            return web.Response(status=503, text=f"the render did not finish within the scrape timeout ({deadline}s)\n")
         return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def landing(_: web.Request) -> web.Response:
@@ -79,6 +83,19 @@ def make_app(
     app.on_cleanup.append(close_renders)
     app.add_routes([web.get(metrics_path, metrics), *_probe_routes(agent), web.get("/", landing)])
     return app
+
+
+SCRAPE_TIMEOUT_OFFSET = 0.5  # seconds kept for the answer to travel (exporter-toolkit's --web.timeout-offset default)
+
+
+def _scrape_deadline(header: str | None) -> float | None:
+    """The time a render may take: Prometheus' X-Prometheus-Scrape-Timeout-Seconds less the offset; None (no
+    deadline) without the header or with one that is not a positive number."""
+    try:
+        timeout = float(header) if header else 0.0
+    except ValueError:
+        return None
+    return max(timeout - SCRAPE_TIMEOUT_OFFSET, 0.1) if 0 < timeout < float("inf") else None
 
 
 def _probe_routes(agent: Agent) -> list[web.RouteDef]:
