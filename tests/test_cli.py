@@ -228,12 +228,12 @@ def test_a_sidecar_without_nvml_or_a_web_config_loads_neither() -> None:
     parser: ~3.3 MiB of the sidecar's memory (bench/cycle.py, RSS at 1 engine) that it has no use for."""
     probe = (
         "import os, sys\n"
-        "from vllm_capacity.cli import _agent\n"
+        "from vllm_capacity.serve import build_agent\n"
         "from vllm_capacity.options import build_parser, config\n"
         "ns = build_parser().parse_args(['serve', '--nvml', 'off', '--vllm-url', 'http://127.0.0.1:9'])\n"
         "values = config(ns.command, ns, dict(os.environ))\n"
         "from vllm_capacity.server import make_app\n"
-        "make_app(_agent(values, values.interval, values))\n"
+        "make_app(build_agent(values, values.interval, values))\n"
     )
     assert _imported_after(probe, {"pynvml", "yaml"}) == []
     with_nvml = probe.replace("'--nvml', 'off'", "'--nvml', 'auto'")

@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("snapshot", "metrics"),  # the one consistent view, and the catalogue of what is exported
     ("live", "agent"),  # the loop and its readers
     ("exposition", "report", "report_json"),  # renders of a snapshot
-    ("server", "options", "plan_inputs", "plan", "cli", "__main__"),  # the front ends
+    ("server", "options", "plan_inputs", "plan", "serve", "cli", "__main__"),  # the front ends
 )
 
 

@@ -12,259 +12,17 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from vllm_capacity import __version__
 from vllm_capacity.options import (
     PlanConfig,
     ReportConfig,
     ServeConfig,
-    SourceConfig,
     UsageError,
     build_parser,
     config,
 )
 from vllm_capacity.redaction import redact_url
-
-if TYPE_CHECKING:  # the agent's imports (asyncio, aiohttp, structlog) wait for a command that runs it
-    from vllm_capacity.agent import Agent
-
-KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays open
-# SIGTERM to exit: requests in flight get this long, then their connections are cut (the kubelet kills at 30 s; a
-# client that asked for /metrics and does not read held the exit for 122 s)
-SHUTDOWN_GRACE = 0.5
-_early_stop: list[int] = []  # SIGTERM / SIGINT that came before the event loop's handlers were installed
-
-
-def _note_early_stop(signum: int, _frame: object) -> None:
-    _early_stop.append(signum)
-
-
-def _check_combination(values: SourceConfig) -> None:
-    """Refuse options that each parse but do not go together."""
-    if values.model_config is not None and values.model_dir is not None:
-        raise UsageError("give --model-config or --model-dir, not both")
-
-
-def _agent(values: SourceConfig, interval: float, serve: ServeConfig | None = None) -> Agent:
-    """The agent ``serve`` and ``report`` run (``serve``: the options only it has): the model, log, GPU and latency
-    options, and the client of vLLM."""
-    from vllm_capacity.agent import Agent, AgentSettings
-    from vllm_capacity.sources.vllm_log import LogFollower, might_carry_figures
-
-    _check_combination(values)
-    nvml = None
-    if values.nvml != "off":
-        from vllm_capacity.sources.nvml import NvmlSource
-        from vllm_capacity.sources.nvml_scope import visible_selection
-
-        gpus = values.gpus
-        if isinstance(gpus, list):
-            selection: list[str] | None = gpus
-        else:  # "all", or by default the GPUs the container runtime made visible
-            selection = None if gpus == "all" else visible_selection(dict(os.environ))
-        # NVIDIA_VISIBLE_DEVICES=none or void: this container has no GPU; with --nvml auto there is nothing to read
-        nvml = (
-            None
-            if selection == [] and values.nvml == "auto"
-            else NvmlSource(
-                selection=selection,
-                deadline=values.timeout,
-                # every GPU of the node may be visible: report those running vLLM, unless --gpus all asks for all
-                narrow_to_vllm=selection is None and gpus != "all",
-            )
-        )
-    settings = AgentSettings(
-        interval=interval,
-        max_model_len=values.max_model_len,
-        models_refresh=serve.models_refresh if serve else AgentSettings.models_refresh,
-        geometry=values.model_config or values.model_dir,
-        tp=values.tp,
-        pp=values.pp,
-        max_num_seqs=serve.max_num_seqs if serve else None,
-        max_num_batched_tokens=serve.max_num_batched_tokens if serve else None,
-        nvml_required=values.nvml == "on",
-        objectives=tuple(o for o in (values.slo_itl, values.slo_ttft) if o is not None),
-        latency_half_life=values.latency_half_life,
-    )
-    vllm_log = LogFollower(Path(values.vllm_log), keep=might_carry_figures) if values.vllm_log else None
-    return Agent(_client(values), settings, vllm_log=vllm_log, nvml=nvml)
-
-
-def _client(values: SourceConfig) -> Any:
-    from vllm_capacity.sources.vllm import VllmClient
-
-    return VllmClient(
-        values.vllm_url,
-        timeout=values.timeout,
-        max_body_bytes=values.max_body_size,
-        api_key=values.api_key_file,
-    )
-
-
-async def _serve(values: ServeConfig) -> int:
-    import asyncio
-    import contextlib
-    import signal
-
-    import structlog
-    from aiohttp import web
-
-    from vllm_capacity import log as log_setup
-    from vllm_capacity.listener import ConnectionGuard
-    from vllm_capacity.server import make_app
-
-    log = structlog.get_logger("vllm_capacity")
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    if _early_stop:  # asked to stop while the modules were loading: nothing was started
-        log.info("stopping", signal=signal.Signals(_early_stop[0]).name, before="serving")
-        return 0
-    agent = _agent(values, values.interval, values)
-    client = agent.client
-    host, port = values.listen
-    access, ssl_context = _web_access(values.web_config_file)
-    # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)
-    app = make_app(
-        agent,
-        access=access,
-        metrics_path=values.web_telemetry_path,
-        process_metrics=not values.web_disable_exporter_metrics,
-    )
-    runner = web.AppRunner(
-        app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE, shutdown_timeout=SHUTDOWN_GRACE
-    )
-    await runner.setup()
-    log_setup.count_foreign_errors(agent.http_errors)
-    assert runner.server is not None  # set up just above
-    # a connection cap and a head deadline from accept; with TLS the guard runs the handshake itself
-    guard = ConnectionGuard(
-        runner.server, agent.http_errors, ssl_context=ssl_context, max_connections=values.web_max_requests
-    )
-    try:
-        listener = await _listen(guard, "--listen", values.listen)
-        probes = await _probe_listener(agent, values.probe_listen)
-    except OSError as err:
-        await runner.cleanup()
-        await client.aclose()
-        print(f"vllm-capacity serve: error: {err}", file=sys.stderr)
-        return 1
-    _reload_on_sighup(values.web_config_file, access, ssl_context)
-    log.info("serving", version=__version__, listen=f"{host}:{port}", tls=ssl_context is not None,
-             probe_listen=":".join(map(str, values.probe_listen)) if values.probe_listen else None,
-             basic_auth=bool(access.auth.users), vllm_url=redact_url(values.vllm_url),
-             interval_seconds=values.interval, api_key="set" if values.api_key_file else "unset")  # fmt: skip
-    try:
-        await agent.run(stop)
-    finally:
-        log.info("stopping")
-        listener.close()
-        if probes is not None:
-            probes.close()
-        # requests in flight get SHUTDOWN_GRACE; then every connection still open is cut, whatever its client does
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(runner.cleanup(), SHUTDOWN_GRACE + 0.25)
-        guard.abort_all()
-        await client.aclose()
-    return 0
-
-
-async def _listen(guard: Any, flag: str, address: tuple[str, int]) -> Any:
-    """A listening server for ``guard``; an OSError says which flag and address (None: every interface, IPv4 and
-    IPv6)."""
-    import asyncio
-
-    host, port = address
-    try:
-        return await asyncio.get_running_loop().create_server(guard, host or None, port, reuse_address=True)
-    except OSError as err:
-        raise OSError(f"{flag} {host}:{port}: {err.strerror}") from err
-
-
-async def _probe_listener(agent: Agent, address: tuple[str, int] | None) -> Any:
-    """--probe-listen: /healthz and /readyz in plain HTTP, behind a guard of their own (a small cap)."""
-    if address is None:
-        return None
-    from aiohttp import web
-
-    from vllm_capacity.listener import ConnectionGuard
-    from vllm_capacity.server import make_probe_app
-
-    runner = web.AppRunner(make_probe_app(agent), access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
-    await runner.setup()
-    assert runner.server is not None
-    return await _listen(
-        ConnectionGuard(runner.server, agent.http_errors, max_connections=64), "--probe-listen", address
-    )
-
-
-def _reload_on_sighup(path: Path | None, access: Any, ssl_context: Any) -> None:
-    """SIGHUP re-reads the web configuration, in a thread (bcrypt checks each hash: seconds at a high cost); without
-    one there is nothing to re-read, and SIGHUP's default action (ending the process) must not apply."""
-    import asyncio
-    import signal
-
-    import structlog
-
-    reloads: set[asyncio.Future[None]] = set()
-
-    def on_sighup() -> None:
-        if path is None:
-            structlog.get_logger("vllm_capacity").info(
-                "sighup_ignored", reason="no --web.config.file: nothing to re-read"
-            )
-            return
-        future = asyncio.ensure_future(_reload_web_config(path, access, ssl_context))
-        reloads.add(future)
-        future.add_done_callback(reloads.discard)
-
-    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, on_sighup)
-
-
-def _web_access(path: Path | None) -> tuple[Any, Any]:
-    """The listener's access rules and TLS context from --web.config.file (checked at start; read again here to use
-    it): none without the file."""
-    from vllm_capacity import webconfig
-    from vllm_capacity.server import Access
-
-    if path is None:
-        return Access(), None
-    web_config = webconfig.load(path)
-    access = Access(webconfig.Authenticator(web_config.users), dict(web_config.headers))
-    return access, webconfig.new_ssl_context(web_config) if web_config.tls else None
-
-
-async def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
-    """SIGHUP: read the web configuration again, off the event loop. New certificates serve the next handshakes, new
-    users and headers the next requests; the listener stays. A file that no longer loads, for whatever reason, keeps
-    the settings in force."""
-    import asyncio
-
-    import structlog
-
-    from vllm_capacity import webconfig
-
-    log = structlog.get_logger("vllm_capacity")
-
-    def load() -> tuple[Any, Any]:
-        config = webconfig.load(path)
-        if bool(config.tls) != (ssl_context is not None):
-            raise webconfig.WebConfigError("turning TLS on or off needs a restart (the listener stays as it is)")
-        if ssl_context is not None:
-            webconfig.configure_ssl_context(ssl_context, config)
-        return config, webconfig.Authenticator(config.users)
-
-    try:
-        config, auth = await asyncio.to_thread(load)
-    except Exception as err:  # a WebConfigError, or what nothing foresaw: the settings in force stay
-        log.error("web_config_reload_failed", file=str(path), error=str(err) or type(err).__name__,
-                  kept="the settings in force")  # fmt: skip
-        return
-    access.auth, access.headers = auth, dict(config.headers)
-    log.info("web_config_reloaded", file=str(path), tls=ssl_context is not None, users=len(config.users))
+from vllm_capacity.serve import build_agent, check_combination, note_early_stop, run_serve
 
 
 async def _report(values: ReportConfig) -> int:
@@ -274,7 +32,7 @@ async def _report(values: ReportConfig) -> int:
     from vllm_capacity.report import render_text
     from vllm_capacity.report_json import render_json
 
-    agent = _agent(values, values.watch or 1.0)
+    agent = build_agent(values, values.watch or 1.0)
     client = agent.client
     url = redact_url(values.vllm_url)
     render = render_json if values.format == "json" else render_text
@@ -333,31 +91,20 @@ def _plan(values: PlanConfig) -> int:
     return 0
 
 
-def _run_serve(values: ServeConfig) -> int:
-    """Serve until SIGTERM, then exit within about a second: worker threads still busy (a parse of a large body, an
-    NVML call that hangs in the driver) are not waited for, as the interpreter's exit and asyncio.run would."""
-    import asyncio
-
-    rc = asyncio.new_event_loop().run_until_complete(_serve(values))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(rc)
-
-
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
     # --help and usage errors import nothing beyond argparse and the options (asyncio, aiohttp, structlog come later)
     serving = (sys.argv[1:] if argv is None else list(argv))[:1] == ["serve"]
     if serving and threading.current_thread() is threading.main_thread():
         # before anything slow (the imports take a few tenths of a second): a SIGTERM now is a clean exit, not -15
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, _note_early_stop)
+            signal.signal(sig, note_early_stop)
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
         values = config(ns.command, ns, dict(os.environ if environ is None else environ))
         if isinstance(values, PlanConfig):
             return _plan(values)
-        _check_combination(values)  # before anything starts
+        check_combination(values)  # before anything starts
     except UsageError as err:
         print(f"vllm-capacity {ns.command}: error: {err}", file=sys.stderr)
         return 2
@@ -367,6 +114,6 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
 
     if isinstance(values, ServeConfig):
         log.configure(values.log_format, values.log_level)
-        return _run_serve(values)
+        return run_serve(values)
     log.configure("console", "error")  # a report prints its result; only errors go to stderr
     return asyncio.run(_report(values))
