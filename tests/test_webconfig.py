@@ -35,6 +35,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ca, stranger = trustme.CA(), trustme.CA()
     server = ca.issue_cert("127.0.0.1", "localhost")
     client = ca.issue_cert("prometheus@monitoring")
+    other = ca.issue_cert("grafana@monitoring")  # from the same CA, another name
     rogue = stranger.issue_cert("rogue")
     paths = {
         "ca": d / "ca.crt",
@@ -42,12 +43,14 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "key": d / "tls.key",
         "client": d / "client.pem",
         "rogue": d / "rogue.pem",
+        "other": d / "other.pem",
     }
     ca.cert_pem.write_to_path(str(paths["ca"]))
     server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
     server.private_key_pem.write_to_path(str(paths["key"]))
     client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
     rogue.private_key_and_cert_chain_pem.write_to_path(str(paths["rogue"]))
+    other.private_key_and_cert_chain_pem.write_to_path(str(paths["other"]))
     return paths
 
 
@@ -78,7 +81,22 @@ def _client(pki: dict[str, Path], cert: str | None = None) -> httpx.Client:
         ({"basic_auth_users": {"p": "plain-text"}}, "basic_auth_users.p: not a bcrypt hash"),
         ({"basic_auth_users": {"p": "$2b$12$short"}}, "basic_auth_users.p: not a valid bcrypt hash"),
         ({"tls_server_config": {"cert_file": "/nope.crt", "key_file": "/nope.key"}}, "cannot load /nope.crt"),
-        ({"http_server_config": {"http2": True}}, "http_server_config.http2: unknown key"),
+        ({"http_server_config": {"http3": True}}, "http_server_config.http3: unknown key"),
+        (
+            {"tls_server_config": {"cert_file": "x", "key_file": "y", "client_allowed_sans": ["a"]}},
+            "client_allowed_sans needs client_auth_type RequireAndVerifyClientCert",
+        ),
+        (
+            {
+                "tls_server_config": {
+                    "cert_file": "x",
+                    "key_file": "y",
+                    "client_allowed_sans": "a",
+                    "client_auth_type": "RequireAndVerifyClientCert",
+                }
+            },
+            "client_allowed_sans: expected a list",
+        ),
         ({"tls": {}}, "tls: unknown key"),
     ],
 )
@@ -87,6 +105,56 @@ def test_a_web_config_that_cannot_be_used_is_refused(tmp_path: Path, doc: dict, 
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(WebConfigError, match=message.replace(".", r"\.")):
         load(path)
+
+
+def test_exporter_toolkit_keys_not_implemented_are_accepted_and_named(tmp_path: Path, pki: dict[str, Path]) -> None:
+    """A web.yml shared with node_exporter: cipher_suites, curve_preferences, http2 and rate_limit stopped the
+    sidecar at start. They are accepted now, each named for one warning; max_version is applied."""
+    path = _write(tmp_path / "web.yml", pki, {}, max_version="TLS12", cipher_suites=["TLS_AES_128_GCM_SHA256"],
+                  curve_preferences=["X25519"])  # fmt: skip
+    doc = yaml.safe_load(path.read_text())
+    doc["http_server_config"]["http2"] = False
+    doc["rate_limit"] = {"interval": "1s", "burst": 10}
+    path.write_text(yaml.safe_dump(doc))
+    config = load(path)
+    assert sorted(config.ignored) == [
+        "http_server_config.http2",
+        "rate_limit",
+        "tls_server_config.cipher_suites",
+        "tls_server_config.curve_preferences",
+    ]
+    from vllm_capacity.webconfig import new_ssl_context
+
+    assert new_ssl_context(config).maximum_version == ssl.TLSVersion.TLSv1_2
+    path = _write(tmp_path / "web.yml", pki, {}, min_version="TLS13", max_version="TLS12")
+    with pytest.raises(WebConfigError, match="max_version TLS12 is below min_version TLS13"):
+        load(path)
+
+
+def test_client_allowed_sans(fake_vllm_thread: str, pki: dict[str, Path], tmp_path: Path) -> None:
+    """client_allowed_sans: a client certificate from the CA must also name one of the allowed names; another name
+    from the same CA is answered 403 (the probes, which carry no certificate, are on their own port)."""
+    web = _write(tmp_path / "web.yml", pki, {}, client_auth_type="RequireAndVerifyClientCert",
+                 client_ca_file=str(pki["ca"]), client_allowed_sans=["prometheus@monitoring"])  # fmt: skip
+    port = free_port()
+    proc = subprocess.Popen(
+        [*(sys.executable, "-m", "vllm_capacity", "serve", "--vllm-url", fake_vllm_thread),
+         *("--listen", f"127.0.0.1:{port}", "--web.config.file", str(web))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    url = f"https://127.0.0.1:{port}/metrics"
+    try:
+        with _client(pki, "client") as allowed, _client(pki, "other") as other:
+            for _ in range(600):
+                try:
+                    status = allowed.get(url).status_code
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            assert status == 200
+            assert other.get(url).status_code == 403
+    finally:
+        stop_process(proc)
 
 
 def test_client_auth_types_python_cannot_honour_are_refused(tmp_path: Path, pki: dict[str, Path]) -> None:

@@ -229,8 +229,19 @@ def _web_access(path: Path | None) -> tuple[Any, Any]:
     if path is None:
         return Access(), None
     web_config = webconfig.load(path)
-    access = Access(webconfig.Authenticator(web_config.users), dict(web_config.headers))
+    _say_ignored(web_config)
+    access = Access(webconfig.Authenticator(web_config.users), dict(web_config.headers), web_config.allowed_sans)
     return access, webconfig.new_ssl_context(web_config) if web_config.tls else None
+
+
+def _say_ignored(config: Any) -> None:
+    """One warning for each exporter-toolkit key the web configuration gives that this listener does not implement."""
+    import structlog
+
+    for key in config.ignored:
+        structlog.get_logger("vllm_capacity").warning(
+            "web_config_key_ignored", key=key, hint="exporter-toolkit's key, not implemented here: accepted, no effect"
+        )
 
 
 async def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
@@ -259,7 +270,8 @@ async def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
         log.error("web_config_reload_failed", file=str(path), error=str(err) or type(err).__name__,
                   kept="the settings in force")  # fmt: skip
         return
-    access.auth, access.headers = auth, dict(config.headers)
+    access.auth, access.headers, access.allowed_sans = auth, dict(config.headers), config.allowed_sans
+    _say_ignored(config)
     log.info("web_config_reloaded", file=str(path), tls=ssl_context is not None, users=len(config.users))
 
 

@@ -16,7 +16,7 @@ from aiohttp import web
 from vllm_capacity import __version__
 from vllm_capacity.agent import Agent
 from vllm_capacity.exposition import RenderCache, build_registry
-from vllm_capacity.webconfig import Authenticator
+from vllm_capacity.webconfig import Authenticator, allowed_peer
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 
@@ -27,6 +27,7 @@ class Access:
 
     auth: Authenticator = field(default_factory=lambda: Authenticator({}))
     headers: dict[str, str] = field(default_factory=dict)
+    allowed_sans: tuple[str, ...] = ()  # a client certificate must name one of these (client_allowed_sans)
 
 
 def _landing_page(agent: Agent, metrics_path: str) -> str:
@@ -53,6 +54,10 @@ def make_app(
         request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
         auth, headers = access.auth, dict(access.headers)  # one view, even if a reload swaps them meanwhile
+        if request.path not in OPEN_PATHS and access.allowed_sans:
+            peercert = request.transport.get_extra_info("peercert") if request.transport else None
+            if not allowed_peer(peercert, access.allowed_sans):
+                return web.Response(status=403, text="client certificate not allowed\n", headers=headers)
         guarded = request.path not in OPEN_PATHS and auth.users
         # a bcrypt check takes tens of milliseconds: off the event loop
         if guarded and not await asyncio.to_thread(auth.allows, request.headers.get("Authorization")):

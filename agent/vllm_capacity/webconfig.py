@@ -34,8 +34,16 @@ from typing import Any
 import bcrypt
 
 _TOP = {"tls_server_config", "http_server_config", "basic_auth_users"}
-_TLS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version"}
+_TLS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
 _HTTP = {"headers"}
+# exporter-toolkit keys this listener does not implement: a web.yml shared with node_exporter must not stop the
+# sidecar, so each is accepted and named in one warning (Python's TLS picks its own ciphers and curves, HTTP/2 is
+# not served, and the connection guard bounds what a client can ask for)
+_IGNORED = {
+    "tls_server_config": {"cipher_suites", "curve_preferences", "prefer_server_cipher_suites"},
+    "http_server_config": {"http2"},
+    "": {"rate_limit"},
+}
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
@@ -58,10 +66,39 @@ class WebConfig:
     tls: Mapping[str, str] = field(default_factory=dict)  # tls_server_config, checked
     users: Mapping[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
     headers: Mapping[str, str] = field(default_factory=dict)
+    #: tls_server_config.client_allowed_sans: a client certificate must name one of these (DNS, email, IP, URI)
+    allowed_sans: tuple[str, ...] = ()
+    #: exporter-toolkit keys given but not implemented here (each is logged once at start and on a reload)
+    ignored: tuple[str, ...] = ()
 
 
 def load(path: Path) -> WebConfig:
     """Read and check a web configuration file. Raises WebConfigError."""
+    doc = _read(path)
+    ignored = _known(doc, _TOP, "")
+    tls = _section(doc, "tls_server_config", _TLS | {"client_allowed_sans"}, ignored)
+    http = _section(doc, "http_server_config", _HTTP, ignored)
+    sans = tls.pop("client_allowed_sans", None) or []
+    if not isinstance(sans, list) or not all(isinstance(x, str) for x in sans):
+        raise WebConfigError("tls_server_config.client_allowed_sans: expected a list of names")
+    if sans and tls.get("client_auth_type") != "RequireAndVerifyClientCert":
+        raise WebConfigError("tls_server_config.client_allowed_sans needs client_auth_type RequireAndVerifyClientCert")
+    headers = http.get("headers") or {}
+    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        raise WebConfigError("http_server_config.headers: expected a mapping of header names to strings")
+    config = WebConfig(
+        tls={k: str(v) for k, v in tls.items()},
+        users=_users(doc.get("basic_auth_users") or {}),
+        headers=dict(headers),
+        allowed_sans=tuple(sans),
+        ignored=tuple(ignored),
+    )
+    if config.tls:
+        new_ssl_context(config)  # every certificate and key loads now, not at the first handshake
+    return config
+
+
+def _read(path: Path) -> dict[str, Any]:
     import yaml  # only a sidecar given --web.config.file pays for the YAML parser (~1 MiB resident)
 
     try:
@@ -75,13 +112,10 @@ def load(path: Path) -> WebConfig:
     doc = doc or {}
     if not isinstance(doc, dict):
         raise WebConfigError(f"{path}: expected a mapping of {', '.join(sorted(_TOP))}")
-    _known(doc, _TOP, "")
-    tls = _section(doc, "tls_server_config", _TLS)
-    http = _section(doc, "http_server_config", _HTTP)
-    headers = http.get("headers") or {}
-    if not isinstance(headers, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
-        raise WebConfigError("http_server_config.headers: expected a mapping of header names to strings")
-    users = doc.get("basic_auth_users") or {}
+    return doc
+
+
+def _users(users: object) -> dict[str, bytes]:
     if not isinstance(users, dict):
         raise WebConfigError("basic_auth_users: expected a mapping of user names to bcrypt hashes")
     hashes = {}
@@ -93,24 +127,24 @@ def load(path: Path) -> WebConfig:
         except ValueError as err:
             raise WebConfigError(f"basic_auth_users.{user}: not a valid bcrypt hash ({err})") from None
         hashes[str(user)] = hashed.encode()
-    config = WebConfig(tls={k: str(v) for k, v in tls.items()}, users=hashes, headers=dict(headers))
-    if config.tls:
-        new_ssl_context(config)  # every certificate and key loads now, not at the first handshake
-    return config
+    return hashes
 
 
-def _known(section: Mapping[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(section) - allowed)
+def _known(section: Mapping[str, Any], allowed: set[str], where: str) -> list[str]:
+    """The exporter-toolkit keys given here that are not implemented (a key neither known nor theirs: an error)."""
+    tolerated = _IGNORED.get(where.rstrip("."), set())
+    unknown = sorted(set(section) - allowed - tolerated)
     if unknown:
-        raise WebConfigError(f"{where}{unknown[0]}: unknown key (known: {', '.join(sorted(allowed))})")
+        raise WebConfigError(f"{where}{unknown[0]}: unknown key (known: {', '.join(sorted(allowed | tolerated))})")
+    return [f"{where}{key}" for key in sorted(set(section) & tolerated)]
 
 
-def _section(doc: Mapping[str, Any], name: str, allowed: set[str]) -> dict[str, Any]:
+def _section(doc: Mapping[str, Any], name: str, allowed: set[str], ignored: list[str]) -> dict[str, Any]:
     section = doc.get(name) or {}
     if not isinstance(section, dict):
         raise WebConfigError(f"{name}: expected a mapping")
-    _known(section, allowed, f"{name}.")
-    return section
+    ignored += _known(section, allowed, f"{name}.")
+    return {k: v for k, v in section.items() if k in allowed}
 
 
 def new_ssl_context(config: WebConfig) -> ssl.SSLContext:
@@ -130,9 +164,12 @@ def configure_ssl_context(ctx: ssl.SSLContext, config: WebConfig) -> None:
             f"tls_server_config.client_auth_type: {auth!r} is not one of {', '.join(_CLIENT_AUTH)} "
             "(RequestClientCert and RequireAnyClientCert cannot be honoured: Python's TLS verifies what it asks for)"
         )
-    version = tls.get("min_version", "TLS12")
-    if version not in _VERSIONS:
-        raise WebConfigError(f"tls_server_config.min_version: {version!r} is not one of {', '.join(_VERSIONS)}")
+    version, highest = tls.get("min_version", "TLS12"), tls.get("max_version", "TLS13")
+    for key, value in (("min_version", version), ("max_version", highest)):
+        if value not in _VERSIONS:
+            raise WebConfigError(f"tls_server_config.{key}: {value!r} is not one of {', '.join(_VERSIONS)}")
+    if _VERSIONS[highest] < _VERSIONS[version]:
+        raise WebConfigError(f"tls_server_config.max_version {highest} is below min_version {version}")
     try:
         ctx.load_cert_chain(tls["cert_file"], tls["key_file"])
     except (OSError, ssl.SSLError) as err:
@@ -146,6 +183,16 @@ def configure_ssl_context(ctx: ssl.SSLContext, config: WebConfig) -> None:
             raise WebConfigError(f"tls_server_config.client_ca_file: cannot load it: {err}") from None
     ctx.verify_mode = _CLIENT_AUTH[auth]
     ctx.minimum_version = _VERSIONS[version]
+    ctx.maximum_version = _VERSIONS[highest]
+
+
+def allowed_peer(peercert: Mapping[str, Any] | None, allowed_sans: tuple[str, ...]) -> bool:
+    """Whether a client certificate (``ssl``'s getpeercert()) names one of ``allowed_sans`` among its subject
+    alternative names, of any type (as exporter-toolkit's client_allowed_sans); True when none are configured."""
+    if not allowed_sans:
+        return True
+    names = {str(value) for _, value in (peercert or {}).get("subjectAltName", ())}
+    return bool(names & set(allowed_sans))
 
 
 BCRYPT_MAX_BYTES = 72  # bcrypt reads no further: a longer password is refused, not truncated
