@@ -189,7 +189,7 @@
           },
           {
             "alert": "VLLMTTFTSLOBreach",
-            "expr": std.format("histogram_quantile(0.99, sum by (%s, namespace, pod, model_name, le) (rate(vllm:time_to_first_token_seconds_bucket[%s]))) > %g", [$._config.clusterLabel, $._config.ttftWindow, $._config.ttftP99Seconds]),
+            "expr": std.format("(histogram_quantile(0.99, sum by (%s, namespace, pod, model_name, le) (rate(vllm:time_to_first_token_seconds_bucket[%s]))) > %g) and on (%s, namespace, pod, model_name) (sum by (%s, namespace, pod, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[%s])) >= %g)", [$._config.clusterLabel, $._config.ttftWindow, $._config.ttftP99Seconds, $._config.clusterLabel, $._config.clusterLabel, $._config.ttftWindow, $._config.ttftMinRequestsPerSecond]),
             "for": "10m",
             "labels": {
               "severity": "critical",

@@ -15,6 +15,7 @@
     "gpuMemoryFreeMinRatio": 0.02,
     "ttftP99Seconds": 2.0,
     "ttftWindow": "5m",
+    "ttftMinRequestsPerSecond": 0.1,
     "targetUtilization": 0.8,
   },
 }
