@@ -2,7 +2,7 @@
 against what the agent assumes. Needs only Python >= 3.11 and nvidia-ml-py (pynvml.py, pure Python: found in
 .venv when it is not installed); the agent's NVML code is imported from agent/ (it needs nothing else). CUDA memory
 is allocated through libcuda with ctypes (no PyTorch). Prints a table a reviewer can paste; exit 0 when every check
-passes, 1 when one fails, 2 when there is no usable GPU.
+passes, 1 when one fails, 2 when there is no usable GPU, 4 when it cannot run (no nvidia-ml-py: one line).
 
 Checks: the driver's NVML function table (which versioned calls exist); each GPU's reading against nvidia-smi
 (``[N/A]`` tolerated) and total = reserved + used + free; two allocator processes of different sizes as NVML lists
@@ -29,11 +29,17 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "agent"))
+CANNOT_RUN = 4  # exit status: the check itself cannot run here (not "a check failed", not "no GPU")
 try:
     import pynvml
 except ImportError:  # not installed: the checkout's virtualenv has the pure-Python module
     sys.path[1:1] = glob.glob(str(ROOT / ".venv" / "lib" / "python3*" / "site-packages"))
-    import pynvml
+    try:
+        import pynvml
+    except ImportError:
+        print("gpu-check: cannot run: nvidia-ml-py is not installed (pip install nvidia-ml-py==13.615.71, or "
+              "scripts/setup --agent-only for this checkout's .venv)")  # fmt: skip
+        sys.exit(CANNOT_RUN)
 
 from vllm_capacity.budget import gpu_budget  # noqa: E402 - after the path to agent/
 from vllm_capacity.sources import SourceError  # noqa: E402

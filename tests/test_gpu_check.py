@@ -5,12 +5,13 @@ that need a GPU run only there (docs/gpu-budget.md)."""
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-from support.fake_nvml import FakeGpu, FakeNvml, GiB
+from support.fake_nvml import WITHOUT_NVIDIA_LIBRARY, FakeGpu, FakeNvml, GiB
 from vllm_capacity.sources.nvml import NvmlSource
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,10 +23,26 @@ sys.modules["gpu_check"] = gpu_check  # its dataclasses look their module up by 
 _spec.loader.exec_module(gpu_check)
 
 
+@WITHOUT_NVIDIA_LIBRARY
 def test_without_a_gpu_it_says_so_and_exits_2() -> None:
     result = subprocess.run([str(ROOT / "scripts" / "gpu-check")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "gpu-check: no usable NVIDIA GPU here (library_not_found)" in result.stdout
+
+
+def test_without_nvidia_ml_py_it_says_it_cannot_run(tmp_path: Path) -> None:
+    """No nvidia-ml-py (not installed, no .venv beside the script): one line and exit 4, "cannot run", not a
+    traceback and exit 1 ("a check failed")."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "gpu_check.py", tmp_path / "scripts" / "gpu_check.py")
+    (tmp_path / "agent").symlink_to(ROOT / "agent")
+    # -S: no site-packages, so neither the installed pynvml nor one in a .venv beside the copy (there is none)
+    result = subprocess.run(
+        [sys.executable, "-S", str(tmp_path / "scripts" / "gpu_check.py")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert result.stdout.startswith("gpu-check: cannot run: nvidia-ml-py is not installed") and not result.stderr
+    assert len(result.stdout.splitlines()) == 1
 
 
 def test_nvidia_smi_values_not_available_are_none() -> None:

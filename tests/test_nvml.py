@@ -18,7 +18,7 @@ import structlog
 from lab import stop_process
 from support.doubles import FakeClock, FakeVllm
 from support.exposition import value
-from support.fake_nvml import SEED_LOG, FakeGpu, FakeNvml, GiB, seed_gpu
+from support.fake_nvml import SEED_LOG, WITHOUT_NVIDIA_LIBRARY, FakeGpu, FakeNvml, GiB, seed_gpu
 from support.files import fixture_text
 from vllm_capacity.agent import Agent, AgentSettings
 from vllm_capacity.budget import COMPONENTS, gpu_budget
@@ -233,6 +233,7 @@ async def test_a_hanging_call_times_out_and_is_not_piled_on(fake_vllm: FakeVllm,
     await agent.client.aclose()
 
 
+@WITHOUT_NVIDIA_LIBRARY
 async def test_the_real_library_without_a_gpu(fake_vllm: FakeVllm, tmp_path) -> None:
     """The real pynvml on this machine: no libnvidia-ml. With --nvml auto nothing failed: one info line, no NVML
     series at all (no source_up 0, no error counter rising), and NVML is not asked again."""
@@ -250,6 +251,7 @@ async def test_the_real_library_without_a_gpu(fake_vllm: FakeVllm, tmp_path) -> 
     await agent.client.aclose()
 
 
+@WITHOUT_NVIDIA_LIBRARY
 async def test_nvml_on_without_a_library_is_a_failure(fake_vllm: FakeVllm, tmp_path) -> None:
     """--nvml on: the operator said there are GPUs, so no library is a counted, logged failure."""
     agent = await _agent(fake_vllm, tmp_path, NvmlSource(), {4242}, nvml_required=True)
@@ -327,6 +329,7 @@ def test_budget_without_process_figures_leaves_components_absent() -> None:
     assert "weights" not in down.components
 
 
+@WITHOUT_NVIDIA_LIBRARY
 def test_serve_with_nvml_auto_on_this_machine(fake_vllm_thread: str) -> None:
     """No GPU here: serve --nvml auto runs, says once that there is no NVML, and serves vLLM metrics."""
     import socket

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 
 import pynvml
+import pytest
 
 from vllm_capacity.sources.nvml_scope import ProcessInfoWide
 
@@ -296,3 +297,20 @@ SEED_LOG = """\
 (EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [gpu_worker.py:400] Available KV cache memory: 4.31 GiB
 (EngineCore_DP0 pid=2) INFO 11-29 10:00:20 [kv_cache_utils.py:1147] GPU KV cache size: 208,625 tokens, Maximum concurrency for 32,768 tokens per request: 6.37x
 """  # noqa: E501
+
+
+def real_library_loads() -> bool:
+    """Whether NVIDIA's own libnvidia-ml loads on this machine (a GPU box). The tests of the machine without one
+    (``library_not_found``) are skipped there, saying so: scripts/gpu-check and the device run cover that machine."""
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True
+
+
+#: for a test that reads the real pynvml on a machine without NVIDIA's library
+WITHOUT_NVIDIA_LIBRARY = pytest.mark.skipif(
+    real_library_loads(),
+    reason="NVIDIA's libnvidia-ml loads here: this test is of a machine without it (scripts/gpu-check covers this one)",
+)
