@@ -289,9 +289,14 @@ def test_selection_by_index_or_uuid_and_from_the_environment() -> None:
     assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "all", "CUDA_VISIBLE_DEVICES": "0"}) is None
     assert visible_selection({"CUDA_VISIBLE_DEVICES": "0,1"}) == ["0", "1"]
     assert visible_selection({}) is None
-    # "none" and "void": the container has no GPU (it was read as "every GPU")
-    assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "void"}) == []
+    # "none": the container has no GPU (it was read as "every GPU")
     assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "none"}) == []
+    # "void": set by every CDI spec of NVIDIA's container toolkit and by its DRA driver in containers that do have
+    # GPUs (the runtime decided): the GPUs NVML shows, narrowed by CUDA_VISIBLE_DEVICES when set (it read as none)
+    assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "void"}) is None
+    assert visible_selection({"NVIDIA_VISIBLE_DEVICES": "void", "CUDA_VISIBLE_DEVICES": "1"}) == ["1"]
+    cdi = NvmlSource(loader=lambda: FakeNvml(gpus), selection=visible_selection({"NVIDIA_VISIBLE_DEVICES": "void"}))
+    assert [g.uuid for g in cdi._read_sync()] == ["GPU-0", "GPU-1", "GPU-2", "GPU-3"]
 
 
 def test_selection_by_mig_uuid_abbreviated_uuid_and_the_volume_mount_form(tmp_path) -> None:

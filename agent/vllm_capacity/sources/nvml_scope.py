@@ -119,14 +119,16 @@ def vllm_pids_in_namespace(proc: Path = Path("/proc")) -> set[int]:
 def visible_selection(environ: dict[str, str]) -> list[str] | None:
     """GPUs named by NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES: indices, UUIDs (GPU-..., MIG-..., or a unique
     prefix of one), or the device plugin's volume-mount form (a directory whose entries name the devices). None =
-    every visible GPU ("all"); [] = none ("none", "void": the container has no GPU)."""
+    every visible GPU ("all"); [] = none ("none": the container has no GPU). "void" is what every CDI spec of
+    NVIDIA's container toolkit and NVIDIA's DRA driver set in a container they do give GPUs (the runtime decided,
+    through CDI): the GPUs NVML shows the container, narrowed by CUDA_VISIBLE_DEVICES when that is set."""
     for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         value = environ.get(var, "").strip()
-        if not value:
+        if not value or value.lower() == "void":
             continue
         if value.lower() == "all":
             return None
-        if value.lower() in ("none", "void", "nodevfiles"):
+        if value.lower() in ("none", "nodevfiles"):
             return []
         if value.startswith("/"):  # NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices (volume-mounts)
             try:
