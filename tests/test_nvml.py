@@ -663,11 +663,19 @@ def test_under_mps_vllm_is_found_among_the_clients(old_driver: bool) -> None:
         mps_processes=[(4242, int(20 * GiB)), (999, int(1.5 * GiB))],
         no_mps_call=old_driver,
     )
-    (reading,) = NvmlSource(loader=lambda: FakeNvml([gpu]))._read_sync()
+    nvml = FakeNvml([gpu])
+    tried: list[str] = []
+    mps_v3, mps_v2 = nvml.nvmlDeviceGetMPSComputeRunningProcesses, nvml.nvmlDeviceGetMPSComputeRunningProcesses_v2
+    nvml.nvmlDeviceGetMPSComputeRunningProcesses = lambda h: tried.append("v3") or mps_v3(h)  # type: ignore[method-assign]
+    nvml.nvmlDeviceGetMPSComputeRunningProcesses_v2 = lambda h: tried.append("v2") or mps_v2(h)  # type: ignore[method-assign]
+    source = NvmlSource(loader=lambda: nvml)
+    (reading,) = source._read_sync()
     assert {p.pid for p in reading.processes} == {50, 4242, 999}
     b = gpu_budget(reading, vllm_pids={4242})
     assert b.identified_by == "pid" and b.vllm_pids == (4242,)
     assert b.components["other_processes"] == int(0.5 * GiB) + int(1.5 * GiB)
+    source._read_sync()  # the call that answers is found once per start of NVML, not tried again each read
+    assert tried == (["v3", "v2", "v2"] if old_driver else ["v3", "v3"])
 
 
 async def test_a_slow_first_read_is_starting_not_a_failure(fake_vllm: FakeVllm, tmp_path) -> None:

@@ -244,8 +244,9 @@ class FakeNvml:
 
     def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: FakeGpu) -> list:
         g = self._check(handle)
-        if g.no_mps_call:  # pynvml calls the _v3 symbol directly: a driver without it says FunctionNotFound
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        if g.no_mps_call:  # pynvml wraps it in throwOnVersionMismatch like the compute call: a driver without the
+            # _v3 symbol (before 510.39.01, and 535.98) raises the plain NVMLLibraryMismatchError, not an NVMLError
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
         return self._misread(g.mps_processes) if self._wide() else self._process_infos(g.mps_processes)
 
     def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: FakeGpu) -> list:

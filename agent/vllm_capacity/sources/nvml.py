@@ -45,6 +45,11 @@ _REASONS = {
 }
 # a field a device cannot answer is absent, not an error: MIG instances answer few, an older driver lacks a function
 # (FunctionNotFound), a container may not be allowed one field (NoPermission): the GPU's other fields still stand
+# each process list's calls, newest structure first: pynvml's unversioned name is the _v3 symbol
+_PROCESS_CALLS = {
+    "compute": ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2"),
+    "mps": ("nvmlDeviceGetMPSComputeRunningProcesses", "nvmlDeviceGetMPSComputeRunningProcesses_v2"),
+}
 _FIELD_ABSENT = (
     pynvml.NVML_ERROR_NOT_SUPPORTED,
     pynvml.NVML_ERROR_INVALID_ARGUMENT,
@@ -95,6 +100,8 @@ class NvmlSource:
     _initialized: bool = False
     _held: bool = False  # this source holds one of nvmlInit's references
     _driver: tuple[int, int] | None = None  # the driver's (major, minor), read once NVML started
+    #: the process calls this driver answers, by kind ("compute", "mps"): resolved once per start of NVML
+    _calls: dict[str, str] = field(default_factory=dict)
     _busy: threading.Event = field(default_factory=threading.Event)
     #: the GPUs the last read left out, each with why (one failing GPU does not hide the others)
     skipped: list[SourceError] = field(default_factory=list)
@@ -116,6 +123,7 @@ class NvmlSource:
             except self._nvml.NVMLError as err:
                 raise SourceError(reason_of(err), f"NVML could not start: {err}") from err
             self._held = self._initialized = True
+            self._calls.clear()  # another driver may answer after a restart of NVML
             version = self._optional(self._nvml.nvmlSystemGetDriverVersion)
             self._driver = driver_version(_text(version)) if version is not None else None
         return self._nvml
@@ -144,9 +152,7 @@ class NvmlSource:
 
     def _processes(self, nvml: Any, handle: Any) -> Any:
         """The compute processes, and under MPS its clients (the compute list then holds the MPS server; vLLM is a
-        client). pynvml's nvmlDeviceGetComputeRunningProcesses calls the _v3 symbol, and where the driver lacks it
-        (before 510.39, and 535.98) raises NVMLLibraryMismatchError, a plain Exception: then the _v2 call answers;
-        its MPS call says FunctionNotFound then, and its _v2 answers."""
+        client)."""
         low, high = WIDE_PROCESS_INFO_DRIVERS
         if self._driver is not None and low <= self._driver < high:  # the 32-byte structure: read it as it is
             procs = self._optional(lambda: wide_process_infos(nvml, handle, "nvmlDeviceGetComputeRunningProcesses_v3"))
@@ -154,19 +160,28 @@ class NvmlSource:
                 lambda: wide_process_infos(nvml, handle, "nvmlDeviceGetMPSComputeRunningProcesses_v3")
             )
             return merged_processes(procs, clients)
-        try:
-            procs = self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses(handle))
-        except nvml.NVMLLibraryMismatchError:
-            procs = self._optional(lambda: nvml.nvmlDeviceGetComputeRunningProcesses_v2(handle))
-        clients = None
-        try:
-            clients = nvml.nvmlDeviceGetMPSComputeRunningProcesses(handle)
-        except nvml.NVMLError as err:
-            if err.value == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
-                clients = self._optional(lambda: nvml.nvmlDeviceGetMPSComputeRunningProcesses_v2(handle))
-            elif err.value not in _FIELD_ABSENT:
-                raise
+        procs = self._versioned(nvml, handle, "compute", _PROCESS_CALLS["compute"])
+        clients = self._versioned(nvml, handle, "mps", _PROCESS_CALLS["mps"])
         return merged_processes(procs, clients)
+
+    def _versioned(self, nvml: Any, handle: Any, kind: str, names: tuple[str, ...]) -> Any:
+        """A process list through the first of ``names`` the driver has, found once per start of NVML (as go-nvml's
+        updateVersionedSymbols and nvitop do). pynvml's unversioned calls use the _v3 symbol and raise the plain
+        NVMLLibraryMismatchError where the driver lacks it (before 510.39.01, and 535.98), the _v2 ones
+        FunctionNotFound: either moves on to the next. None: no call answers (or the field is absent)."""
+        known = self._calls.get(kind)
+        for name in (known,) if known else names:
+            try:
+                result = self._optional(getattr(nvml, name), handle)
+            except nvml.NVMLLibraryMismatchError:
+                continue
+            except nvml.NVMLError as err:
+                if err.value == nvml.NVML_ERROR_FUNCTION_NOT_FOUND:
+                    continue
+                raise
+            self._calls[kind] = name
+            return result
+        return None
 
     def _device(
         self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None, parent_handle: Any = None
