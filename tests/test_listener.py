@@ -16,6 +16,18 @@ from aiohttp import web
 from vllm_capacity.listener import EVICTED, EVICTED_IDLE, HEADER_TIMEOUT_KIND, OVER_LIMIT, ConnectionGuard
 
 
+async def _healthz(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+    """One whole /healthz request on the connection; the status line of the answer (empty if closed unanswered)."""
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        return await reader.readline()
+    finally:
+        writer.close()
+        with contextlib.suppress(ssl.SSLError, ConnectionError):
+            await writer.wait_closed()
+
+
 class Listener:
     def __init__(self, port: int, guard: ConnectionGuard, errors: Counter[str]) -> None:
         self.port, self.guard, self.errors = port, guard, errors
@@ -25,14 +37,7 @@ class Listener:
 
     async def get(self) -> bytes:
         """One whole request on a new connection; the status line of the answer (empty if closed unanswered)."""
-        reader, writer = await self.connect()
-        try:
-            writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            await writer.drain()
-            return await reader.readline()
-        finally:
-            writer.close()
-            await writer.wait_closed()
+        return await _healthz(*await self.connect())
 
 
 @pytest.fixture
@@ -162,15 +167,7 @@ async def tls_listener() -> AsyncIterator[tuple[Listener, ssl.SSLContext]]:
 
 
 async def _tls_get(port: int, context: ssl.SSLContext) -> bytes:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, ssl=context)
-    try:
-        writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        await writer.drain()
-        return await reader.readline()
-    finally:
-        writer.close()
-        with contextlib.suppress(ssl.SSLError, ConnectionError):
-            await writer.wait_closed()
+    return await _healthz(*await asyncio.open_connection("127.0.0.1", port, ssl=context))
 
 
 async def test_tls_connections_are_counted_and_timed_from_their_accept(

@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from support.files import fixture_text
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_parse import MetricsStream, parse_metrics, parse_metrics_body
-from vllm_capacity.sources.vllm_records import LATENCY_BUCKETS, META, WANTED
+from vllm_capacity.sources.vllm_records import LATENCY_BUCKETS, META, WANTED, VllmMetrics
 from vllm_capacity.sources.vllm_scan import (
     MAX_LINE,
     family_key,
@@ -350,18 +350,12 @@ def test_one_non_ascii_character_costs_its_chunk_not_the_body() -> None:
     """One emoji in a 31 MiB body decoded all of it (203 MiB peak, over the 128 Mi limit): now the bytes are read a
     megabyte of lines at a time and only a chunk that is not ASCII is decoded. The read is the same as a parse of
     the decoded text."""
-    import tracemalloc
 
     line = 'vllm:request_prefill_time_seconds_bucket{engine="0",le="0.5",model_name="tiny-llama"} 3.0\n'
     text = fixture_text("v1-0.32.0-cpu-saturated.prom") + "# HELP vllm:other ünïcode \U0001f680\n"
     text += line * (31 * 1024 * 1024 // len(line))
     body = text.encode()
-    tracemalloc.start()
-    try:
-        metrics = parse_metrics_body(body)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    metrics, peak = _parsed_with_peak(body)
     assert peak < 8 * 1024 * 1024, f"parsing a {len(body) >> 20} MiB body with one emoji allocated {peak >> 20} MiB"
     assert metrics == parse_metrics(text)
 
@@ -376,30 +370,32 @@ def test_a_body_that_is_not_utf8_is_a_parse_error() -> None:
     assert parse_metrics_body(accented.encode()).engines[0].model_name == "tïny-llama"
 
 
+def _parsed_with_peak(body: bytes) -> tuple[VllmMetrics, int]:
+    """parse_metrics_body(body), and the most memory it held at once (tracemalloc)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        metrics = parse_metrics_body(body)
+        return metrics, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
 def test_a_body_near_the_cap_is_read_without_a_copy() -> None:
     """A 31 MiB body (the default --max-body-size is 32 MiB, the shipped memory limit 128 Mi) is parsed allocating
     a small fraction of its size: an ASCII body is scanned as bytes, never decoded whole (it cost two to three times
     the body, and 469 MiB with many lines of a read family). bench/cycle.py measures the process's peak RSS."""
-    import tracemalloc
 
     line = 'vllm:request_prefill_time_seconds_bucket{engine="0",le="0.5",model_name="tiny-llama"} 3.0\n'
     body = (fixture_text("v1-0.32.0-cpu-saturated.prom") + line * (31 * 1024 * 1024 // len(line))).encode()
-    tracemalloc.start()
-    try:
-        assert parse_metrics_body(body).engines
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    metrics, peak = _parsed_with_peak(body)
+    assert metrics.engines
     assert peak < 4 * 1024 * 1024, f"parsing a {len(body) >> 20} MiB body allocated {peak >> 20} MiB at its peak"
     # as many lines of a family the agent reads: that family is left out at its bound, before it costs memory
     wanted = 'vllm:num_requests_running{engine="%d",model_name="tiny-llama"} 1.0\n'
     many = (fixture_text("v1-0.32.0-cpu-saturated.prom") + "".join(wanted % i for i in range(400_000))).encode()
-    tracemalloc.start()
-    try:
-        metrics = parse_metrics_body(many)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
+    metrics, peak = _parsed_with_peak(many)
     assert [family for family, _ in metrics.over_limit] == ["vllm:num_requests_running"]
     assert metrics.engines[0].kv_cache_usage is not None and metrics.engines[0].running is None
     assert peak < 12 * 1024 * 1024, f"reading {len(many) >> 20} MiB of wanted lines allocated {peak >> 20} MiB"
