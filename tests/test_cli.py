@@ -681,7 +681,7 @@ def _sliding_config(tmp_path: Path, **extra: object) -> Path:
 def test_plan_refuses_what_it_does_not_model(tmp_path: Path) -> None:
     config = _sliding_config(tmp_path, full_attention_interval=2, layer_types=None)  # Qwen3-Next's Gated DeltaNet
     result = _main("plan", "--model-config", str(config), "--kv-cache-memory", "1GiB", "--max-model-len", "4096")
-    assert result.returncode == 1
+    assert result.returncode == 3  # PLAN_NOT_MODELLED
     assert (
         "not modelled" in result.stderr
         and "no state fields" in result.stderr

@@ -133,7 +133,7 @@ def test_plan_names_the_lora_figure_and_where_it_comes_from(tmp_path: Path) -> N
     assert alone.returncode == 2 and "needs --max-loras" in alone.stderr
     # an unmodelled architecture is a named refusal, not a plan without the slots
     moe = _plan(tmp_path, {**LLAMA_31_8B, "architectures": ["MixtralForCausalLM"]}, *GPU, "--max-loras", "1")
-    assert moe.returncode == 1 and "not modelled: LoRA slots of MixtralForCausalLM" in moe.stderr
+    assert moe.returncode == 3 and "not modelled: LoRA slots of MixtralForCausalLM" in moe.stderr
 
 
 QWEN25_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct config.json, the fields the plan reads
@@ -163,7 +163,7 @@ def test_a_multimodal_model_needs_its_encoder_cache_to_plan_from_the_gpu(tmp_pat
     assert text_only.returncode == 2 and "no vision_config or audio_config" in text_only.stderr
     # read in vLLM 0.32's profile_run; an older release's encoder cost goes into --activation-memory instead
     old = _plan(tmp_path, QWEN25_VL_7B, *GPU, "--encoder-cache-tokens", "16384", "--vllm-version", "0.10.2")
-    assert old.returncode == 1 and "measure the profile's peak into --activation-memory" in old.stderr
+    assert old.returncode == 3 and "measure the profile's peak into --activation-memory" in old.stderr
     zero = _plan(tmp_path, QWEN25_VL_7B, *GPU, "--encoder-cache-tokens", "0", "--vllm-version", "0.10.2")
     assert zero.returncode == 0, zero.stderr
 

@@ -258,4 +258,4 @@ def test_plan_command_line(tmp_path: Path) -> None:
         done = _plan(*base, *args)
         assert done.returncode == 2 and message in done.stderr, done.stderr
     refused = _plan(*base, "--speculative-method", "mtp", "--num-speculative-tokens", "1")
-    assert refused.returncode == 1 and "not modelled" in refused.stderr
+    assert refused.returncode == 3 and "not modelled" in refused.stderr

@@ -14,6 +14,8 @@ import threading
 from collections.abc import Sequence
 
 from vllm_capacity.options import (
+    PLAN_DOES_NOT_FIT,
+    PLAN_NOT_MODELLED,
     PlanConfig,
     ReportConfig,
     ServeConfig,
@@ -79,13 +81,14 @@ def _plan(values: PlanConfig) -> int:
     except plan_inputs.MissingInput as err:
         raise UsageError(str(err)) from None
     except (GeometryError, sizing.NotModelled, sizing.ImpossiblePlan, ValueError) as err:
-        kind = {
-            sizing.NotModelled: "not modelled",
-            sizing.ImpossiblePlan: "does not fit",
-            GeometryError: "model config",
-        }.get(type(err), "error")
+        # the exit codes plan --help lists: 2 input vLLM would not take, 1 does not fit, 3 not modelled
+        kind, code = {
+            sizing.NotModelled: ("not modelled", PLAN_NOT_MODELLED),
+            sizing.ImpossiblePlan: ("does not fit", PLAN_DOES_NOT_FIT),
+            GeometryError: ("model config", 2),
+        }.get(type(err), ("error", 2))
         print(f"vllm-capacity plan: {kind}: {err}", file=sys.stderr)
-        return 1
+        return code
     render = planning.render_json if values.format == "json" else planning.render_text
     sys.stdout.write(render(result, geometry, inputs, budget))
     return 0

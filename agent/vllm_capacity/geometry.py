@@ -126,6 +126,20 @@ class GeometryError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
+
+
+def tp_refusal(num_heads: int | None, num_kv_heads: int | None, tp: int) -> str | None:
+    """Why vLLM refuses to shard a model of these heads over ``tp`` ranks, in its words; None when it can. The query
+    heads must divide by TP (``ModelConfig.verify_with_parallel_config``); the KV heads are split when there are at
+    least as many as ranks, else replicated, and either way exactly (``QKVParallelLinear``'s ``divide``). MLA has one
+    latent KV head that every rank holds: pass ``num_kv_heads`` None."""
+    if num_heads and num_heads % tp:
+        return f"Total number of attention heads ({num_heads}) must be divisible by tensor parallel size ({tp})"
+    if num_kv_heads and (num_kv_heads % tp if num_kv_heads >= tp else tp % num_kv_heads):
+        how = "split" if num_kv_heads >= tp else "replicated"
+        return f"{num_kv_heads} KV heads cannot be {how} evenly over tensor parallel size {tp}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -148,6 +162,7 @@ class Geometry:
     multimodal: str | None = None  # the config's encoder section (vision_config, audio_config), None for text only
     full_shape: tuple[int, int] | None = None  # (KV heads, head_dim) of the full-attention layers, where not the rest's
     indexer_bytes: int | None = None  # DeepSeek sparse attention: each MLA layer's indexer cache, bytes per token
+    num_heads: int | None = None  # attention (query) heads, total: what vLLM shards over the TP ranks
 
     @property
     def kv_layers(self) -> int:

@@ -545,6 +545,17 @@ PLAN_OPTIONS = (
 )
 
 
+PLAN_DOES_NOT_FIT = 1  # a valid plan whose answer is no: vLLM would refuse to start
+PLAN_NOT_MODELLED = 3  # valid input the planner cannot size (a kind or vLLM version it does not model)
+PLAN_EXIT_CODES = f"""exit status:
+  0  the plan
+  {PLAN_DOES_NOT_FIT}  does not fit: one request of max_model_len needs more KV cache than there is (vLLM would
+     refuse to start), or nothing is left of the GPU for the KV cache
+  2  invalid input: an option, or a config.json that is not valid JSON, lacks a field, or has one vLLM would
+     refuse (the file and field named); --tp that vLLM cannot shard the model over
+  {PLAN_NOT_MODELLED}  not modelled: the planner cannot size this model or vLLM version (and says why)"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vllm-capacity", description="KV-cache capacity and concurrency exporter for vLLM.")
     parser.add_argument("--version", action="version", version=f"vllm-capacity {__version__}")
@@ -553,7 +564,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add(serve, SERVE_OPTIONS)
     report = sub.add_parser("report", help="print one capacity snapshot of a vLLM server")
     _add(report, REPORT_OPTIONS)
-    plan = sub.add_parser("plan", help="vLLM's capacity math offline, from a model's config.json")
+    plan = sub.add_parser(
+        "plan",
+        help="vLLM's capacity math offline, from a model's config.json",
+        epilog=PLAN_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add(plan, PLAN_OPTIONS)
     return parser
 

@@ -8,7 +8,9 @@ raises :class:`MissingInput`, whose message names the option that gives it (the 
 
 from __future__ import annotations
 
-from vllm_capacity.geometry import Geometry
+from pathlib import Path
+
+from vllm_capacity.geometry import Geometry, GeometryError, tp_refusal
 from vllm_capacity.options import PlanConfig
 from vllm_capacity.sizing import MemoryBudget, PlanInputs, Speculation, default_max_num_batched_tokens, kv_dtype_bytes
 from vllm_capacity.sizing.errors import NotModelled
@@ -71,7 +73,14 @@ def assemble(values: PlanConfig) -> tuple[Geometry, PlanInputs, MemoryBudget | N
         raise MissingInput("give one of --model-config or --model-dir")
     if (values.kv_cache_memory is None) == (values.gpu_memory is None):
         raise MissingInput(ONE_MEMORY_SOURCE)
-    geometry = load_config(config_path)
+    geometry = read_config(config_path)
+    refusal = tp_refusal(
+        geometry.num_heads or geometry.mla_heads,
+        None if "mla" in geometry.layer_kinds else geometry.num_kv_heads,
+        values.tp,
+    )
+    if refusal:
+        raise MissingInput(f"--tp {values.tp}: vLLM refuses it for {config_path}: {refusal}")
     budget = gpu_budget(values, geometry)
     return geometry, plan_inputs(values, geometry, budget), budget
 
@@ -158,4 +167,14 @@ def speculation_option(values: PlanConfig) -> Speculation | None:
         )
     if method in ("mtp", "ngram") and draft is not None:
         raise MissingInput(f"--speculative-method {method} takes no --draft-model-config")
-    return Speculation(method, tokens, load_config(draft) if draft is not None else None)
+    return Speculation(method, tokens, read_config(draft) if draft is not None else None)
+
+
+def read_config(path: Path) -> Geometry:
+    """load_config, its errors naming the file as well as the field."""
+    try:
+        return load_config(path)
+    except GeometryError as err:
+        if err.field.startswith(str(path)):
+            raise
+        raise GeometryError(f"{path}: {err.field}", err.message) from None

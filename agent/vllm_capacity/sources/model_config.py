@@ -38,6 +38,15 @@ SAFETENSORS_DTYPE_BYTES = {
 }  # fmt: skip
 
 
+def _heads(cfg: dict[str, Any]) -> tuple[int, int]:
+    """Attention heads and KV heads (all of them, before TP)."""
+    heads = required_int(cfg, "num_attention_heads")
+    kv_heads = positive_int(cfg, "num_key_value_heads") or heads
+    if heads % kv_heads:  # vLLM's Attention: every KV head serves the same number of query heads
+        raise GeometryError("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads {heads}")
+    return heads, kv_heads
+
+
 def _head_dim(cfg: dict[str, Any], heads: int) -> int:
     """``head_dim``, else hidden_size / heads."""
     head_dim = positive_int(cfg, "head_dim")
@@ -53,15 +62,16 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
     """Geometry from a config.json document (multimodal models: its ``text_config``; EAGLE-1 drafters converted for
     vLLM: the decoder config nested under ``model``)."""
     if not isinstance(doc, dict):
-        raise GeometryError("config.json", "is not a JSON object")
+        raise GeometryError("top level", f"a {type(doc).__name__}, not a JSON object")
     if doc.get("model_type") == "eagle" and isinstance(doc.get("model"), dict):
         doc = {**doc["model"], **{k: v for k, v in doc.items() if k not in ("model", "model_type")}}
-    cfg = dict(doc)
-    if isinstance(doc.get("text_config"), dict):
-        cfg = {**doc, **doc["text_config"]}
-    architecture = (cfg.get("architectures") or [cfg.get("model_type") or "unknown"])[0]
+    text = doc.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise GeometryError("text_config", f"{_short(text)} is not an object (the language model's own config)")
+    cfg = {**doc, **text} if text else dict(doc)
+    architecture = _architecture(cfg)
     num_layers = required_int(cfg, "num_hidden_layers")
-    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or doc.get("torch_dtype") or doc.get("dtype")
+    dtype = _dtype(doc, cfg)
 
     if cfg.get("kv_lora_rank") is not None:  # MLA (DeepSeek V2/V3): one latent vector per token and layer
         return Geometry(
@@ -78,8 +88,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
             **_sparse_indexer(cfg),
             **_beside_the_cache(doc, cfg),
         )
-    heads = required_int(cfg, "num_attention_heads")
-    kv_heads = positive_int(cfg, "num_key_value_heads") or heads
+    heads, kv_heads = _heads(cfg)
     head_dim = _head_dim(cfg, heads)
     kinds, window = layer_kinds(cfg, num_layers)
     chunk = positive_int(cfg, "attention_chunk_size")
@@ -107,7 +116,43 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         unmodelled_cache=_other_shapes(cfg, head_dim),
         **_beside_the_cache(doc, cfg),
         full_shape=full_shape,
+        num_heads=heads,
     )
+
+
+# the dtypes a config.json names that vLLM loads (its _STR_DTYPE_TO_TORCH_DTYPE), "torch." prefix allowed
+MODEL_DTYPES = ("float32", "float", "bfloat16", "float16", "half")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _architecture(cfg: dict[str, Any]) -> str:
+    """The first of ``architectures`` (vLLM's model class), else ``model_type``."""
+    names = cfg.get("architectures")
+    if names in (None, []):
+        model_type = cfg.get("model_type")
+        if model_type is not None and not isinstance(model_type, str):
+            raise GeometryError("model_type", f"{_short(model_type)} is not a name")
+        return model_type or "unknown"
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        example = '["LlamaForCausalLM"]'
+        raise GeometryError("architectures", f"{_short(names)} is not a list of class names (e.g. {example})")
+    return str(names[0])
+
+
+def _dtype(doc: dict[str, Any], cfg: dict[str, Any]) -> str | None:
+    """The model's dtype: ``torch_dtype`` (transformers < 4.56) or ``dtype``, the language model's first."""
+    for key, value in (("torch_dtype", cfg.get("torch_dtype")), ("dtype", cfg.get("dtype")),
+                       ("torch_dtype", doc.get("torch_dtype")), ("dtype", doc.get("dtype"))):  # fmt: skip
+        if value is None:
+            continue
+        if not isinstance(value, str) or value.lower().removeprefix("torch.") not in MODEL_DTYPES:
+            raise GeometryError(key, f"{_short(value)} is not a dtype vLLM loads ({', '.join(MODEL_DTYPES)})")
+        return value
+    return None
 
 
 # the config sections of a multimodal model's encoders, whose outputs vLLM's memory profile holds
