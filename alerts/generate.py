@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 import tomllib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
@@ -27,7 +27,7 @@ RUNBOOK = f"{REPOSITORY}/blob/main/alerts/runbook.md"
 
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
-    return head + "".join(w.upper() if w in ("url",) else w.title() for w in rest)
+    return head + "".join({"url": "URL", "ids": "IDs"}.get(w, w.title()) for w in rest)
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,15 @@ class Config:
     # slowest one (one slow request on a quiet pod paged)
     ttft_min_requests_per_second: float = 0.1
     target_utilization: float = 0.8  # replicas_needed: the share of each replica's capacity demand may use
+    # the dashboards, under kube-prometheus' names: the folder it files them in, their tags, time zone, refresh and
+    # uid by file name (links between them follow the uid)
+    grafana_dashboard_folder: str = "vLLM"
+    dashboard_tags: list[str] = field(default_factory=lambda: ["vllm", "vllm-capacity"])
+    dashboard_timezone: str = "browser"  # or "utc", or an IANA zone
+    dashboard_refresh: str = "30s"
+    grafana_dashboard_ids: dict[str, str] = field(
+        default_factory=lambda: {name + ".json": name for name in ("vllm-capacity", "vllm-capacity-fleet")}
+    )
 
     def jsonnet(self) -> dict[str, object]:
         """These values under the mixin's names, for its config.libsonnet."""
@@ -79,6 +88,9 @@ class Ref:
 
     def __str__(self) -> str:
         return format(self)
+
+    def __getitem__(self, key: str) -> Ref:
+        return Ref(f"{self.expr}[{json.dumps(key)}]")
 
     def __truediv__(self, other: float) -> Ref:
         return Ref(f"({self.expr}) / {other!r}")

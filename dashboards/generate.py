@@ -217,9 +217,6 @@ def capacity_dashboard(c) -> Dashboard:
     horizon = c.exhaustion_horizon_seconds
     d = (
         Dashboard("vLLM Capacity")
-        .uid("vllm-capacity")
-        .tags(["vllm", "vllm-capacity"])
-        .refresh("30s")
         .time("now-3h", "now")
         .description(
             "KV-cache capacity, concurrency and GPU memory of one vLLM pod or model, "
@@ -605,9 +602,6 @@ def fleet_dashboard(c) -> Dashboard:
     fleet = selectors(c)[2]
     d = (
         Dashboard("vLLM Capacity — Fleet")
-        .uid("vllm-capacity-fleet")
-        .tags(["vllm", "vllm-capacity"])
-        .refresh("1m")
         .time("now-24h", "now")
         .description("Per model across replicas, from the vllm-capacity recording rules.")
     )
@@ -702,6 +696,13 @@ def dashboards(c=ALERTS.DEFAULT) -> dict[str, dict]:
         for i, panel in enumerate(model.panels, start=1):  # stable ids: links and repeats need them
             panel.id_val = i
         doc = json.loads(json.dumps(model, cls=JSONEncoder))
+        # what a deployment names its own way (the mixin's _config): the uid, tags, time zone and refresh
+        doc |= {
+            "uid": c.grafana_dashboard_ids[name],
+            "tags": c.dashboard_tags,
+            "timezone": c.dashboard_timezone,
+            "refresh": c.dashboard_refresh,
+        }
         for variable in doc["templating"]["list"]:
             if variable["name"] == "cluster":  # 0 shows it, 2 hides it (Grafana's VariableHide)
                 variable["hide"] = ALERTS.Ref.choose(c.show_multi_cluster, 0, 2)

@@ -196,3 +196,24 @@ def test_thresholds_reach_rules_and_dashboards() -> None:
     assert rules["namespace_model_name:vllm_capacity_replicas_needed:ceil"]["expr"].endswith("* 0.7)), 1)")
     titles = [p["title"] for p in m["dashboards"]["vllm-capacity.json"]["panels"]]
     assert "KV cache exhaustion forecast (2 h ahead)" in titles
+
+
+def test_the_dashboard_settings_kube_prometheus_users_set_reach_the_dashboards() -> None:
+    """grafanaDashboardFolder (read by kube-prometheus from the mixin's top level), dashboardTags, dashboardTimezone,
+    dashboardRefresh and grafanaDashboardIDs: the names kubernetes-mixin and node-mixin give them."""
+    ids = {"vllm-capacity.json": "gpu-kv", "vllm-capacity-fleet.json": "gpu-kv-fleet"}
+    config = {"dashboardTags": ["inference"], "dashboardTimezone": "utc", "dashboardRefresh": "1m",
+              "grafanaDashboardIDs": ids, "grafanaDashboardFolder": "Inference"}  # fmt: skip
+    m = render_mixin(config)
+    for name, dashboard in m["dashboards"].items():
+        assert dashboard["uid"] == ids[name]
+        assert (dashboard["tags"], dashboard["timezone"], dashboard["refresh"]) == (["inference"], "utc", "1m")
+    folder = _jsonnet.evaluate_snippet(
+        "f",
+        "((import 'mixin.libsonnet') + { _config+:: { grafanaDashboardFolder: 'Inference' } }).grafanaDashboardFolder",
+        jpathdir=[str(MIXIN)],
+    )
+    assert json.loads(folder) == "Inference"
+    shipped = render_mixin()["dashboards"]
+    assert {name: d["uid"] for name, d in shipped.items()} == DEFAULTS["grafanaDashboardIDs"]
+    assert all(d["tags"] == DEFAULTS["dashboardTags"] for d in shipped.values())

@@ -17,5 +17,16 @@
     "ttftWindow": "5m",
     "ttftMinRequestsPerSecond": 0.1,
     "targetUtilization": 0.8,
+    "grafanaDashboardFolder": "vLLM",
+    "dashboardTags": [
+      "vllm",
+      "vllm-capacity",
+    ],
+    "dashboardTimezone": "browser",
+    "dashboardRefresh": "30s",
+    "grafanaDashboardIDs": {
+      "vllm-capacity.json": "vllm-capacity",
+      "vllm-capacity-fleet.json": "vllm-capacity-fleet",
+    },
   },
 }

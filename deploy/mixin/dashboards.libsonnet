@@ -98,14 +98,9 @@
         ],
       },
       "annotations": {},
-      "uid": "vllm-capacity",
       "title": "vLLM Capacity",
       "description": "KV-cache capacity, concurrency and GPU memory of one vLLM pod or model, from the vllm-capacity sidecar and vLLM's own metrics.",
-      "tags": [
-        "vllm",
-        "vllm-capacity",
-      ],
-      "timezone": "browser",
+      "timezone": ($._config.dashboardTimezone),
       "editable": true,
       "graphTooltip": 0,
       "time": {
@@ -113,7 +108,6 @@
         "to": "now",
       },
       "fiscalYearStartMonth": 0,
-      "refresh": "30s",
       "panels": [
         {
           "type": "row",
@@ -1782,6 +1776,9 @@
           },
         },
       ],
+      "uid": ($._config.grafanaDashboardIDs["vllm-capacity.json"]),
+      "tags": ($._config.dashboardTags),
+      "refresh": ($._config.dashboardRefresh),
     },
     "vllm-capacity-fleet.json": {
       "schemaVersion": 41,
@@ -1861,14 +1858,9 @@
         ],
       },
       "annotations": {},
-      "uid": "vllm-capacity-fleet",
       "title": "vLLM Capacity — Fleet",
       "description": "Per model across replicas, from the vllm-capacity recording rules.",
-      "tags": [
-        "vllm",
-        "vllm-capacity",
-      ],
-      "timezone": "browser",
+      "timezone": ($._config.dashboardTimezone),
       "editable": true,
       "graphTooltip": 0,
       "time": {
@@ -1876,7 +1868,6 @@
         "to": "now",
       },
       "fiscalYearStartMonth": 0,
-      "refresh": "1m",
       "panels": [
         {
           "type": "row",
@@ -2237,6 +2228,9 @@
           },
         },
       ],
+      "uid": ($._config.grafanaDashboardIDs["vllm-capacity-fleet.json"]),
+      "tags": ($._config.dashboardTags),
+      "refresh": ($._config.dashboardRefresh),
     },
   },
 }

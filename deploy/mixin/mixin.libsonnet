@@ -12,3 +12,7 @@
 + (import 'alerts.libsonnet')
 + (import 'rules.libsonnet')
 + (import 'dashboards.libsonnet')
++ {
+  // the folder kube-prometheus files the dashboards in
+  grafanaDashboardFolder:: $._config.grafanaDashboardFolder,
+}
