@@ -624,44 +624,50 @@ async def test_headroom_follows_the_queue_and_the_sustained_concurrency(h: Harne
     assert value(text, "vllm_capacity_headroom_requests", basis="sustained") is None
 
 
-def _steps_body(counts: dict[str, float]) -> str:
+def _steps_body(counts: dict[str, float], tokens: float) -> str:
     """The saturated capture (8 waiting for capacity, the cache half used) with vllm:iteration_tokens_total's
-    cumulative buckets set to ``counts`` by upper bound."""
-    return re.sub(
+    cumulative buckets set to ``counts`` by upper bound and its sum to ``tokens``."""
+    text = re.sub(
         r'^(vllm:iteration_tokens_total_bucket\{engine="0",le="([^"]+)",model_name="tiny-llama"\}) \S+$',
         lambda m: f"{m[1]} {counts[m[2]]}",
         SATURATED,
         flags=re.M,
     )
+    return re.sub(r"^(vllm:iteration_tokens_total_sum\{[^}]*\}) \S+$", lambda m: f"{m[1]} {tokens}", text, flags=re.M)
 
 
 async def test_a_full_token_budget_per_step_is_named_as_the_limit(fake_vllm: FakeVllm) -> None:
-    """Requests wait for capacity on a half-used cache while nearly every engine step is as large as the scheduler's
+    """Requests wait for capacity on a half-used cache while the engine's steps are as large as the scheduler's
     --max-num-batched-tokens (256) allows: the token budget binds. Before the agent knows the budget, or while steps
-    are small, it names nothing (vLLM's "capacity" covers any scheduling limit)."""
+    are small, it names nothing (vLLM's "capacity" covers any scheduling limit). The steps' size is their mean from
+    the histogram's sum: under chunked prefill most steps look small in the buckets (a prompt is observed at once
+    when its prefill ends), as in the first window here."""
     les = re.findall(r'^vllm:iteration_tokens_total_bucket\{engine="0",le="([^"]+)"', SATURATED, re.M)
+    assert re.search(r"^vllm:iteration_tokens_total_sum\{", SATURATED, re.M)
     counts = dict.fromkeys(les, 0.0)
+    total = [0.0]
     clock = FakeClock()
 
-    async def limit_after(agent: Agent, steps_of: float) -> str | None:
-        fake_vllm.metrics = _steps_body(counts)
+    async def limit_after(agent: Agent, lumps: float, tokens: float) -> str | None:
+        fake_vllm.metrics = _steps_body(counts, total[0])
         await agent.cycle()
-        for le in les:  # 100 more steps, each of ``steps_of`` tokens
-            counts[le] += 100.0 if (le == "+Inf" or float(le) >= steps_of) else 0.0
-        fake_vllm.metrics = _steps_body(counts)
+        for le in les:  # 100 more steps: ``lumps`` of them observed at 700 tokens, the rest at 1
+            counts[le] += 100.0 if (le == "+Inf" or float(le) >= 700) else (100.0 - lumps if float(le) >= 1 else 0)
+        total[0] += tokens
+        fake_vllm.metrics = _steps_body(counts, total[0])
         clock.advance(5)
         await agent.cycle()
         return agent.snapshot.engines[0].concurrency_limit
 
     vllm = VllmClient(fake_vllm.url, timeout=10)
     told = Agent(vllm, AgentSettings(interval=5, max_num_batched_tokens=256), monotonic=clock)
-    assert await limit_after(told, 250) == "token_budget"
-    assert told.snapshot.engines[0].token_budget_steps_ratio == 1.0
-    assert await limit_after(told, 20) is None  # small steps: the budget is not what binds
-    assert told.snapshot.engines[0].token_budget_steps_ratio == 0.0
+    assert await limit_after(told, 36, 36 * 700 + 64) == "token_budget"  # 253 tokens a step
+    assert told.snapshot.engines[0].token_budget_fill_ratio == pytest.approx((36 * 700 + 64) / 100 / 256)
+    assert await limit_after(told, 1, 700 + 99) is None  # small steps: the budget is not what binds
+    assert told.snapshot.engines[0].token_budget_fill_ratio == pytest.approx(799 / 100 / 256)
     untold = Agent(vllm, AgentSettings(interval=5), monotonic=clock)
-    assert await limit_after(untold, 250) is None
-    assert untold.snapshot.engines[0].token_budget_steps_ratio is None
+    assert await limit_after(untold, 36, 36 * 700 + 64) is None
+    assert untold.snapshot.engines[0].token_budget_fill_ratio is None
     await vllm.aclose()
 
 

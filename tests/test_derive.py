@@ -191,12 +191,12 @@ def test_counter_carried_across_restarts(total, previous, raw, restarted, expect
         ({"waiting": 4, "waiting_for_capacity": 0, "running": 5, "lora_blocked": True}, "lora_slots"),
         ({"waiting": 4, "usage": 0.97, "lora_blocked": True}, "kv_cache"),
         ({"waiting": None}, None),
-        # the step's token budget: requests wait for capacity on a cache with room while most steps are as large
-        # as --max-num-batched-tokens allows (measured on vLLM 0.32, budget 256: 94 % of steps over 128)
-        ({"waiting": 12, "waiting_for_capacity": 12, "usage": 0.01, "steps_near_budget": 0.94}, "token_budget"),
-        ({"waiting": 12, "waiting_for_capacity": 12, "usage": 0.01, "steps_near_budget": 0.2}, None),  # small steps
-        ({"waiting": 0, "steps_near_budget": 0.94}, "none"),  # large steps, nothing waits: no limit binds
-        ({"waiting": 12, "waiting_for_capacity": 12, "usage": 0.97, "steps_near_budget": 0.94}, "kv_cache"),
+        # the step's token budget: requests wait for capacity on a cache with room while the steps are about as
+        # large as --max-num-batched-tokens allows
+        ({"waiting": 12, "waiting_for_capacity": 12, "usage": 0.01, "budget_fill": 0.98}, "token_budget"),
+        ({"waiting": 12, "waiting_for_capacity": 12, "usage": 0.01, "budget_fill": 0.2}, None),  # small steps
+        ({"waiting": 0, "budget_fill": 0.98}, "none"),  # full steps, nothing waits: no limit binds
+        ({"waiting": 12, "waiting_for_capacity": 12, "usage": 0.97, "budget_fill": 0.98}, "kv_cache"),
     ],
 )
 def test_what_limits_concurrency_now(state: dict, limit: str | None) -> None:
@@ -243,17 +243,20 @@ def test_the_sustained_concurrency_is_what_vllm_holds_under_pressure() -> None:
     assert derive.learn_sustained(s, None, pressed=True, now=120, half_life=100) == s
 
 
-def test_steps_near_the_token_budget() -> None:
-    """vLLM's step sizes over a window, as the buckets of vllm:iteration_tokens_total (powers of two) give them:
-    with a budget of 256, steps over 128 are near it; with 3,000, those over 1,024 (the largest bucket at or below
-    1,500)."""
-    window = ((1.0, 8.0), (128.0, 8.0), (256.0, 48.0), (512.0, 126.0), (math.inf, 126.0))  # vLLM 0.32, budget 256
-    assert derive.steps_near_budget(window, 256) == pytest.approx(118 / 126)
-    assert derive.steps_near_budget(window, 3000) == 0.0  # no step over 1,024 tokens
-    assert derive.steps_near_budget(window, 1) == 1.0  # every step is over half a token
-    assert derive.steps_near_budget(window, None) is None
-    assert derive.steps_near_budget(((1.0, 1.0), (math.inf, 19.0)), 256) is None  # too few steps to say
-    assert derive.steps_near_budget((), 256) is None
+def test_how_full_the_steps_were_against_the_token_budget() -> None:
+    """The steps' mean size over the budget, from vllm:iteration_tokens_total's sum and count. Under chunked prefill
+    (vLLM 0.32, budget 64, 700-token prompts, 2 running) every step computes 64 tokens, yet vLLM observes each
+    prompt at once when its prefill ends: of 12 steps, 11 look like 1 token (the one request decoding) and one
+    like 701. By the buckets 1 step in 12 is over half the budget (what the agent read before, on the real server:
+    0.125, naming nothing); by the mean the steps are full."""
+    window = ((1.0, 22.0), (8.0, 22.0), (512.0, 22.0), (1024.0, 24.0), (math.inf, 24.0))  # two prompts read
+    assert derive.budget_fill(window, 22 * 1 + 2 * 701, 64) == pytest.approx(1424 / 24 / 64)
+    assert derive.budget_fill(window, 48.0, 64) == pytest.approx(2 / 64)  # decode steps of 2 tokens: room left
+    assert derive.budget_fill(window, 5000.0, 64) == 1.0  # steps with no output (a prefill alone) are not counted
+    assert derive.budget_fill(window, None, 64) is None  # no sum read
+    assert derive.budget_fill(window, 712.0, None) is None  # no budget known
+    assert derive.budget_fill(((1.0, 1.0), (math.inf, 19.0)), 19.0, 256) is None  # too few steps to say
+    assert derive.budget_fill((), 0.0, 256) is None
 
 
 def test_the_planned_layout_beside_vllms_own_capacity() -> None:

@@ -91,6 +91,7 @@ def _selected(text: str) -> str:
 
 
 def test_only_the_latency_request_size_and_step_size_histograms_buckets_are_parsed() -> None:
+    """The buckets of the histograms the agent learns from, and of them one sum: the steps' tokens."""
     kept = _selected(fixture_text("v1-0.32.0-cpu-idle.prom"))
     buckets = {line.split("{")[0] for line in kept.splitlines() if "_bucket{" in line}
     assert buckets == {
@@ -100,7 +101,9 @@ def test_only_the_latency_request_size_and_step_size_histograms_buckets_are_pars
         "vllm:request_generation_tokens_bucket",
         "vllm:iteration_tokens_total_bucket",
     }
-    assert "_sum{" not in kept and "_count{" not in kept
+    sums = {line.split("{")[0] for line in kept.splitlines() if "_sum{" in line}
+    assert sums == {"vllm:iteration_tokens_total_sum"}  # the steps' tokens: their mean size against the budget
+    assert "_count{" not in kept
     assert "vllm:kv_cache_usage_perc{" in kept
     assert "# TYPE vllm:num_preemptions_total counter" in kept
     assert len(kept) < len(fixture_text("v1-0.32.0-cpu-idle.prom")) / 4  # a fifth of the body, the step sizes aside

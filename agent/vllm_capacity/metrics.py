@@ -96,7 +96,7 @@ def _limit(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
     if e.concurrency_limit is not None:
         for limit in LIMITS:
             if (limit != "lora_slots" or e.lora is not None) and (
-                limit != "token_budget" or e.token_budget_steps_ratio is not None
+                limit != "token_budget" or e.token_budget_fill_ratio is not None
             ):
                 yield (limit,), 1.0 if limit == e.concurrency_limit else 0.0
 
@@ -337,20 +337,21 @@ SPECS: tuple[MetricSpec, ...] = (
         (*E, "limit"),
         "1 for what limits concurrency now, 0 for the others: kv_cache (requests were preempted, or wait on a "
         "nearly full cache), max_num_seqs (running at vLLM's --max-num-seqs), lora_slots (requests for an adapter "
-        "wait while --max-loras slots hold others; with --enable-lora only), token_budget (requests wait while most "
-        "engine steps are as large as --max-num-batched-tokens allows; once the budget is known), slo (running above "
-        "max_concurrency{basis=slo}), none (nothing waits). Absent when requests wait for a reason none names.",
+        "wait while --max-loras slots hold others; with --enable-lora only), token_budget (requests wait while the "
+        "engine's steps are nearly as large as --max-num-batched-tokens allows; once the budget is known), slo "
+        "(running above max_concurrency{basis=slo}), none (nothing waits). Absent when requests wait for a reason "
+        "none names.",
         rows=_limit,
     ),
     _m(
-        "token_budget_steps_ratio",
+        "token_budget_fill_ratio",
         "gauge",
         E,
-        "Share of vLLM's engine steps over the last ~5 s larger than half of its token budget per step "
-        "(--max-num-batched-tokens, from the agent's flag or vLLM's log): vllm:iteration_tokens_total's increase, "
-        "counted from the largest bucket at or below half the budget. Near 1, steps are as large as the scheduler "
-        "allows. Absent without the budget or with under 20 steps in the window.",
-        value=lambda e: e.token_budget_steps_ratio,
+        "How full vLLM's engine steps were over the last ~5 s: the tokens they computed per step (the increase of "
+        "vllm:iteration_tokens_total's sum over its count) over the token budget per step (--max-num-batched-tokens, "
+        "from the agent's flag or vLLM's log), at most 1. Near 1, steps are as large as the scheduler allows. Absent "
+        "without the budget or with under 20 steps in the window.",
+        value=lambda e: e.token_budget_fill_ratio,
     ),
     _m(
         "latency_by_concurrency_seconds",

@@ -39,10 +39,10 @@ from vllm_capacity.derive.features import (
     LoraSlots,
     SpecDecode,
     Sustained,
+    budget_fill,
     learn_sustained,
     lora_slots,
     spec_decode,
-    steps_near_budget,
 )
 from vllm_capacity.derive.layout import (
     LiveSpeculation,
@@ -74,6 +74,7 @@ __all__ = [
     "Sustained",
     "accumulate_counter",
     "blocks_per_engine",
+    "budget_fill",
     "capacity_tokens",
     "concurrency_limit",
     "concurrency_utilization",
@@ -95,6 +96,5 @@ __all__ = [
     "planned_layout",
     "sizing_rules",
     "spec_decode",
-    "steps_near_budget",
     "used_tokens",
 ]

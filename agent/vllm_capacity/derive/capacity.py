@@ -167,7 +167,7 @@ def headroom(
 
 # concurrency_limit's values, in the order they are tried (lora_slots only where vLLM serves LoRA)
 LIMITS = ("kv_cache", "max_num_seqs", "lora_slots", "token_budget", "slo", "none")
-STEPS_AT_BUDGET = 0.5  # share of the window's engine steps over half the token budget that names it
+BUDGET_FILL_BINDS = 0.75  # the steps' mean size, as a share of the token budget, that names it
 
 
 @dataclass(frozen=True)
@@ -177,7 +177,7 @@ class Bounds:
     max_num_seqs: int | None = None  # --max-num-seqs (or the log's)
     slo_max_concurrency: int | None = None  # what the latency objectives allow
     lora_blocked: bool = False  # requests for an adapter wait while the --max-loras slots hold others
-    steps_near_budget: float | None = None  # the share of steps over half of --max-num-batched-tokens
+    budget_fill: float | None = None  # the steps' mean size over the last window / --max-num-batched-tokens
 
 
 def concurrency_limit(
@@ -192,8 +192,8 @@ def concurrency_limit(
     """What limits concurrency now: ``kv_cache`` (requests were preempted since the last read, or requests wait on
     a nearly full cache), ``max_num_seqs`` (running at vLLM's --max-num-seqs), ``lora_slots`` (requests for an
     adapter wait while vLLM's --max-loras slots hold others), ``token_budget`` (requests wait for capacity while
-    most engine steps are as large as --max-num-batched-tokens allows: ``steps_near_budget``, the share of steps
-    over half of it), ``slo`` (running above the SLO-bound concurrency),
+    the engine's steps are nearly as large as --max-num-batched-tokens allows: ``budget_fill``, their mean size
+    over it), ``slo`` (running above the SLO-bound concurrency),
     ``none`` (nothing waits). None when requests wait for a reason none of these names: vLLM counts a
     request as waiting for "capacity" for any scheduling limit (a batch slot, the step's token budget), so that
     reason alone, on a cache with room, does not name the KV cache (measured on vLLM 0.32)."""
@@ -207,7 +207,7 @@ def concurrency_limit(
     if b.lora_blocked:
         return "lora_slots"
     queue = waiting_for_capacity if waiting_for_capacity is not None else waiting
-    if (queue or 0) > 0 and b.steps_near_budget is not None and b.steps_near_budget >= STEPS_AT_BUDGET:
+    if (queue or 0) > 0 and b.budget_fill is not None and b.budget_fill >= BUDGET_FILL_BINDS:
         return "token_budget"
     if b.slo_max_concurrency is not None and running is not None and running > b.slo_max_concurrency:
         return "slo"

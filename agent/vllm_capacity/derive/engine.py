@@ -29,9 +29,9 @@ from vllm_capacity.derive.features import (
     LoraSlots,
     SpecDecode,
     Sustained,
+    budget_fill,
     lora_slots,
     spec_decode,
-    steps_near_budget,
 )
 from vllm_capacity.derive.layout import (
     PlannedLayout,
@@ -82,7 +82,7 @@ class EngineCapacity:
     headroom_basis: str | None = None  # queue, preemption, or the max_concurrency basis that binds
     sustained: Sustained | None = None  # the concurrency vLLM holds under pressure (None: nothing ran yet)
     concurrency_utilization_sustained: float | None = None
-    token_budget_steps_ratio: float | None = None  # steps over half of --max-num-batched-tokens, last window
+    token_budget_fill_ratio: float | None = None  # the steps' mean size / --max-num-batched-tokens, last window
     concurrency_limit: str | None = None  # one of LIMITS: what limits concurrency now
     waiting_deferred: float | None = None
     asleep: bool | None = None  # vLLM's sleep mode: its KV cache is freed (None: vLLM does not say)
@@ -196,7 +196,7 @@ def _load_fields(
     sleep mode (which frees the KV cache: nothing of it to serve, no limit or headroom)."""
     latency = inputs.latency
     slo = latency.slo_max_concurrency
-    near_budget = steps_near_budget(latency.step_tokens, facts.max_num_batched_tokens)
+    fill = budget_fill(latency.step_tokens, latency.step_tokens_sum, facts.max_num_batched_tokens)
     sustained = inputs.sustained
     bounds = {
         "observed_context": max_conc_obs,
@@ -211,7 +211,7 @@ def _load_fields(
         waiting_for_capacity=m.waiting_for_capacity,
         preempted=inputs.preempted,
         usage=m.kv_cache_usage,
-        bounds=Bounds(facts.max_num_seqs, slo, bool(inputs.lora and inputs.lora.blocked), near_budget),
+        bounds=Bounds(facts.max_num_seqs, slo, bool(inputs.lora and inputs.lora.blocked), fill),
     )
     asleep = None if m.sleep_state is None else m.sleep_state != "awake"
     if asleep:
@@ -228,7 +228,7 @@ def _load_fields(
         "headroom_basis": binding,
         "sustained": sustained if sustained.level is not None else None,
         "concurrency_utilization_sustained": concurrency_utilization(m.running, sustained.level),
-        "token_budget_steps_ratio": near_budget,
+        "token_budget_fill_ratio": fill,
     }
 
 

@@ -21,6 +21,7 @@ class LatencyView:
     context_p90_tokens: float | None = None  # p90 prompt + p90 generation tokens of finished requests
     #: vllm:iteration_tokens_total's increase over the last latency interval: (upper bound, steps), cumulative
     step_tokens: tuple[tuple[float, float], ...] = ()
+    step_tokens_sum: float | None = None  # and its sum's: the tokens those steps computed
 
 
 @dataclass(frozen=True)
@@ -58,16 +59,16 @@ def learn_sustained(known: Sustained, running: float | None, pressed: bool, now:
 MIN_STEPS = 20  # engine steps a window needs before the share of large ones says anything
 
 
-def steps_near_budget(step_tokens: tuple[tuple[float, float], ...], budget: int | None) -> float | None:
-    """The share of engine steps, over the last window, larger than half the scheduler's token budget
-    (--max-num-batched-tokens): near 1, every step is as large as vLLM allows, and a request that waits cannot be
-    admitted for want of tokens in the step. vLLM's buckets are powers of two: "larger than half" is counted from
-    the largest bucket at or below ``budget / 2``. None without the budget, or with fewer than MIN_STEPS steps."""
-    if not budget or not step_tokens or step_tokens[-1][1] < MIN_STEPS:
+def budget_fill(step_tokens: tuple[tuple[float, float], ...], tokens: float | None, budget: int | None) -> float | None:
+    """How full the engine's steps were over the last window, as a share of the scheduler's token budget
+    (--max-num-batched-tokens): the tokens they computed over the steps, over the budget, at most 1. Near 1, every
+    step is as large as vLLM allows, and a request that waits cannot be admitted for want of tokens in the step. The
+    mean, not the buckets: under chunked prefill a prompt's tokens are observed at once when its prefill ends, so the
+    steps that read it look small and the last one holds the whole prompt. None without the budget or the sum, or
+    with fewer than MIN_STEPS steps."""
+    if not budget or tokens is None or not step_tokens or step_tokens[-1][1] < MIN_STEPS:
         return None
-    total = step_tokens[-1][1]
-    small = max((count for le, count in step_tokens if le <= budget / 2), default=0.0)
-    return (total - small) / total
+    return min(1.0, tokens / step_tokens[-1][1] / budget)
 
 
 @dataclass(frozen=True)

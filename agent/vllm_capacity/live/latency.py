@@ -45,7 +45,8 @@ class LatencyLearner:
         self._contexts: dict[EngineKey, ContextTokens] = {}
         self._views: dict[EngineKey, derive.LatencyView] = {}
         self._running_seen: dict[EngineKey, tuple[float, int]] = {}
-        self._steps: dict[EngineKey, Buckets] = {}  # vllm:iteration_tokens_total at the last latency read
+        # vllm:iteration_tokens_total (buckets, sum) at the last latency read
+        self._steps: dict[EngineKey, tuple[Buckets, float | None]] = {}
         self._read_at: float | None = None  # when the last latency read was learned from
         self._tried_at: float | None = None  # when a latency read was last tried, whether or not it came back
         self._unresolvable_logged: set[str] = set()
@@ -91,13 +92,15 @@ class LatencyLearner:
             context = self._contexts.setdefault(key, ContextTokens(half_life=self.half_life))
             context.observe({k: v for k, v in m.latency.items() if k in (PROMPT, GENERATION)}, seconds)
             bound = slo_bound(curve, self.objectives)
+            steps, steps_sum = self._step_increase(key, m.latency.get("steps"), m.step_tokens_sum)
             self._views[key] = derive.LatencyView(
                 quantiles=curve.quantiles(),
                 observations=curve.observations(),
                 slo_max_concurrency=bound.max_concurrency,
                 slo_knee_observed=bound.knee_observed if self.objectives else None,
                 context_p90_tokens=context.quantile(),
-                step_tokens=self._step_increase(key, m.latency.get("steps")),
+                step_tokens=steps,
+                step_tokens_sum=steps_sum,
             )
         self._running_seen.clear()  # what is left belongs to engines that went away
         for gone in set(self._curves) - present:  # an engine that went away takes what it taught with it
@@ -106,18 +109,24 @@ class LatencyLearner:
             self._views.pop(gone, None)
             self._steps.pop(gone, None)
 
-    def _step_increase(self, key: EngineKey, steps: Buckets | None) -> tuple[tuple[float, float], ...]:
-        """The step-size histogram's increase since the last latency read ((), the first time, after a restart of
-        vLLM (a count went down) or a new bucket layout)."""
+    def _step_increase(
+        self, key: EngineKey, steps: Buckets | None, total: float | None
+    ) -> tuple[tuple[tuple[float, float], ...], float | None]:
+        """The step-size histogram's increase since the last latency read, buckets and sum (nothing the first time,
+        after a restart of vLLM (a count went down) or a new bucket layout; no sum where vLLM's went down or was not
+        read)."""
         before = self._steps.get(key)
         if steps is None:
             self._steps.pop(key, None)
-            return ()
-        self._steps[key] = steps
-        if before is None or [le for le, _ in before] != [le for le, _ in steps]:
-            return ()
-        increase = tuple((le, now - then) for (le, now), (_, then) in zip(steps, before, strict=True))
-        return increase if all(d >= 0 for _, d in increase) else ()
+            return (), None
+        self._steps[key] = (steps, total)
+        if before is None or [le for le, _ in before[0]] != [le for le, _ in steps]:
+            return (), None
+        increase = tuple((le, now - then) for (le, now), (_, then) in zip(steps, before[0], strict=True))
+        if not all(d >= 0 for _, d in increase):
+            return (), None
+        added = total - before[1] if total is not None and before[1] is not None else None
+        return increase, added if added is not None and added >= 0 else None
 
     def _warn_unresolvable(self, histograms: Mapping[str, Buckets]) -> None:
         """Once per objective: say so when it lies below the first bucket of the histogram it is learned from."""

@@ -23,6 +23,7 @@ from vllm_capacity.sources.vllm_records import (
     CACHE_CONFIG,
     GENERATION_TOKENS,
     GPU_CACHE_USAGE,
+    ITERATION_TOKENS_SUM,
     ITL,
     KV_USAGE,
     LATENCY_BUCKETS,
@@ -277,6 +278,7 @@ class _Scan:
     waiting_by_reason: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)
     buckets: dict[EngineSlot, dict[str, dict[float, float]]] = field(default_factory=dict)
     sleep: dict[EngineSlot, str] = field(default_factory=dict)
+    step_sums: dict[EngineSlot, float] = field(default_factory=dict)
     cache_configs: dict[str, CacheConfig] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
     latency_families: set[str] = field(default_factory=set)
@@ -334,6 +336,8 @@ class _Scan:
         elif name == SLEEP:
             if value == 1.0:
                 self.sleep[key] = labels.get("sleep_state", "")
+        elif name == ITERATION_TOKENS_SUM:
+            self.step_sums[key] = value
         elif name in LATENCY_BUCKETS:
             le = label_float(labels, "le") if labels.get("le") not in ("+Inf", "Inf") else math.inf
             if le is not None:
@@ -359,6 +363,7 @@ class _Scan:
                 spec_drafts_total=slot.get(SPEC_DRAFTS),
                 spec_draft_tokens_total=slot.get(SPEC_DRAFT_TOKENS),
                 spec_accepted_tokens_total=slot.get(SPEC_ACCEPTED_TOKENS),
+                step_tokens_sum=self.step_sums.get((model_name, engine)),
             )
             for (model_name, engine), slot in sorted(self.values.items())
         )

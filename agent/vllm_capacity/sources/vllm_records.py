@@ -46,6 +46,10 @@ ITL = "vllm:inter_token_latency_seconds"
 TPOT = "vllm:time_per_output_token_seconds"
 TTFT = "vllm:time_to_first_token_seconds"
 ITERATION_TOKENS = "vllm:iteration_tokens_total"  # a histogram despite its name
+#: its sum: the tokens the steps computed. Each observation is one step's output batch: the generated tokens plus a
+#: prompt's computed tokens when its prefill completes (V1 IterationStats), so under chunked prefill a long prompt is
+#: one lump at its last chunk and the steps before it look small; the mean (sum / count) is the steps' true size.
+ITERATION_TOKENS_SUM = ITERATION_TOKENS + "_sum"
 #: The latency histograms' buckets (the latency-by-concurrency curve): wire name -> kind ("itl" or "ttft").
 #: The newer inter-token name is preferred where a server serves both (0.10.2 - 0.14).
 LATENCY_BUCKETS = {
@@ -78,9 +82,10 @@ WANTED = (
     SPEC_ACCEPTED_TOKENS,
     LORA_REQUESTS,
     *LATENCY_BUCKETS,
+    ITERATION_TOKENS_SUM,
 )
 #: WANTED without the latency buckets: what a cycle reads when it does not read latency (they are most of the lines)
-WANTED_WITHOUT_LATENCY = tuple(n for n in WANTED if n not in LATENCY_BUCKETS)
+WANTED_WITHOUT_LATENCY = tuple(n for n in WANTED if n not in LATENCY_BUCKETS and n != ITERATION_TOKENS_SUM)
 #: Families recognised by their HELP/TYPE lines alone: which inter-token latency name is served.
 PRESENCE_ONLY = (ITL, TPOT)
 #: Names whose HELP/TYPE lines are read beside those of WANTED: the latency histograms' own (their buckets are
@@ -185,6 +190,8 @@ class EngineMetrics:
     spec_drafts_total: float | None = None
     spec_draft_tokens_total: float | None = None
     spec_accepted_tokens_total: float | None = None
+    #: vllm:iteration_tokens_total's sum (read with the latency buckets): the tokens the engine's steps computed
+    step_tokens_sum: float | None = None
 
     @property
     def waiting_for_capacity(self) -> float | None:
