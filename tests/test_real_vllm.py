@@ -53,6 +53,17 @@ FIXED_BUDGET = ServerConfig(512, lab.DEMO_KV_ARGS, 4096)
 # The latency test's: the wide tiny model, whose inter-token latency spans several of vLLM's buckets and rises with
 # the streams (the tiny one's ~9 ms lies inside the first, 10 ms, at any load: its quantiles were interpolation noise)
 LATENCY = ServerConfig(1024, lab.SATURATION_KV_ARGS, lab.SATURATION_BLOCKS * 128, model=lab.WIDE_MODEL_NAME)
+# A scheduler's token budget per step of 16 (--max-num-batched-tokens; vLLM wants --max-num-seqs no larger) on a
+# 64 MiB cache (131,072 tokens): one ~700-token prompt fills 44 steps, so while any prompt is being read every step
+# is full, and the requests behind it wait with the cache nearly empty. A budget this small, so that the engine, not
+# vLLM's API server, is what requests wait for: at 64 the engine read 6,000 prompt tokens a second, and beside a busy
+# loop the API server fed it too slowly for any request to wait.
+TOKEN_BUDGET = ServerConfig(
+    1024,
+    ("--kv-cache-memory-bytes", str(64 * 2**20), "--max-num-seqs", "16", "--max-num-batched-tokens", "16"),
+    131072,
+)
+LONG_PROMPT = "word " * 120 + " ".join(str(k) for k in range(80))  # ~700 tokens of the tiny model's tokenizer
 CAPACITY = SATURATION.capacity_tokens
 
 
@@ -90,6 +101,12 @@ def vllm(server: lab.VllmServer) -> lab.VllmServer:
 def latency_vllm(server: lab.VllmServer) -> lab.VllmServer:
     """vLLM serving the wide tiny model (the small cache all the same)."""
     return serving(server, LATENCY)
+
+
+@pytest.fixture
+def token_budget_vllm(server: lab.VllmServer) -> lab.VllmServer:
+    """vLLM whose step token budget binds before its cache does."""
+    return serving(server, TOKEN_BUDGET)
 
 
 @pytest.fixture
@@ -313,21 +330,27 @@ def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> Non
 LATENCY_STEPS = (1, 4, 16, 32)  # concurrent streams, each held for LATENCY_HOLD seconds
 LATENCY_HOLD = 12.0  # over two of the agent's 5 s latency intervals
 TOP_HOLD = 20.0  # the top step, during which the agents are read
-LATENCY_TOKENS = 32  # tokens per request: at 32 streams a request takes ~4 s, so a hold ends soon after its time
+LATENCY_TOKENS = 32  # tokens per request (fewer: more requests a second, and the API server sets the latency)
+# Each hold ends on time (lab.hold_streams cuts what still runs) and its prompts are a few tokens: with ~30-token
+# prompts the wide model's prefill of 32 of them took longer than a hold, and holds waited ~25 s for their last
+# requests: the test took 213 s, now ~95 s.
 # p90 inter-token latency objectives, one agent each, chosen from the machine's own latency (_objectives_ms): a
 # fixed set does not fit every machine. vLLM's inter-token buckets are 10, 25, 50, 75, 100, 150 ms, ...: the wide
-# tiny model's p90 is ~35 ms at one stream and ~106 ms at 32 on the idle 2-core machine, four buckets apart (the
+# tiny model's p90 is ~50-70 ms at one stream and ~730 ms at 32 on the 2-core machine, many buckets apart (the
 # tiny model's stayed inside the first bucket, 9.0-9.2 ms at 1 and 16 streams, and the test read noise).
 OBJECTIVES = 4
 CALIBRATION_HOLD = 8.0  # seconds at each of the two calibration steps
 
 
-def _hold_load(url: str, parallel: int, seconds: float, max_tokens: int = 96, model: str = lab.MODEL_NAME) -> list[str]:
+def _hold_load(
+    url: str, parallel: int, seconds: float, max_tokens: int = 96, model: str = lab.MODEL_NAME, prompt: str = ""
+) -> list[str]:
     """lab.hold_streams in a process of its own (the load's threads and the test's sampling then do not share one
     interpreter lock); the errors."""
     code = (
         "import json, lab; print(json.dumps(lab.hold_streams("
-        f"{url!r}, parallel={parallel}, seconds={seconds}, max_tokens={max_tokens}, model={model!r})))"
+        f"{url!r}, parallel={parallel}, seconds={seconds}, max_tokens={max_tokens}, model={model!r}, "
+        f"prompt={prompt!r})))"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(lab.__file__).parent)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=seconds + 180)
@@ -570,6 +593,44 @@ def test_max_num_seqs_binds_below_the_kv_bound(fixed_budget_vllm: lab.VllmServer
     print(f"\nthe agent's limit at its reads of 16 running with a queue: {said}")
     assert said, "vLLM never ran at its --max-num-seqs with requests waiting: the load did not reach it"
     assert set(said) == {"max_num_seqs"}, said
+
+
+def test_a_full_token_budget_per_step_is_named_not_the_kv_cache(
+    token_budget_vllm: lab.VllmServer, tmp_path: Path
+) -> None:
+    """48 streams of ~700-token prompts on a server whose scheduler takes 64 tokens a step (--max-num-batched-tokens,
+    which the agent reads from vLLM's log) and whose cache is 100 times what they hold: requests wait for "capacity"
+    while the cache is nearly empty, because every step is full. At the agent's reads that saw requests waiting, it
+    names the token budget where the steps were full, and never the KV cache. (Measured first with the steps' share
+    over half the budget, from the buckets: 0.125 at every read, 1 of ~12 chunks, and nothing named.)"""
+    vllm = token_budget_vllm
+    agent = AgentProcess(vllm.url, tmp_path / "agent.log", "--vllm-log", str(vllm.log_path))
+    key = {"model_name": lab.MODEL_NAME, "engine": "0"}
+    said: list[tuple[str | None, float | None, float | None]] = []  # (limit, cache usage, how full the steps were)
+    try:
+        agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
+        loader = threading.Thread(target=_hold_load, args=(vllm.url, 48, 30.0, 8), kwargs={"prompt": LONG_PROMPT})
+        loader.start()
+        while loader.is_alive():
+            text = agent.metrics()
+            waiting = value(text, "vllm_capacity_requests_waiting_for_capacity", **key)
+            ratio = value(text, "vllm_capacity_token_budget_fill_ratio", **key)
+            if waiting and ratio is not None:
+                said.append((_limit(text, key), value(text, "vllm_capacity_kv_cache_usage_ratio", **key), ratio))
+            time.sleep(0.2)
+        loader.join()
+    finally:
+        agent.stop()
+    limits = [lim for lim, _, _ in said]
+    print(f"\nthe agent at {len(said)} reads with requests waiting (limit, usage, steps' fill): {said[::8]}")
+    assert said, "requests never waited for capacity under the long prompts"
+    assert all(usage is not None and usage < 0.5 for _, usage, _ in said), said  # the cache had room throughout
+    assert "kv_cache" not in limits and "max_num_seqs" not in limits, limits
+    # the steps were full at most reads (by their mean size: most look small in vLLM's buckets, whose observations
+    # hold a prompt when its prefill ends), and where they were, the agent named the budget at that same read
+    full = [lim for lim, _, fill in said if fill is not None and fill >= 0.75]
+    assert len(full) >= len(said) / 2, said
+    assert all(lim == "token_budget" for lim in full), said
 
 
 @pytest.fixture(autouse=True, scope="module")

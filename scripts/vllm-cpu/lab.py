@@ -327,24 +327,41 @@ def drive_load(
     }
 
 
-def hold_streams(url: str, *, parallel: int, seconds: float, max_tokens: int, model: str = MODEL_NAME) -> list[str]:
-    """``parallel`` streams of short /v1/completions, each sending its next request as soon as the last returns,
-    for ``seconds``; returns the errors. Run it in a process of its own (``python -c``) so that the test's sampling
-    and the load do not share one interpreter lock on a 2-core machine."""
+def hold_streams(
+    url: str, *, parallel: int, seconds: float, max_tokens: int, model: str = MODEL_NAME, prompt: str = ""
+) -> list[str]:
+    """``parallel`` streams of /v1/completions, each sending its next request as soon as the last returns, for
+    ``seconds``; returns the errors. Each request's prompt is its own (its stream's and its own number first, so that
+    vLLM's prefix cache serves no request from another): a few tokens, or ``prompt`` after them. The hold ends
+    on time: a request still running at the end is cut (its connection closed at a read timeout; vLLM aborts a
+    request whose client went away), so that a saturated server does not stretch a 20 s hold to 50 s, nor the next
+    step begin under the last one's requests. Run it in a process of its own (``python -c``) so that the test's
+    sampling and the load do not share one interpreter lock on a 2-core machine."""
     deadline, errors = time.monotonic() + seconds, []
     lock = threading.Lock()
     limits = httpx.Limits(max_connections=parallel, max_keepalive_connections=parallel)
     with httpx.Client(timeout=120, limits=limits) as client:
 
+        def post(body: dict[str, object]) -> None:
+            timeout = httpx.Timeout(120, read=max(0.1, deadline - time.monotonic()))
+            try:
+                client.post(url + "/v1/completions", json=body, timeout=timeout).raise_for_status()
+            except httpx.ReadTimeout:
+                if time.monotonic() < deadline - 0.05:
+                    raise  # before the end of the hold: a real timeout
+
         def stream(i: int) -> None:
-            body = {"model": model, "prompt": f"stream {i} " * 10, "max_tokens": max_tokens, "ignore_eos": True}
-            while time.monotonic() < deadline:
+            n = 0
+            while deadline - time.monotonic() > 0.5:  # no request that would be cut at once
+                n += 1
+                words = f"stream {i} request {n} {prompt}"
+                body = {"model": model, "prompt": words, "max_tokens": max_tokens, "ignore_eos": True}
                 try:
                     try:
-                        client.post(url + "/v1/completions", json=body).raise_for_status()
+                        post(body)
                     except httpx.RemoteProtocolError:
                         # uvicorn closes keep-alive connections idle for 5 s: once more on a fresh connection
-                        client.post(url + "/v1/completions", json=body).raise_for_status()
+                        post(body)
                 except httpx.HTTPError as err:
                     with lock:
                         errors.append(f"{type(err).__name__}: {err}")
