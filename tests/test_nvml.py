@@ -151,11 +151,17 @@ async def test_mig_instances_are_their_own_devices(fake_vllm: FakeVllm, tmp_path
     assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0/0", uuid="MIG-1111") == 40 * GiB
     assert value(text, "vllm_capacity_gpu_info", gpu="0/1", mig_parent="GPU-aaaa") == 1
     assert value(text, "vllm_capacity_gpu_utilization_ratio", gpu="0/0") is None  # not supported on MIG: absent
-    # power, temperature and clocks are the whole GPU's: a MIG handle does not answer them, its parent does
-    assert value(text, "vllm_capacity_gpu_power_watts", gpu="0/0") == 410.0
-    assert value(text, "vllm_capacity_gpu_temperature_celsius", gpu="0/1") == 51
-    assert value(text, "vllm_capacity_gpu_sm_clock_hertz", gpu="0/1") == 1.71e9
-    assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0") is None  # the parent itself is not listed
+    # power, temperature and clocks are the whole GPU's: a MIG handle does not answer them, and the physical GPU's
+    # own series carry them once (copied onto each of 7 instances, a node's sum counted the board 7 times)
+    assert value(text, "vllm_capacity_gpu_power_watts", gpu="0", uuid="GPU-aaaa") == 410.0
+    assert value(text, "vllm_capacity_gpu_temperature_celsius", gpu="0") == 51
+    assert value(text, "vllm_capacity_gpu_sm_clock_hertz", gpu="0") == 1.71e9
+    assert value(text, "vllm_capacity_gpu_info", gpu="0", uuid="GPU-aaaa", mig_parent="") == 1
+    for board in ("power_watts", "temperature_celsius", "sm_clock_hertz"):
+        assert [line for line in text.splitlines() if line.startswith(f"vllm_capacity_gpu_{board}{{")] == [
+            line for line in text.splitlines() if line.startswith(f'vllm_capacity_gpu_{board}{{gpu="0",')
+        ], board
+    assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0") is None  # its memory is its instances'
     await agent.client.aclose()
 
 
@@ -308,8 +314,9 @@ def test_selection_by_mig_uuid_abbreviated_uuid_and_the_volume_mount_form(tmp_pa
             g.uuid for g in NvmlSource(loader=lambda: FakeNvml([parent, other]), selection=list(selection))._read_sync()
         ]
 
-    assert read("MIG-m1") == ["MIG-m1"]  # one MIG instance, by its own UUID (it matched nothing)
-    assert read("GPU-aaaa1111-0000") == ["MIG-m0", "MIG-m1"]  # the parent: all its instances
+    # one MIG instance, by its own UUID (it matched nothing), with its physical GPU's board (power, clocks: once)
+    assert read("MIG-m1") == ["GPU-aaaa1111-0000", "MIG-m1"]
+    assert read("GPU-aaaa1111-0000") == ["GPU-aaaa1111-0000", "MIG-m0", "MIG-m1"]  # the parent: all its instances
     assert read("GPU-bbbb") == ["GPU-bbbb2222-0000"]  # a unique prefix, as nvidia-smi accepts
     # the device plugin's volume-mount form: the devices are the entries of a directory
     mounts = tmp_path / "nvidia-container-devices"
@@ -442,6 +449,38 @@ async def test_one_failing_gpu_does_not_hide_the_others(fake_vllm: FakeVllm, tmp
     await agent.client.aclose()
 
 
+@pytest.mark.parametrize("selection", [["0"], ["GPU-5eed0000-0000-0000-0000-000000000000"]])
+async def test_a_neighbours_failing_gpu_is_not_this_pods_error(fake_vllm: FakeVllm, tmp_path, selection) -> None:
+    """The pod's GPU is 0 (by index, or by UUID); GPU 1, another pod's, is lost: it is never this pod's error. By
+    index it is not even touched; by UUID its UUID cannot be read, but every entry of the selection was found."""
+    ours, theirs = seed_gpu(), seed_gpu()
+    ours.uuid = "GPU-5eed0000-0000-0000-0000-000000000000"
+    theirs.uuid, theirs.lost = "GPU-10570000-0000-0000-0000-000000000000", True
+    fake = FakeNvml([ours, theirs])
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: fake, selection=selection), {4242})
+    await agent.cycle()
+    await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_source_up", source="nvml") == 1
+    assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0") == int(22.03 * GiB)
+    assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="gpu_lost") in (None, 0)
+    assert fake.init_calls == 1  # nothing of ours was lost: NVML was not started afresh
+    await agent.client.aclose()
+
+
+async def test_a_gpu_that_times_out_is_skipped_not_the_whole_read(fake_vllm: FakeVllm, tmp_path) -> None:
+    """NVML_ERROR_TIMEOUT concerns the GPU that answered it: the others are read."""
+    healthy, slow = seed_gpu(), seed_gpu()
+    slow.uuid, slow.error = "GPU-71e00000-0000-0000-0000-000000000000", pynvml.NVML_ERROR_TIMEOUT
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([healthy, slow])), {4242})
+    await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_source_up", source="nvml") == 1
+    assert value(text, "vllm_capacity_gpu_memory_total_bytes", gpu="0") == int(22.03 * GiB)
+    assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="timeout") == 1
+    await agent.client.aclose()
+
+
 async def test_a_unified_memory_gpu_reports_what_it_can(fake_vllm: FakeVllm, tmp_path) -> None:
     """GB10 / DGX Spark and Jetson Thor answer memory info with NotSupported (the whole read failed): the GPU is
     read, its memory and budget absent, its power and clocks there."""
@@ -562,6 +601,40 @@ def test_memory_in_use_with_no_process_listed_is_hidden_not_other_processes_at_z
     (reading,) = NvmlSource(loader=lambda: FakeNvml([idle]))._read_sync()
     b = gpu_budget(reading, vllm_pids={4242})
     assert b.identified_by == "none" and b.components["other_processes"] == 0
+
+
+def test_memory_no_listed_process_explains_is_partly_hidden_not_other_processes_at_zero() -> None:
+    """vLLM is listed (the pod shares its PID namespace) but another pod's process on the same GPU (time-slicing,
+    MPS) is not: 6 GiB in use that neither the driver's reservation nor a listed process holds. Other processes and
+    the system are absent, not other_processes 0 with the neighbour's 6 GiB under system; vLLM's own shares stand.
+    Within 1 GiB (the CUDA context's and the driver's odd bytes) the listed processes explain the GPU."""
+    shared = FakeGpu(uuid="GPU-s", used=16 * GiB, processes=[(4242, 10 * GiB)])
+    (reading,) = NvmlSource(loader=lambda: FakeNvml([shared]))._read_sync()
+    b = gpu_budget(reading, vllm_pids={4242}, weights_bytes=5 * GiB, kv_cache_bytes=3 * GiB)
+    assert b.partly_hidden_bytes == pytest.approx(6 * GiB)
+    assert set(b.components) == {"free", "weights", "kv_cache", "vllm_runtime"}, b.components
+    alone = FakeGpu(uuid="GPU-a", used=10 * GiB + 512 * 2**20, processes=[(4242, 10 * GiB)])
+    (reading,) = NvmlSource(loader=lambda: FakeNvml([alone]))._read_sync()
+    b = gpu_budget(reading, vllm_pids={4242}, weights_bytes=5 * GiB, kv_cache_bytes=3 * GiB)
+    assert b.partly_hidden_bytes is None and b.components["other_processes"] == 0 and "system" in b.components
+    no_v2 = FakeGpu(uuid="GPU-o", used=16 * GiB, processes=[(4242, 10 * GiB)], supports_v2=False)
+    (reading,) = NvmlSource(loader=lambda: FakeNvml([no_v2]))._read_sync()
+    assert gpu_budget(reading, vllm_pids={4242}).partly_hidden_bytes is None  # without v2 the reservation is unknown
+
+
+async def test_partly_hidden_processes_are_counted_and_said_once(fake_vllm: FakeVllm, tmp_path) -> None:
+    gpu = seed_gpu()
+    gpu.used, gpu.processes = 16 * GiB, [(4242, 10 * GiB)]
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu])), {4242})
+    with structlog.testing.capture_logs() as logs:
+        await agent.cycle()
+        await agent.cycle()
+    text = render(agent)
+    assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="processes_partly_hidden") == 2
+    assert value(text, "vllm_capacity_gpu_memory_bytes", gpu="0", component="other_processes") is None
+    assert value(text, "vllm_capacity_gpu_memory_bytes", gpu="0", component="system") is None
+    assert [e["event"] for e in logs if e["event"] == "gpu_processes_partly_hidden"] == ["gpu_processes_partly_hidden"]
+    await agent.client.aclose()
 
 
 async def test_hidden_processes_are_counted_and_said_once(fake_vllm: FakeVllm, tmp_path) -> None:

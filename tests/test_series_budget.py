@@ -60,7 +60,10 @@ def worst_case_series(engines: int) -> int:
     assert len(derived) == engines
     gpus: list[FakeGpu] = [
         dataclasses.replace(
-            seed_gpu(), uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000", processes=[(4242, 2**30), (5151, 2**28)]
+            seed_gpu(),
+            uuid=f"GPU-{i:08d}-0000-0000-0000-000000000000",
+            used=2**30 + 2**28,  # what the processes hold: every component known (none partly hidden)
+            processes=[(4242, 2**30), (5151, 2**28)],
         )
         for i in range(engines)
     ]

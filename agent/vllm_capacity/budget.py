@@ -37,6 +37,10 @@ class GpuBudget:
     # process list read with the wrong structure, or memory info v1's "used" on a driver that reserves memory), so
     # "system" is absent; None when they agree
     overcommitted_bytes: float | None = None
+    # memory in use beyond the driver's reservation and every listed process, by this much (bytes): a process NVML
+    # does not list to this reader (another pod's, on a GPU shared by time-slicing or MPS), so "other_processes" and
+    # "system" are absent rather than a confident 0 and everything else; None when the listed processes explain it
+    partly_hidden_bytes: float | None = None
 
 
 # NVML lists no process while more than this is in use beyond the driver's reservation: the processes are hidden from
@@ -89,6 +93,10 @@ def gpu_budget(
     else:
         ours, others, how = [], list(gpu.processes), "none"
     vllm_mem, other_mem = _total(ours), _total(others)
+    shares = _vllm_shares(vllm_mem, weights_bytes, kv_cache_bytes) if ours and vllm_mem is not None else {}
+    hidden = _unlisted(gpu, vllm_mem, other_mem)
+    if hidden is not None:  # someone's memory no listed process holds: whose cannot be told
+        return GpuBudget(comps | shares, budget, tuple(p.pid for p in ours), how, partly_hidden_bytes=hidden)
     if other_mem is not None:
         comps["other_processes"] = other_mem
     overcommitted = None
@@ -98,9 +106,17 @@ def gpu_budget(
             comps["system"] = float(system)
         else:
             overcommitted = float(-system)
-    if ours and vllm_mem is not None:
-        comps.update(_vllm_shares(vllm_mem, weights_bytes, kv_cache_bytes))
-    return GpuBudget(comps, budget, tuple(p.pid for p in ours), how, overcommitted)
+    return GpuBudget(comps | shares, budget, tuple(p.pid for p in ours), how, overcommitted)
+
+
+def _unlisted(gpu: GpuReading, vllm_mem: float | None, other_mem: float | None) -> float | None:
+    """Memory in use that neither the driver's reservation (memory info v2) nor a listed process explains, when it
+    is over HIDDEN_MIN_BYTES; None otherwise, and without v2's reservation or every process's figure."""
+    if gpu.memory_reserved_bytes is None or vllm_mem is None or other_mem is None or gpu.memory_free_bytes is None:
+        return None
+    total = gpu.memory_total_bytes or 0
+    unlisted = total - gpu.memory_free_bytes - gpu.memory_reserved_bytes - vllm_mem - other_mem
+    return float(unlisted) if unlisted > HIDDEN_MIN_BYTES else None
 
 
 def _vllm_shares(vllm_mem: float, weights_bytes: float | None, kv_cache_bytes: float | None) -> dict[str, float]:

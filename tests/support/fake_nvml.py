@@ -40,6 +40,7 @@ class FakeGpu:
     mig: list[FakeGpu] | None = None
     supports_v2: bool = True
     lost: bool = False
+    error: int | None = None  # every call on it fails with this NVML error (NVML_ERROR_TIMEOUT, say)
     hang: threading.Event | None = None  # a call blocks until this is set
     # an older driver: no nvmlDeviceGetComputeRunningProcesses_v3 (before 510.39, and 535.98), no
     # nvmlDeviceGetCurrentClocksEventReasons (before 535.43.02)
@@ -84,6 +85,8 @@ class FakeNvml:
             gpu.hang.wait()
         if gpu.lost or gpu.stale:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        if gpu.error is not None:
+            raise pynvml.NVMLError(gpu.error)
         return gpu
 
     def _board(self, gpu: FakeGpu) -> FakeGpu:

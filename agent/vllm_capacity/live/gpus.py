@@ -148,7 +148,9 @@ class GpuReader:
             self._vllm_gpus = running
             self.logger.info("gpus_of_vllm", gpus=sorted(running), of=len(gpus), how="vLLM's processes on them")
         if self._vllm_gpus:
-            return tuple(g for g in gpus if g.uuid in self._vllm_gpus)
+            # and the physical GPU of a MIG instance kept (its reading holds the board's power and clocks)
+            parents = {g.mig_parent for g in gpus if g.uuid in self._vllm_gpus}
+            return tuple(g for g in gpus if g.uuid in self._vllm_gpus or g.uuid in parents)
         if len(gpus) > 1 and first_time(self._logged, "gpus_unattributed"):
             self.logger.warning(
                 "gpus_unattributed",
@@ -204,6 +206,16 @@ class GpuReader:
                     "gpu_memory_inconsistent",
                     "NVML's process list holds more memory than the GPU uses: the system share is left out",
                     processes_over_used_bytes=over,
+                )
+            if budgets[g.index].partly_hidden_bytes is not None:
+                self._gpu_doubt(
+                    g,
+                    Reason.PROCESSES_PARTLY_HIDDEN,
+                    "gpu_processes_partly_hidden",
+                    "more memory is in use than the processes NVML lists and the driver's reservation: another "
+                    "process (another pod's, on a GPU shared by time-slicing or MPS) is not listed to this sidecar, "
+                    "so other_processes and system are left out",
+                    unlisted_bytes=budgets[g.index].partly_hidden_bytes or 0.0,
                 )
             if budgets[g.index].identified_by == "hidden":
                 self._gpu_doubt(

@@ -51,6 +51,8 @@ class Reason(StrEnum):
     # memory in use and no process listed: they are hidden from the sidecar (its own PID namespace, driver >=
     # 535.113.01); counted per GPU and read, the budget's process shares are absent
     PROCESSES_HIDDEN = "processes_hidden"
+    # NVML lists some of the GPU's processes but not all: more memory is in use than the listed and the reserved
+    PROCESSES_PARTLY_HIDDEN = "processes_partly_hidden"
     # the processes NVML lists hold more memory than the GPU says is used: the readings disagree, "system" is absent
     MEMORY_INCONSISTENT = "memory_inconsistent"
     NVML_ERROR = "nvml_error"  # any other NVML error

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import ModuleType
 from typing import Any
 
@@ -24,7 +24,9 @@ from vllm_capacity.sources.gpu import THROTTLE_REASONS, GpuProcess, GpuReading
 from vllm_capacity.sources.nvml_scope import (
     WIDE_PROCESS_INFO_DRIVERS,
     driver_version,
+    may_select,
     merged_processes,
+    names_only_these,
     selects,
     wide_process_infos,
 )
@@ -70,7 +72,6 @@ _LIBRARY_WIDE = (
     Reason.DRIVER_NOT_LOADED,
     Reason.LIBRARY_NOT_FOUND,
     Reason.DRIVER_VERSION_MISMATCH,
-    Reason.TIMEOUT,
 )
 # errors after which NVML is started afresh on the next attempt
 _RESTART = (Reason.GPU_LOST, Reason.RESET_REQUIRED, Reason.UNINITIALIZED, Reason.DRIVER_NOT_LOADED)
@@ -183,12 +184,42 @@ class NvmlSource:
             return result
         return None
 
-    def _device(
-        self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None, parent_handle: Any = None
-    ) -> GpuReading:
-        """One device's reading. A MIG instance does not answer power, temperature or clocks (they are the whole
-        GPU's): those come from its parent's handle."""
-        board = parent_handle if parent_handle is not None else handle
+    def _device(self, nvml: Any, handle: Any, index: str, mig_parent: str | None = None) -> GpuReading:
+        """One device's reading. A MIG instance's has no power, temperature or clocks: they are the whole GPU's,
+        which its parent's reading carries once (copied onto each instance, a sum over a node counted them once per
+        instance)."""
+        device = replace(self._memory(nvml, handle, index), processes=self._process_tuple(nvml, handle))
+        if mig_parent is not None:
+            return replace(device, mig_parent=mig_parent)
+        return replace(device, **self._board(nvml, handle))
+
+    def _board(self, nvml: Any, handle: Any) -> dict[str, Any]:
+        """The whole GPU's power, temperature, clocks and clock event reasons, as GpuReading's fields."""
+        power = self._optional(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
+        limit = self._optional(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+        temp = self._optional(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))
+        sm = self._optional(lambda: nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))
+        sm_max = self._optional(lambda: nvml.nvmlDeviceGetMaxClockInfo(handle, nvml.NVML_CLOCK_SM))
+        reasons = self._clock_reasons(nvml, handle)
+        return {
+            "power_watts": power / 1000 if power is not None else None,
+            "power_limit_watts": limit / 1000 if limit is not None else None,
+            "temperature_celsius": float(temp) if temp is not None else None,
+            "sm_clock_hertz": sm * 1e6 if sm is not None else None,
+            "sm_clock_max_hertz": sm_max * 1e6 if sm_max is not None else None,
+            "throttle_reasons": {k: bool(reasons & bit) for k, bit in THROTTLE_REASONS.items()}
+            if reasons is not None
+            else None,
+        }
+
+    def _process_tuple(self, nvml: Any, handle: Any) -> tuple[GpuProcess, ...] | None:
+        procs = self._processes(nvml, handle)
+        if procs is None:
+            return None
+        return tuple(GpuProcess(int(p.pid), _int_or_none(p.usedGpuMemory)) for p in procs)
+
+    def _memory(self, nvml: Any, handle: Any, index: str) -> GpuReading:
+        """A device's identity, memory and utilization."""
         uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         name = _text(nvml.nvmlDeviceGetName(handle))
         try:
@@ -200,13 +231,6 @@ class NvmlSource:
             # v1; a unified-memory GPU (GB10 / DGX Spark, Jetson Thor) answers neither: its memory is absent
             mem, reserved = self._optional(lambda: nvml.nvmlDeviceGetMemoryInfo(handle)), None
         util = self._optional(lambda: nvml.nvmlDeviceGetUtilizationRates(handle))
-        power = self._optional(lambda: nvml.nvmlDeviceGetPowerUsage(board))
-        limit = self._optional(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(board))
-        temp = self._optional(lambda: nvml.nvmlDeviceGetTemperature(board, nvml.NVML_TEMPERATURE_GPU))
-        sm = self._optional(lambda: nvml.nvmlDeviceGetClockInfo(board, nvml.NVML_CLOCK_SM))
-        sm_max = self._optional(lambda: nvml.nvmlDeviceGetMaxClockInfo(board, nvml.NVML_CLOCK_SM))
-        reasons = self._clock_reasons(nvml, board)
-        procs = self._processes(nvml, handle)
         return GpuReading(
             index=index,
             uuid=uuid,
@@ -217,18 +241,6 @@ class NvmlSource:
             memory_reserved_bytes=reserved,
             utilization_ratio=util.gpu / 100 if util is not None else None,
             memory_bandwidth_utilization_ratio=util.memory / 100 if util is not None else None,
-            power_watts=power / 1000 if power is not None else None,
-            power_limit_watts=limit / 1000 if limit is not None else None,
-            temperature_celsius=float(temp) if temp is not None else None,
-            sm_clock_hertz=sm * 1e6 if sm is not None else None,
-            sm_clock_max_hertz=sm_max * 1e6 if sm_max is not None else None,
-            throttle_reasons={k: bool(reasons & bit) for k, bit in THROTTLE_REASONS.items()}
-            if reasons is not None
-            else None,
-            processes=tuple(GpuProcess(int(p.pid), _int_or_none(p.usedGpuMemory)) for p in procs)
-            if procs is not None
-            else None,
-            mig_parent=mig_parent,
         )
 
     def _read_sync(self) -> list[GpuReading]:
@@ -240,19 +252,23 @@ class NvmlSource:
         try:
             count = nvml.nvmlDeviceGetCount()
             for i in range(count):
+                if not may_select(self.selection, i):
+                    continue  # another pod's GPU
                 try:
                     readings += self._gpu(nvml, i)
                 except nvml.NVMLError as err:
                     if reason_of(err) in _LIBRARY_WIDE:
                         raise
-                    if reason_of(err) in _RESTART:
-                        self._initialized = False  # start NVML afresh on the next attempt
                     self.skipped.append(SourceError(reason_of(err), f"NVML: GPU {i}: {err}"))
                     self.skipped_indices.append(str(i))
         except nvml.NVMLError as err:
             if reason_of(err) in _RESTART:
                 self._initialized = False
             raise SourceError(reason_of(err), f"NVML: {err}") from err
+        if self.skipped and names_only_these(self.selection, [(r.index, r.uuid, r.mig_parent) for r in readings]):
+            self.skipped, self.skipped_indices = [], []  # what failed is a GPU the selection does not name
+        if any(e.reason in _RESTART for e in self.skipped):
+            self._initialized = False  # one of ours was lost or reset: start NVML afresh on the next attempt
         if self.skipped and not readings:  # every GPU failed: the read did
             raise self.skipped[0]
         if self.selection and not readings and not self.skipped:
@@ -278,8 +294,14 @@ class NvmlSource:
             if mig_handle is None:
                 continue
             if whole or selects(self.selection, f"{i}/{m}", _text(nvml.nvmlDeviceGetUUID(mig_handle))):
-                readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid, parent_handle=handle))
-        return readings
+                readings.append(self._device(nvml, mig_handle, f"{i}/{m}", mig_parent=uuid))
+        if not readings:
+            return []
+        # the physical GPU once, for what is the whole board's (power, temperature, clocks): no memory of its own,
+        # which its instances hold
+        name = _text(nvml.nvmlDeviceGetName(handle))
+        parent = GpuReading(str(i), uuid, name, None, None, None, **self._board(nvml, handle))
+        return [parent, *readings]
 
     def _run(self, done: asyncio.Future[list[GpuReading]], loop: asyncio.AbstractEventLoop) -> None:
         try:

@@ -139,6 +139,29 @@ def visible_selection(environ: dict[str, str]) -> list[str] | None:
     return None
 
 
+def may_select(selection: list[str] | None, index: int) -> bool:
+    """Whether ``selection`` may name GPU ``index`` (or one of its MIG instances) before anything of it is read: by
+    its index, or by a UUID, which only reading it tells. A GPU it cannot name is never touched, so that another
+    pod's lost GPU is never this pod's error."""
+    if selection is None:
+        return True
+    return any(s == str(index) or s.startswith((f"{index}/", "GPU-", "MIG-")) for s in selection)
+
+
+def names_only_these(selection: list[str] | None, found: list[tuple[str, str, str | None]]) -> bool:
+    """Whether every entry of ``selection`` names one of ``found`` (index, UUID, MIG parent's UUID): then a GPU that
+    failed before its UUID was known is one the selection does not name."""
+    if selection is None:
+        return False
+    return all(
+        any(
+            selects([s], index, uuid) or (parent is not None and selects([s], index.split("/")[0], parent))
+            for index, uuid, parent in found
+        )
+        for s in selection
+    )
+
+
 def selects(selection: list[str] | None, index: str, uuid: str) -> bool:
     """Whether ``selection`` names this device: by index, by UUID, or by a unique prefix of its UUID (as nvidia-smi
     and the container runtime accept: GPU-5eed...)."""
