@@ -77,8 +77,9 @@ def test_every_alert_is_complete() -> None:
         assert ann["summary"].endswith("."), a["alert"]
         assert "{{" in ann["description"], f"{a['alert']}: the description should give the values"
         assert ann["runbook_url"].startswith(f"{repository}/blob/main/alerts/runbook.md#"), a["alert"]
-        anchor = ann["runbook_url"].rsplit("#", 1)[1]
-        assert f"## {anchor}\n" in runbook, f"{a['alert']}: runbook.md has no section {anchor}"
+        # the section is headed by the alert's name, and the link is GitHub's anchor of that heading (lower case)
+        assert f"\n## {a['alert']}\n" in runbook, f"runbook.md has no section {a['alert']}"
+        assert ann["runbook_url"].rsplit("#", 1)[1] == a["alert"].lower(), ann["runbook_url"]
     assert {a["alert"] for a in alerts if a["labels"]["severity"] == "critical"} == {
         "VLLMTargetDown",
         "VLLMKVCacheSaturated",
