@@ -384,12 +384,53 @@ def test_every_shipped_podmonitor_names_its_job_and_looks_in_every_namespace() -
 
 
 def test_the_charts_sidecar_snippet_has_resources_and_a_startup_probe() -> None:
+    """The snippet NOTES prints carries the component's resources (a value, so one can add a CPU limit where a policy
+    wants one; none by default: CFS throttling of a Python sidecar buys nothing) and a startup probe."""
+    import helm_python as helm
+
     notes = (CHART / "templates" / "NOTES.txt").read_text()
     snippet = notes[notes.index("initContainers:") : notes.index("or use the Kustomize")]
     assert "startupProbe: {httpGet: {path: /healthz" in snippet
-    assert "resources: {requests: {cpu: 50m, memory: 64Mi}, limits: {cpu: 500m, memory: 128Mi}}" in snippet
-    component = (K8S / "components" / "vllm-capacity-sidecar" / "sidecar.yaml").read_text()
-    assert "limits: {cpu: 500m, memory: 128Mi}" in component  # the same figures as the Kustomize component
+    assert "resources: {{ toJson .Values.sidecar.resources }}" in snippet
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    (sidecar,) = [c for c in _sidecar_containers(K8S / "components" / "vllm-capacity-sidecar" / "sidecar.yaml")]
+    assert values["sidecar"]["resources"] == sidecar["resources"]  # the same figures as the Kustomize component
+    assert "cpu" not in sidecar["resources"]["limits"] and sidecar["resources"]["limits"]["memory"] == "128Mi"
+    rendered = helm.Chart.load(str(CHART)).render({}, name="cap", namespace="monitoring")
+    text = next(v for k, v in rendered.items() if k.endswith("NOTES.txt"))
+    line = next(line for line in text.splitlines() if line.strip().startswith("resources:"))
+    assert yaml.safe_load(line.strip())["resources"] == sidecar["resources"], line
+
+
+def _sidecar_containers(path: Path) -> list[dict]:
+    doc = yaml.safe_load(path.read_text())
+    return [c for c in doc["spec"]["template"]["spec"]["initContainers"] if c["name"] == "vllm-capacity"]
+
+
+def test_the_chart_states_its_kubernetes_version_maintainers_and_icon() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == ">=1.29.0-0"  # native sidecars (restartPolicy: Always on an init container)
+    assert chart["maintainers"] and all(m.get("name") for m in chart["maintainers"])
+    assert chart["icon"].endswith("/deploy/helm/vllm-capacity/icon.svg") and (CHART / "icon.svg").is_file()
+
+
+def test_alerts_carry_the_extra_rule_labels_and_dashboards_the_folder_annotation_asked_for() -> None:
+    docs = _render_chart(
+        {"prometheusRule": {"ruleLabels": {"team": "inference", "severity": "ignored"}},
+         "dashboards": {"folderAnnotation": "k8s-sidecar-target-directory", "folder": "/tmp/dashboards/vLLM"}}
+    )  # fmt: skip
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    alerts = [r for r in rules if "alert" in r]
+    assert alerts and all(r["labels"]["team"] == "inference" for r in alerts)
+    assert {r["labels"]["severity"] for r in alerts} <= {"critical", "warning", "info"}  # an alert's own label wins
+    assert all("labels" not in r or "team" not in r["labels"] for r in rules if "record" in r)
+    maps = [d for d in docs if d["kind"] == "ConfigMap"]
+    assert maps and all(
+        d["metadata"]["annotations"] == {"k8s-sidecar-target-directory": "/tmp/dashboards/vLLM"} for d in maps
+    )
+    plain = [d for d in _render_chart({}) if d["kind"] == "ConfigMap"]
+    assert all(d["metadata"]["annotations"] == {"grafana_folder": "vLLM"} for d in plain)
 
 
 def test_helm_chart_scrapes_sidecars_that_serve_tls_with_basic_auth() -> None:
