@@ -69,3 +69,28 @@ def test_documented_failure_reasons_match_the_code() -> None:
     section = text[text.index("## Failure handling") :]
     documented = re.findall(r"^\| `([a-z0-9_]+)` \|", section, re.MULTILINE)
     assert sorted(documented) == sorted(r.value for r in Reason)
+
+
+def test_every_series_is_read_by_a_panel_alert_or_rule_or_says_what_it_is_for() -> None:
+    """A series nobody reads is noise in every Prometheus that scrapes the sidecar: each feeds a shipped panel, alert
+    or recording rule, or docs/metrics.md says what it is for; and every recording rule feeds a panel or an alert."""
+    root = Path(__file__).parents[1]
+    shipped = {p: (root / p).read_text() for p in (
+        "dashboards/vllm-capacity.json", "dashboards/vllm-capacity-fleet.json",
+        "alerts/vllm-capacity-alerts.yaml", "alerts/vllm-capacity-rules.yaml",
+    )}  # fmt: skip
+    docs = (root / "docs" / "metrics.md").read_text()
+    section = docs[docs.index("### Series no shipped panel, alert or rule reads") : docs.index("## How the numbers")]
+    explained = set(re.findall(r"`(vllm_capacity_[a-z0-9_]+)`", section))
+    read = {s.name for s in SPECS if any(re.search(rf"\b{s.name}\b", text) for text in shipped.values())}
+    assert {s.name for s in SPECS} - read - explained == set()
+    assert read & explained == set(), "explained as unread, yet read"
+    rules = shipped["alerts/vllm-capacity-rules.yaml"]
+    readers = shipped["dashboards/vllm-capacity.json"] + shipped["dashboards/vllm-capacity-fleet.json"]
+    readers += (
+        shipped["alerts/vllm-capacity-alerts.yaml"]
+        + (root / "deploy" / "kubernetes" / "keda").joinpath("scaledobject.yaml").read_text()
+    )
+    recorded = re.findall(r"record: (\S+)", rules)
+    unread = [r for r in recorded if r not in readers and rules.count(r) == 1]
+    assert recorded and unread == [], unread

@@ -888,7 +888,7 @@
             },
           ],
           "title": "What limits concurrency now",
-          "description": "kv_cache, max_num_seqs (vLLM's --max-num-seqs), lora_slots (requests for an adapter wait while vLLM's --max-loras slots hold others), slo (over the latency objective) or none (nothing waits); and the requests vLLM defers for other reasons (a LoRA adapter without a slot among them).",
+          "description": "kv_cache, max_num_seqs (vLLM's --max-num-seqs), lora_slots (requests for an adapter wait while vLLM's --max-loras slots hold others), token_budget (the engine's steps are as large as --max-num-batched-tokens allows), slo (over the latency objective) or none (nothing waits); and the requests vLLM defers for other reasons (a LoRA adapter without a slot among them).",
           "transparent": false,
           "datasource": {
             "type": "prometheus",
@@ -923,6 +923,48 @@
           "id": 20,
           "targets": [
             {
+              "expr": std.format("vllm_capacity_token_budget_fill_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
+              "refId": "A",
+              "legendFormat": "{{pod}}/{{engine}}",
+            },
+          ],
+          "title": "How full the engine's steps are",
+          "description": "The tokens vLLM's engine computed per step over the last ~5 s, over its token budget per step (--max-num-batched-tokens). Near 100 % with requests waiting: the budget, not the KV cache, is what they wait for (What limits concurrency now says token_budget). Empty until the agent knows the budget (--max-num-batched-tokens, or vLLM's log).",
+          "transparent": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 0,
+            "y": 56,
+          },
+          "repeatDirection": "h",
+          "fieldConfig": {
+            "defaults": {
+              "unit": "percentunit",
+              "min": 0,
+              "max": 1,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "value": null,
+                    "color": "green",
+                  },
+                ],
+              },
+            },
+            "overrides": [],
+          },
+        },
+        {
+          "type": "timeseries",
+          "id": 21,
+          "targets": [
+            {
               "expr": std.format("vllm_capacity_lora_slots{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
               "refId": "A",
               "legendFormat": "slots {{pod}}/{{engine}}",
@@ -943,7 +985,7 @@
           "gridPos": {
             "h": 8,
             "w": 12,
-            "x": 0,
+            "x": 12,
             "y": 56,
           },
           "repeatDirection": "h",
@@ -966,7 +1008,7 @@
         },
         {
           "type": "timeseries",
-          "id": 21,
+          "id": 22,
           "targets": [
             {
               "expr": std.format("vllm_capacity_mean_context_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
@@ -988,8 +1030,8 @@
           "gridPos": {
             "h": 8,
             "w": 12,
-            "x": 12,
-            "y": 56,
+            "x": 0,
+            "y": 64,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1010,7 +1052,7 @@
         },
         {
           "type": "timeseries",
-          "id": 22,
+          "id": 23,
           "targets": [
             {
               "expr": std.format("sum(vllm_capacity_requests_waiting{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
@@ -1037,7 +1079,7 @@
           "gridPos": {
             "h": 8,
             "w": 12,
-            "x": 0,
+            "x": 12,
             "y": 64,
           },
           "repeatDirection": "h",
@@ -1077,7 +1119,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 23,
+          "id": 24,
           "panels": [],
           "title": "Latency against concurrency",
           "gridPos": {
@@ -1089,7 +1131,7 @@
         },
         {
           "type": "timeseries",
-          "id": 24,
+          "id": 25,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1137,7 +1179,7 @@
         },
         {
           "type": "timeseries",
-          "id": 25,
+          "id": 26,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1181,7 +1223,7 @@
         },
         {
           "type": "bargauge",
-          "id": 26,
+          "id": 27,
           "targets": [
             {
               "expr": std.format("max by (running) (vllm_capacity_latency_by_concurrency_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",latency=\"itl\",percentile=\"p90\"})", [$._config.clusterLabel]),
@@ -1243,7 +1285,7 @@
         },
         {
           "type": "timeseries",
-          "id": 27,
+          "id": 28,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1305,7 +1347,7 @@
         },
         {
           "type": "timeseries",
-          "id": 28,
+          "id": 29,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_draft_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1347,7 +1389,7 @@
         },
         {
           "type": "timeseries",
-          "id": 29,
+          "id": 30,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_drafts_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1388,7 +1430,7 @@
         },
         {
           "type": "timeseries",
-          "id": 30,
+          "id": 31,
           "targets": [
             {
               "expr": std.format("sum by (pod, group_kind) (vllm_capacity_kv_cache_blocks_per_request{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
@@ -1435,7 +1477,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 31,
+          "id": 32,
           "panels": [],
           "title": "GPU",
           "gridPos": {
@@ -1447,7 +1489,7 @@
         },
         {
           "type": "timeseries",
-          "id": 32,
+          "id": 33,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1493,7 +1535,7 @@
         },
         {
           "type": "timeseries",
-          "id": 33,
+          "id": 34,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_power_watts{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1537,7 +1579,7 @@
         },
         {
           "type": "timeseries",
-          "id": 34,
+          "id": 35,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_temperature_celsius{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1602,7 +1644,7 @@
         },
         {
           "type": "timeseries",
-          "id": 35,
+          "id": 36,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_throttled{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"} == 1", [$._config.clusterLabel]),
@@ -1642,7 +1684,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 36,
+          "id": 37,
           "panels": [],
           "title": "Sidecar health",
           "gridPos": {
@@ -1654,7 +1696,7 @@
         },
         {
           "type": "timeseries",
-          "id": 37,
+          "id": 38,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_up{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1699,7 +1741,7 @@
         },
         {
           "type": "timeseries",
-          "id": 38,
+          "id": 39,
           "targets": [
             {
               "expr": std.format("sum by (source, reason) (rate(vllm_capacity_source_errors_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}[$__rate_interval]))", [$._config.clusterLabel]),
@@ -1738,7 +1780,7 @@
         },
         {
           "type": "timeseries",
-          "id": 39,
+          "id": 40,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_duration_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -2170,21 +2212,63 @@
           },
         },
         {
+          "type": "timeseries",
+          "id": 9,
+          "targets": [
+            {
+              "expr": std.format("namespace_model_name:vllm_capacity_spec_decode_acceptance:ratio{%s=~\"$cluster\",namespace=~\"$namespace\",model_name=~\"$model\"}", [$._config.clusterLabel]),
+              "refId": "A",
+              "legendFormat": "{{namespace}}/{{model_name}}",
+            },
+          ],
+          "title": "Speculative decoding acceptance",
+          "description": "The share of drafted tokens the target model accepted, per model: each accepted draft token is one decode step saved. Empty without speculative decoding.",
+          "transparent": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 0,
+            "y": 26,
+          },
+          "repeatDirection": "h",
+          "fieldConfig": {
+            "defaults": {
+              "unit": "percentunit",
+              "min": 0,
+              "max": 1,
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "value": null,
+                    "color": "green",
+                  },
+                ],
+              },
+            },
+            "overrides": [],
+          },
+        },
+        {
           "type": "row",
           "collapsed": false,
-          "id": 9,
+          "id": 10,
           "panels": [],
           "title": "GPU memory per namespace",
           "gridPos": {
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 26,
+            "y": 34,
           },
         },
         {
           "type": "timeseries",
-          "id": 10,
+          "id": 11,
           "targets": [
             {
               "expr": std.format("namespace_component:vllm_capacity_gpu_memory_bytes:sum{%s=~\"$cluster\",namespace=~\"$namespace\"}", [$._config.clusterLabel]),
@@ -2202,7 +2286,7 @@
             "h": 8,
             "w": 24,
             "x": 0,
-            "y": 27,
+            "y": 35,
           },
           "repeatDirection": "h",
           "fieldConfig": {
