@@ -154,7 +154,7 @@ def single(
 
 def variables(d: Dashboard, c, *, pod: bool) -> Dashboard:
     cl = f'{c.cluster_label}=~"$cluster"'
-    d = d.with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    d = d.with_variable(DatasourceVariable("datasource").label("Data Source").type("prometheus"))
     # hidden unless the config says there are several clusters (render() sets `hide` from show_multi_cluster); with
     # one cluster and no cluster label its only value is All (.*), which matches the missing label
     d = d.with_variable(
@@ -712,6 +712,100 @@ def fleet_dashboard(c) -> Dashboard:
     return d
 
 
+# What each panel written without one shows and where its numbers come from (grafana's dashboard-linter rule
+# panel-title-description-rule): Grafana shows it under the (i) beside the title. Keyed by title (or its start, for
+# a title that holds a configured value).
+PANEL_NOTES = {
+    "KV cache capacity": "Tokens vLLM's KV cache holds, summed over the selected engines: the blocks it allocated "
+    "at start x tokens per block (cache_config_info).",
+    "KV cache used": "Tokens held by running requests over the capacity: vLLM's kv_cache_usage_perc in tokens.",
+    "Max concurrency at max_model_len": "Requests of max_model_len tokens the cache holds at once: capacity / "
+    "max_model_len, vLLM's own 'Maximum concurrency' figure at start.",
+    "vLLM up": "Whether the sidecar can read vLLM's /metrics now (1 up, 0 down). Down: every series derived from "
+    "vLLM is gone, not stale.",
+    "GPU memory over time": "The GPU memory budget's components, stacked, against vLLM's budget (total x "
+    "gpu_memory_utilization): what grew when memory ran short.",
+    "KV cache tokens": "Capacity, used and free tokens per engine: used = capacity x vLLM's usage; free includes "
+    "prefix-cached blocks nobody holds.",
+    "Bytes per token (per GPU rank)": "KV-cache bytes one token takes on one GPU rank: vLLM's KV memory over its "
+    "token capacity, or the model's geometry (method says which).",
+    "KV cache exhaustion forecast (": "Used tokens extrapolated from their growth over the lookback window, against "
+    "the capacity: a line crossing capacity is what VLLMKVCacheExhaustionPredicted warns of.",
+    "Running requests against max concurrency": "Requests running now against the concurrency each bound allows "
+    "(at max_model_len, at the observed context, under the latency objective, sustained under a queue).",
+    "Concurrency utilization": "Running requests over each bound's max concurrency: near 1 the engine runs at what "
+    "that bound allows.",
+    "Context per running request": "The mean context (prompt + generated tokens) a running request holds, against "
+    "max_model_len: the distance between the two is the concurrency the 'at max_model_len' figure undercounts.",
+    "Waiting and preempted": "Requests waiting (all, and those waiting for capacity) and requests preempted for "
+    "lack of KV cache a second, from vLLM's own counters.",
+    "Time to first token": "p50 and p99 time to first token from vLLM's own histogram (its job must be scraped).",
+    "Time per output token (inter-token latency)": "p50 and p99 time between generated tokens from vLLM's own "
+    "histogram (inter_token_latency_seconds, or time_per_output_token_seconds before vLLM 0.10.2).",
+    "GPU utilization": "Share of time a kernel ran on the GPU, and memory-bandwidth utilization, from NVML.",
+    "GPU power": "Power draw against the enforced power limit, from NVML: the whole board's, once per GPU (MIG "
+    "instances share it).",
+    "GPU temperature and SM clock": "GPU temperature and the SM clock against its maximum, from NVML: a clock well "
+    "below its maximum under load is throttling.",
+    "GPU throttling": "NVML's active clock-event reasons (power cap, thermal, ...), 1 while active: why a GPU runs "
+    "slow.",
+    "Sources up": "Whether the sidecar's last read of each source (vLLM, its /v1/models, its log, NVML) succeeded.",
+    "Source errors": "Failed reads of each source a second, by reason (connect, timeout, parse_error, ...): what "
+    "to look at when a source is down.",
+    "Source read time": "Seconds the last read of each source took, against the sidecar's --timeout.",
+    "KV cache tokens per model": "Capacity, used and free tokens summed over a model's replicas (recording rules).",
+    "KV cache usage per model": "Used over capacity tokens across a model's replicas (recording rule).",
+    "Running and waiting requests": "Requests running and waiting across a model's replicas (recording rules).",
+    "Max concurrency": "Each bound's max concurrency summed over a model's replicas (recording rule), by basis.",
+    "GPU memory by component": "GPU memory by budget component, summed per namespace (recording rule).",
+}
+
+
+def _panel_note(title: str) -> str:
+    note = PANEL_NOTES.get(title) or next((v for k, v in PANEL_NOTES.items() if title.startswith(k)), None)
+    if note is None:
+        raise KeyError(f"panel {title!r} has no description: write one with the panel or in PANEL_NOTES")
+    return note
+
+
+def _finish(doc: dict, name: str, c) -> None:
+    """What the builders do not set: a description on every panel, the up panel's words, links between the two
+    dashboards (by their configured uids), vLLM's restarts as annotations on the pod dashboard, and no editing in
+    Grafana's UI (the dashboards are code: an edit there is lost at the next provisioning)."""
+    doc["editable"] = False
+    for panel in doc["panels"]:
+        if panel["type"] != "row" and not panel.get("description"):
+            panel["description"] = _panel_note(panel["title"])
+        if panel["title"] == "vLLM up":
+            panel["fieldConfig"]["defaults"]["mappings"] = [
+                {"type": "value", "options": {"0": {"text": "down", "index": 0}, "1": {"text": "up", "index": 1}}}
+            ]
+    ids = c.grafana_dashboard_ids
+    other = "vllm-capacity-fleet.json" if name == "vllm-capacity.json" else "vllm-capacity.json"
+    title = "Fleet: capacity per model" if name == "vllm-capacity.json" else "Pod: capacity of one vLLM"
+    doc["links"] = [
+        {"type": "link", "title": title, "url": f"/d/{ids[other]}", "keepTime": True, "includeVars": True,
+         "icon": "dashboard", "asDropdown": False, "targetBlank": False, "tags": [], "tooltip": ""}
+    ]  # fmt: skip
+    if name == "vllm-capacity.json":
+        pod_sel = selectors(c)[0]
+        doc["annotations"] = {
+            "list": [
+                {
+                    "name": "vLLM restarts",
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "enable": True,
+                    "iconColor": "orange",
+                    # vLLM's own process metrics (its job): the sidecar's are vllm_capacity_process_*
+                    "expr": f"changes(process_start_time_seconds{{{pod_sel}}}[$__interval]) > 0",
+                    "titleFormat": "vLLM restarted",
+                    "textFormat": "{{pod}}",
+                    "step": "1m",
+                }
+            ]
+        }
+
+
 def dashboards(c=ALERTS.DEFAULT) -> dict[str, dict]:
     """The dashboards by file name, as Grafana's JSON model (plain data). With alerts/generate.py's placeholders()
     for ``c`` they hold the mixin's references instead of values (deploy/generate.py writes the mixin from them)."""
@@ -728,6 +822,7 @@ def dashboards(c=ALERTS.DEFAULT) -> dict[str, dict]:
             "timezone": c.dashboard_timezone,
             "refresh": c.dashboard_refresh,
         }
+        _finish(doc, name, c)
         for variable in doc["templating"]["list"]:
             if variable["name"] == "cluster":  # 0 shows it, 2 hides it (Grafana's VariableHide)
                 variable["hide"] = ALERTS.Ref.choose(c.show_multi_cluster, 0, 2)

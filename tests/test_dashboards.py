@@ -36,6 +36,12 @@ def exprs(d: dict) -> list[str]:
     ]
 
 
+def annotation_exprs(d: dict) -> list[str]:
+    """The PromQL of a dashboard's annotations (vLLM's restarts): checked as its queries are, but not among them for
+    the end-to-end stack, whose vLLM never restarts while it looks."""
+    return [a["expr"] for a in d.get("annotations", {}).get("list", []) if "expr" in a]
+
+
 def promql_for_promtool(expr: str) -> str:
     """Grafana's variables as Prometheus would see them once Grafana substituted them."""
     expr = expr.replace("$__rate_interval", "5m").replace("$__interval", "1m")
@@ -107,7 +113,7 @@ def test_every_query_parses_in_prometheus(tmp_path: Path) -> None:
     rules = [
         {"record": f"dashboard:query_{i}:check", "expr": promql_for_promtool(e)}
         for name in NAMES
-        for i, e in enumerate(exprs(_dashboard(name)))
+        for i, e in enumerate(exprs(_dashboard(name)) + annotation_exprs(_dashboard(name)))
     ]
     path = tmp_path / "dashboard-queries.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard-queries", "rules": rules}]}))
@@ -120,9 +126,11 @@ def test_every_query_names_only_metrics_that_exist() -> None:
         r["record"]
         for r in yaml.safe_load((ROOT / "alerts" / "vllm-capacity-rules.yaml").read_text())["groups"][0]["rules"]
     }
-    known = agent_names() | records | vllm_names()
+    # and vLLM's own process metrics (prometheus-client's process collector, in a capture of a real vLLM 0.32)
+    captured = (ROOT / "tests" / "fixtures" / "vllm" / "v1-0.32.0-cpu-idle.prom").read_text()
+    known = agent_names() | records | vllm_names() | set(re.findall(r"^(process_\w+) ", captured, re.M))
     for name in NAMES:
-        for e in exprs(_dashboard(name)):
+        for e in exprs(_dashboard(name)) + annotation_exprs(_dashboard(name)):
             unknown = metric_names(promql_for_promtool(e)) - known
             assert not unknown, f"{name}: {e} uses unknown metrics {unknown}"
 
@@ -168,3 +176,101 @@ def test_every_series_is_drawn_in_its_own_unit(name: str) -> None:
             elif expr.count("rate(") == 1 and "histogram_quantile" not in expr and unit in ("short", "none"):
                 wrong.append(f"{panel['title']}: {t.get('legendFormat')} is a rate drawn as a count")
     assert not wrong, wrong
+
+
+# Grafana's units (grafana-data's valueFormats/categories.ts) the dashboards use
+GRAFANA_UNITS = {"short", "none", "percent", "percentunit", "bytes", "decbytes", "s", "ms", "reqps", "ops", "watt",
+                 "celsius", "hertz", "rothz", "bool", "bool_on_off", "cps"}  # fmt: skip
+COUNTER_FUNCTIONS = ("rate(", "irate(", "increase(", "resets(", "changes(")
+
+
+def _enclosing_function(expr: str, at: int) -> str:
+    """The function call (``rate(``) whose parentheses hold position ``at`` of ``expr``, "" at the top level."""
+    depth = 0
+    for i in range(at - 1, -1, -1):
+        if expr[i] == ")":
+            depth += 1
+        elif expr[i] == "(":
+            if depth == 0:
+                return re.search(r"(\w*)\s*$", expr[:i])[1] + "("  # type: ignore[index]
+            depth -= 1
+    return ""
+
+
+def lint(d: dict) -> dict[str, list[str]]:
+    """A faithful subset of grafana's dashboard-linter rules (github.com/grafana/dashboard-linter), by rule name:
+    the problems found. target-promql-rule is test_every_query_parses_in_prometheus (promtool)."""
+    found: dict[str, list[str]] = {}
+
+    def problem(rule: str, what: str) -> None:
+        found.setdefault(rule, []).append(what)
+
+    variables = d["templating"]["list"]
+    sources = [v for v in variables if v["type"] == "datasource"]
+    if [(v["name"], v.get("label"), v["query"]) for v in sources] != [("datasource", "Data Source", "prometheus")]:
+        problem("template-datasource-rule", f"datasource variables: {sources}")
+    names = {v["name"] for v in variables}
+    if "job" not in names:
+        problem("template-job-rule", "no job variable")
+    if "instance" not in names:
+        problem("template-instance-rule", "no instance variable")
+    for v in variables:
+        if v["type"] == "query":
+            query = v["query"] if isinstance(v["query"], str) else v["query"]["query"]
+            if not re.fullmatch(r"label_values\(.+, *\w+\)", query):
+                problem("template-label-promql-rule", f"{v['name']}: {query}")
+            if v.get("refresh") != 2:
+                problem("template-on-time-change-reload-rule", v["name"])
+    if d.get("editable") is not False:
+        problem("template-uneditable-rule", "editable")
+    for p in _panels(d):
+        title = p.get("title", "")
+        if p.get("datasource", {}).get("uid") != "${datasource}":
+            problem("panel-datasource-rule", title)
+        if not title or not p.get("description"):
+            problem("panel-title-description-rule", title)
+        defaults = p.get("fieldConfig", {}).get("defaults", {})
+        unit_shown = p["type"] in ("stat", "timeseries", "gauge", "table") and not defaults.get("mappings")
+        if unit_shown and defaults.get("unit") not in GRAFANA_UNITS:
+            problem("panel-units-rule", f"{title}: {defaults.get('unit')}")
+        if not p.get("targets"):
+            problem("panel-no-targets-rule", title)
+        for t in p.get("targets", []):
+            expr = t["expr"]
+            if re.search(r"\b(?:rate|irate|increase)\([^\[]*\[(?!\$__rate_interval\])", expr):
+                problem("target-rate-interval-rule", f"{title}: {expr}")
+            if 'job=~"$job"' not in expr:
+                problem("target-job-rule", title)
+            if 'instance=~"$instance"' not in expr:
+                problem("target-instance-rule", title)
+            for counter in re.finditer(r"\b\w+_total\b(?!_)", expr):
+                if _enclosing_function(expr, counter.start()) not in COUNTER_FUNCTIONS:
+                    problem("target-counter-agg-rule", f"{title}: {counter[0]} outside rate/increase")
+    return found
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_dashboards_pass_grafanas_linter_rules(name: str) -> None:
+    """Every rule holds, but those dashboards/.lint excludes, each with its reason (the linter's own format)."""
+    exclusions = yaml.safe_load((ROOT / "dashboards" / ".lint").read_text())["exclusions"]
+    assert all(len(e.get("reason", "")) > 20 for e in exclusions.values()), "an exclusion needs its reason"
+    found = lint(_dashboard(name))
+    assert {rule: what for rule, what in found.items() if rule not in exclusions} == {}
+    assert set(exclusions) <= set(found), "an exclusion no rule needs any more"
+
+
+def test_the_linter_finds_what_it_is_for() -> None:
+    """Each rule fails on a dashboard that breaks it."""
+    d = _dashboard("vllm-capacity.json")
+    broken = json.loads(json.dumps(d))
+    broken["editable"] = True
+    panel = _panels(broken)[1]
+    del panel["description"]
+    panel["fieldConfig"]["defaults"]["unit"] = "tokens"
+    panel["datasource"] = {"type": "prometheus", "uid": "prom"}
+    panel["targets"][0]["expr"] = "sum(rate(vllm_capacity_preemptions_total[5m])) + vllm_capacity_preemptions_total"
+    found = lint(broken)
+    for rule in ("template-uneditable-rule", "panel-title-description-rule", "panel-units-rule",
+                 "panel-datasource-rule", "target-rate-interval-rule", "target-counter-agg-rule"):  # fmt: skip
+        assert rule in found, rule
+    assert set(lint(d)) == {"template-job-rule", "template-instance-rule", "target-job-rule", "target-instance-rule"}

@@ -8,7 +8,7 @@
           {
             "type": "datasource",
             "name": "datasource",
-            "label": "Data source",
+            "label": "Data Source",
             "skipUrlSync": false,
             "query": "prometheus",
             "multi": false,
@@ -97,11 +97,27 @@
           },
         ],
       },
-      "annotations": {},
+      "annotations": {
+        "list": [
+          {
+            "name": "vLLM restarts",
+            "datasource": {
+              "type": "prometheus",
+              "uid": "${datasource}",
+            },
+            "enable": true,
+            "iconColor": "orange",
+            "expr": std.format("changes(process_start_time_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}[$__interval]) > 0", [$._config.clusterLabel]),
+            "titleFormat": "vLLM restarted",
+            "textFormat": "{{pod}}",
+            "step": "1m",
+          },
+        ],
+      },
       "title": "vLLM Capacity",
       "description": "KV-cache capacity, concurrency and GPU memory of one vLLM pod or model, from the vllm-capacity sidecar and vLLM's own metrics.",
       "timezone": ($._config.dashboardTimezone),
-      "editable": true,
+      "editable": false,
       "graphTooltip": 0,
       "time": {
         "from": "now-3h",
@@ -175,6 +191,7 @@
             },
             "overrides": [],
           },
+          "description": "Tokens vLLM's KV cache holds, summed over the selected engines: the blocks it allocated at start x tokens per block (cache_config_info).",
         },
         {
           "type": "stat",
@@ -237,6 +254,7 @@
             },
             "overrides": [],
           },
+          "description": "Tokens held by running requests over the capacity: vLLM's kv_cache_usage_perc in tokens.",
         },
         {
           "type": "stat",
@@ -291,6 +309,7 @@
             },
             "overrides": [],
           },
+          "description": "Requests of max_model_len tokens the cache holds at once: capacity / max_model_len, vLLM's own 'Maximum concurrency' figure at start.",
         },
         {
           "type": "stat",
@@ -346,9 +365,25 @@
                   },
                 ],
               },
+              "mappings": [
+                {
+                  "type": "value",
+                  "options": {
+                    "0": {
+                      "text": "down",
+                      "index": 0,
+                    },
+                    "1": {
+                      "text": "up",
+                      "index": 1,
+                    },
+                  },
+                },
+              ],
             },
             "overrides": [],
           },
+          "description": "Whether the sidecar can read vLLM's /metrics now (1 up, 0 down). Down: every series derived from vLLM is gone, not stale.",
         },
         {
           "type": "row",
@@ -474,6 +509,7 @@
             },
             "overrides": [],
           },
+          "description": "The GPU memory budget's components, stacked, against vLLM's budget (total x gpu_memory_utilization): what grew when memory ran short.",
         },
         {
           "type": "row",
@@ -536,6 +572,7 @@
             },
             "overrides": [],
           },
+          "description": "Capacity, used and free tokens per engine: used = capacity x vLLM's usage; free includes prefix-cached blocks nobody holds.",
         },
         {
           "type": "timeseries",
@@ -667,6 +704,7 @@
             },
             "overrides": [],
           },
+          "description": "KV-cache bytes one token takes on one GPU rank: vLLM's KV memory over its token capacity, or the model's geometry (method says which).",
         },
         {
           "type": "timeseries",
@@ -711,6 +749,7 @@
             },
             "overrides": [],
           },
+          "description": "Used tokens extrapolated from their growth over the lookback window, against the capacity: a line crossing capacity is what VLLMKVCacheExhaustionPredicted warns of.",
         },
         {
           "type": "row",
@@ -773,6 +812,7 @@
             },
             "overrides": [],
           },
+          "description": "Requests running now against the concurrency each bound allows (at max_model_len, at the observed context, under the latency objective, sustained under a queue).",
         },
         {
           "type": "timeseries",
@@ -821,6 +861,7 @@
             },
             "overrides": [],
           },
+          "description": "Running requests over each bound's max concurrency: near 1 the engine runs at what that bound allows.",
         },
         {
           "type": "timeseries",
@@ -1049,6 +1090,7 @@
             },
             "overrides": [],
           },
+          "description": "The mean context (prompt + generated tokens) a running request holds, against max_model_len: the distance between the two is the concurrency the 'at max_model_len' figure undercounts.",
         },
         {
           "type": "timeseries",
@@ -1115,6 +1157,7 @@
               },
             ],
           },
+          "description": "Requests waiting (all, and those waiting for capacity) and requests preempted for lack of KV cache a second, from vLLM's own counters.",
         },
         {
           "type": "row",
@@ -1176,6 +1219,7 @@
             },
             "overrides": [],
           },
+          "description": "p50 and p99 time to first token from vLLM's own histogram (its job must be scraped).",
         },
         {
           "type": "timeseries",
@@ -1220,6 +1264,7 @@
             },
             "overrides": [],
           },
+          "description": "p50 and p99 time between generated tokens from vLLM's own histogram (inter_token_latency_seconds, or time_per_output_token_seconds before vLLM 0.10.2).",
         },
         {
           "type": "bargauge",
@@ -1532,6 +1577,7 @@
             },
             "overrides": [],
           },
+          "description": "Share of time a kernel ran on the GPU, and memory-bandwidth utilization, from NVML.",
         },
         {
           "type": "timeseries",
@@ -1576,6 +1622,7 @@
             },
             "overrides": [],
           },
+          "description": "Power draw against the enforced power limit, from NVML: the whole board's, once per GPU (MIG instances share it).",
         },
         {
           "type": "timeseries",
@@ -1641,6 +1688,7 @@
               },
             ],
           },
+          "description": "GPU temperature and the SM clock against its maximum, from NVML: a clock well below its maximum under load is throttling.",
         },
         {
           "type": "timeseries",
@@ -1680,6 +1728,7 @@
             },
             "overrides": [],
           },
+          "description": "NVML's active clock-event reasons (power cap, thermal, ...), 1 while active: why a GPU runs slow.",
         },
         {
           "type": "row",
@@ -1738,6 +1787,7 @@
             },
             "overrides": [],
           },
+          "description": "Whether the sidecar's last read of each source (vLLM, its /v1/models, its log, NVML) succeeded.",
         },
         {
           "type": "timeseries",
@@ -1777,6 +1827,7 @@
             },
             "overrides": [],
           },
+          "description": "Failed reads of each source a second, by reason (connect, timeout, parse_error, ...): what to look at when a source is down.",
         },
         {
           "type": "timeseries",
@@ -1816,11 +1867,26 @@
             },
             "overrides": [],
           },
+          "description": "Seconds the last read of each source took, against the sidecar's --timeout.",
         },
       ],
       "uid": ($._config.grafanaDashboardIDs["vllm-capacity.json"]),
       "tags": ($._config.dashboardTags),
       "refresh": ($._config.dashboardRefresh),
+      "links": [
+        {
+          "type": "link",
+          "title": "Fleet: capacity per model",
+          "url": std.format("/d/%s", [$._config.grafanaDashboardIDs["vllm-capacity-fleet.json"]]),
+          "keepTime": true,
+          "includeVars": true,
+          "icon": "dashboard",
+          "asDropdown": false,
+          "targetBlank": false,
+          "tags": [],
+          "tooltip": "",
+        },
+      ],
     },
     "vllm-capacity-fleet.json": {
       "schemaVersion": 41,
@@ -1829,7 +1895,7 @@
           {
             "type": "datasource",
             "name": "datasource",
-            "label": "Data source",
+            "label": "Data Source",
             "skipUrlSync": false,
             "query": "prometheus",
             "multi": false,
@@ -1903,7 +1969,7 @@
       "title": "vLLM Capacity — Fleet",
       "description": "Per model across replicas, from the vllm-capacity recording rules.",
       "timezone": ($._config.dashboardTimezone),
-      "editable": true,
+      "editable": false,
       "graphTooltip": 0,
       "time": {
         "from": "now-24h",
@@ -1972,6 +2038,7 @@
             },
             "overrides": [],
           },
+          "description": "Capacity, used and free tokens summed over a model's replicas (recording rules).",
         },
         {
           "type": "timeseries",
@@ -2021,6 +2088,7 @@
             },
             "overrides": [],
           },
+          "description": "Used over capacity tokens across a model's replicas (recording rule).",
         },
         {
           "type": "timeseries",
@@ -2110,6 +2178,7 @@
             },
             "overrides": [],
           },
+          "description": "Requests running and waiting across a model's replicas (recording rules).",
         },
         {
           "type": "row",
@@ -2162,6 +2231,7 @@
             },
             "overrides": [],
           },
+          "description": "Each bound's max concurrency summed over a model's replicas (recording rule), by basis.",
         },
         {
           "type": "timeseries",
@@ -2210,6 +2280,7 @@
             },
             "overrides": [],
           },
+          "description": "Running requests over each bound's max concurrency: near 1 the engine runs at what that bound allows.",
         },
         {
           "type": "timeseries",
@@ -2310,11 +2381,26 @@
             },
             "overrides": [],
           },
+          "description": "GPU memory by budget component, summed per namespace (recording rule).",
         },
       ],
       "uid": ($._config.grafanaDashboardIDs["vllm-capacity-fleet.json"]),
       "tags": ($._config.dashboardTags),
       "refresh": ($._config.dashboardRefresh),
+      "links": [
+        {
+          "type": "link",
+          "title": "Pod: capacity of one vLLM",
+          "url": std.format("/d/%s", [$._config.grafanaDashboardIDs["vllm-capacity.json"]]),
+          "keepTime": true,
+          "includeVars": true,
+          "icon": "dashboard",
+          "asDropdown": false,
+          "targetBlank": false,
+          "tags": [],
+          "tooltip": "",
+        },
+      ],
     },
   },
 }
