@@ -16,9 +16,12 @@ MIG instances only where MIG is already enabled.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import glob
+import importlib.metadata
 import json
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -65,6 +68,10 @@ FUNCTIONS = (  # the NVML symbols the agent calls, or falls back between
     "nvmlDeviceGetMigDeviceHandleByIndex",
     "nvmlDeviceGetEnforcedPowerLimit",
     "nvmlDeviceGetPowerUsage",
+    # not called: their presence dates the driver for the process-structure rule (conf. compute: R535+; the
+    # process detail list: R550+)
+    "nvmlDeviceGetConfComputeMemSizeInfo",
+    "nvmlDeviceGetRunningProcessDetailList",
 )
 ALLOCATOR = """
 import ctypes, os, sys
@@ -76,8 +83,9 @@ def check(ret, what):
 check(cuda.cuInit(0), "cuInit")
 device = ctypes.c_int()
 check(cuda.cuDeviceGet(ctypes.byref(device), int(sys.argv[1])), "cuDeviceGet")
-context = ctypes.c_void_p()
-check(cuda.cuCtxCreate_v2(ctypes.byref(context), 0, device), "cuCtxCreate")
+context = ctypes.c_void_p()  # the primary context, as PyTorch (and so vLLM) takes it
+check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device), "cuDevicePrimaryCtxRetain")
+check(cuda.cuCtxSetCurrent(context), "cuCtxSetCurrent")
 pointer = ctypes.c_uint64()
 check(cuda.cuMemAlloc_v2(ctypes.byref(pointer), ctypes.c_size_t(int(sys.argv[2]))), "cuMemAlloc")
 print(os.getpid(), flush=True)
@@ -95,18 +103,19 @@ print(json.dumps([[p.pid, p.used_bytes] for p in reading.processes] if reading.p
 
 @dataclass
 class Report:
+    """The table, each row printed as its check completes (a check that hangs shows where it hung)."""
+
     rows: list[tuple[str, str, str]] = field(default_factory=list)
+    width: int = 34
+    out: Any = None  # a text stream; stdout when None
 
     def add(self, check: str, ok: bool | None, detail: str) -> None:
-        self.rows.append((check, {True: "ok", False: "FAIL", None: "info"}[ok], detail))
+        row = (check, {True: "ok", False: "FAIL", None: "info"}[ok], detail)
+        self.rows.append(row)
+        print(f"{row[0]:<{self.width}}  {row[1]:<4}  {row[2]}", file=self.out or sys.stdout, flush=True)
 
     def failed(self) -> bool:
         return any(status == "FAIL" for _, status, _ in self.rows)
-
-    def print(self) -> None:
-        width = max(len(c) for c, _, _ in self.rows)
-        for check, status, detail in self.rows:
-            print(f"{check:<{width}}  {status:<4}  {detail}")
 
 
 def smi_number(text: str) -> float | None:
@@ -160,6 +169,21 @@ def identity(g: GpuReading) -> tuple[bool, str]:
     return abs(gap) <= MiB, f"{version}: total - reserved - used - free = {gap / MiB:+.1f} MiB"
 
 
+def versions() -> str:
+    """nvidia-ml-py's version and the CUDA driver API's (cuDriverGetVersion: 12040 is 12.4)."""
+    try:
+        binding = importlib.metadata.version("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:
+        binding = "unknown (pynvml.py borrowed from .venv)"
+    try:
+        number = ctypes.c_int()
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(number))
+        cuda = f"{number.value // 1000}.{number.value % 1000 // 10}"
+    except OSError as err:
+        cuda = f"no libcuda.so.1 ({err})"
+    return f"nvidia-ml-py {binding}, CUDA driver API {cuda}"
+
+
 def function_table() -> str:
     present, absent = [], []
     for name in FUNCTIONS:
@@ -185,6 +209,28 @@ def run_reader(gpu: str, prefix: list[str]) -> tuple[Any, str]:
     return json.loads(out.stdout.strip().splitlines()[-1]), ""
 
 
+ALLOCATOR_DEADLINE = 30.0  # seconds for cuInit and an allocation (a hanging cuInit must not eat the 120 s)
+
+
+def read_line(proc: subprocess.Popen[str], deadline: float) -> str:
+    """The process's first line of output, "" after ``deadline`` seconds (it is then killed) or at its end."""
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], deadline)
+    if not ready:
+        proc.kill()
+        return f"nothing within {deadline:g} s"
+    return proc.stdout.readline().strip()
+
+
+def budget_sum(reading: GpuReading, vllm_pid: int, vllm_size: int) -> tuple[bool, str]:
+    """The components of the budget taking one allocator as vLLM, its allocation as the weights and no KV cache
+    (its context is then vLLM's runtime): they add up to the total when every byte is in one. Without weights and
+    KV cache vLLM's own memory would be in none, and the sum always short by it."""
+    budget = gpu_budget(reading, vllm_pids={vllm_pid}, weights_bytes=vllm_size, kv_cache_bytes=0)
+    gap = (reading.memory_total_bytes or 0) - sum(budget.components.values())
+    return abs(gap) <= MiB, f"total - the components ({', '.join(budget.components)}) = {gap / MiB:+.1f} MiB"
+
+
 def allocate(gpu: int, size: int) -> tuple[subprocess.Popen[str], int]:
     env = {**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}  # CUDA's ordinals in NVML's order
     proc = subprocess.Popen(
@@ -194,7 +240,7 @@ def allocate(gpu: int, size: int) -> tuple[subprocess.Popen[str], int]:
         text=True,
         env=env,
     )
-    line = proc.stdout.readline().strip() if proc.stdout else ""
+    line = read_line(proc, ALLOCATOR_DEADLINE)
     if not line.isdigit():
         proc.kill()
         raise RuntimeError(f"the allocator could not allocate {size / GiB:.1f} GiB on GPU {gpu}: {line or 'no output'}")
@@ -222,15 +268,7 @@ def check_processes(report: Report, source: NvmlSource, gpu: GpuReading) -> None
         known = [u for u in listed.values() if u is not None]
         gap = (reading.memory_used_bytes or 0) - sum(known)
         report.add("used - processes", None, f"{gap / MiB:+.0f} MiB over {len(listed)} processes")
-        report.add(
-            "budget adds up",
-            abs(
-                sum(gpu_budget(reading, vllm_pids={procs[0][1]}).components.values())
-                - (reading.memory_total_bytes or 0)
-            )
-            <= MiB,
-            "the components of a budget taking the first allocator as vLLM sum to the total",
-        )
+        report.add("budget adds up", *budget_sum(reading, procs[0][1], procs[0][2]))
         ours = {pid for _, pid, _ in procs}
         unshare = shutil.which("unshare")
         if unshare:
@@ -279,6 +317,7 @@ def main() -> int:
     report = Report()
     driver = pynvml.nvmlSystemGetDriverVersion()
     report.add("driver", None, f"{driver}, NVML {pynvml.nvmlSystemGetNVMLVersion()}, {len(readings)} device(s)")
+    report.add("versions", None, versions())
     report.add("function table", None, function_table())
     report.add("first read", first <= DEADLINE, f"{first:.2f} s (the agent's --timeout: {DEADLINE:g} s; grace 60 s)")
     smi = smi_rows()
@@ -308,7 +347,6 @@ def main() -> int:
         except RuntimeError as err:
             report.add("allocators", False, str(err))
     report.add("time", None, f"{time.monotonic() - t0:.1f} s in all")
-    report.print()
     print("gpu-check:", "FAILED" if report.failed() else "OK")
     return 1 if report.failed() else 0
 

@@ -64,3 +64,39 @@ def test_plausibility_and_the_memory_identity() -> None:
     (v1,) = NvmlSource(loader=lambda: FakeNvml([FakeGpu(uuid="GPU-1", used=GiB, supports_v2=False)]))._read_sync()
     ok, detail = gpu_check.identity(v1)
     assert ok and detail.startswith("v1")
+
+
+def test_each_row_is_printed_as_its_check_completes() -> None:
+    """A check that hangs (a cuInit that never returns, say) leaves the rows before it on the screen."""
+    import io
+
+    out = io.StringIO()
+    report = gpu_check.Report(out=out)
+    report.add("driver", None, "550.54.15")
+    assert out.getvalue().split() == ["driver", "info", "550.54.15"]
+    report.add("first read", False, "9.1 s")
+    assert out.getvalue().splitlines()[1].split()[:3] == ["first", "read", "FAIL"] and report.failed()
+
+
+def test_the_budget_adds_up_with_the_allocators_own_figures() -> None:
+    """The first allocator taken as vLLM, its allocation as the weights, no KV cache: its CUDA context is vLLM's
+    runtime, and the components add up to the total. Without those figures (as before) vLLM's own memory was in no
+    component, and on a real GPU the row failed every time."""
+    ctx = 300 * 2**20
+    gpu = FakeGpu(uuid="GPU-c", used=3 * GiB + 2 * ctx, processes=[(4242, GiB + ctx), (5151, 2 * GiB + ctx)])
+    (reading,) = NvmlSource(loader=lambda: FakeNvml([gpu]))._read_sync()
+    ok, detail = gpu_check.budget_sum(reading, 4242, GiB)
+    assert ok, detail
+    assert "weights" in detail and "vllm_runtime" in detail
+    from vllm_capacity.budget import gpu_budget
+
+    short = (reading.memory_total_bytes or 0) - sum(gpu_budget(reading, vllm_pids={4242}).components.values())
+    assert short == GiB + ctx  # the old row: vLLM's own memory in no component
+
+
+def test_an_allocator_that_prints_nothing_is_given_up_on() -> None:
+    with subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], stdout=subprocess.PIPE, text=True
+    ) as proc:
+        assert gpu_check.read_line(proc, 0.3) == "nothing within 0.3 s"
+        assert proc.wait(10) != 0  # killed, not left behind
