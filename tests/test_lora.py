@@ -136,6 +136,32 @@ def test_plan_names_the_lora_figure_and_where_it_comes_from(tmp_path: Path) -> N
     assert moe.returncode == 3 and "not modelled: LoRA slots of MixtralForCausalLM" in moe.stderr
 
 
+def test_lora_beside_a_measured_kv_figure_plans_on_any_version(tmp_path: Path) -> None:
+    """With --kv-cache-memory the adapter slots are already outside vLLM's figure: how vLLM sized them does not
+    change the plan, so a version (or an architecture) whose slots are not modelled still plans, and says so. Only
+    the --gpu-memory path, where the slots come out of the budget, refuses them. Options vLLM refuses are refused on
+    both paths."""
+    measured = ("--kv-cache-memory", "40GiB", "--max-loras", "2")
+    old = _plan(tmp_path, LLAMA_31_8B, *measured, "--vllm-version", "0.25.0", "--format", "json")
+    assert old.returncode == 0, old.stderr
+    (note,) = [n for n in json.loads(old.stdout)["notes"] if n.startswith("LoRA")]
+    assert "already outside the KV memory given" in note and "not modelled here" in note
+    moe = _plan(tmp_path, {**LLAMA_31_8B, "architectures": ["MixtralForCausalLM"]}, *measured)
+    assert moe.returncode == 0, moe.stderr
+    budgeted = _plan(tmp_path, LLAMA_31_8B, *GPU, "--max-loras", "2", "--vllm-version", "0.25.0")
+    assert budgeted.returncode == 3 and "not modelled" in budgeted.stderr
+    bad_rank = _plan(tmp_path, LLAMA_31_8B, *measured, "--max-lora-rank", "48")
+    assert bad_rank.returncode == 2 and "48" in bad_rank.stderr, bad_rank.stderr
+
+
+def test_tp_beside_a_logged_figure_says_which_rank_to_take(tmp_path: Path) -> None:
+    """vLLM sizes every rank to the smallest rank's free memory: one worker's log line can be larger."""
+    tp2 = json.loads(_plan(tmp_path, LLAMA_31_8B, "--kv-cache-memory", "20GiB", "--tp", "2", "--format", "json").stdout)
+    assert any(n.startswith("TP 2: vLLM sizes every rank's KV cache to the smallest") for n in tp2["notes"])
+    tp1 = json.loads(_plan(tmp_path, LLAMA_31_8B, "--kv-cache-memory", "20GiB", "--format", "json").stdout)
+    assert not any(n.startswith("TP ") for n in tp1["notes"])
+
+
 QWEN25_VL_7B = {  # Qwen/Qwen2.5-VL-7B-Instruct config.json, the fields the plan reads
     "architectures": ["Qwen2_5_VLForConditionalGeneration"], "hidden_size": 3584, "intermediate_size": 18944,
     "num_attention_heads": 28, "num_key_value_heads": 4, "num_hidden_layers": 28, "vocab_size": 152064,

@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 from vllm_capacity import sizing
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.plan_inputs import encoder_bytes, lora_bytes
-from vllm_capacity.sizing import KvPlan, MemoryBudget, PlanInputs, kv_dtype_bytes
+from vllm_capacity.sizing import KvPlan, MemoryBudget, NotModelled, PlanInputs, kv_dtype_bytes
 from vllm_capacity.sizing.lora import EMBEDDING_SLOTS
 from vllm_capacity.sizing.versions import MLA_LATENT_CACHE
 from vllm_capacity.units import CONTEXTS, format_bytes
@@ -18,24 +18,39 @@ def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | 
     """The figures beside the KV cache that the plan took from vLLM's options, each with where it comes from: the
     budget's own rows where there is a budget, so that a note never differs from its row."""
     notes = []
-    if inputs.lora is not None:
-        size = (
-            budget.lora_bytes
-            if budget is not None
-            else lora_bytes(geometry, inputs.lora, tp=inputs.tp, pp=inputs.pp, version=inputs.version)
-        )
-        where = (
-            "in the budget on top of the weights (give --weights-memory as the weights alone)"
-            if budget is not None
-            else "already outside the KV memory given: vLLM's figure is what is left after them"
-        )
-        slots = f"{inputs.lora.max_loras} adapter slot{'s' if inputs.lora.max_loras > 1 else ''}"
+    if inputs.tp > 1 and budget is None:
         notes.append(
-            f"LoRA: {slots} of rank {inputs.lora.max_rank} in {geometry.dtype} on "
-            f"every linear layer{' and the embeddings' if EMBEDDING_SLOTS.get(geometry.architecture) else ''}: "
-            f"{format_bytes(size)} per GPU, preallocated when vLLM loads the model (counted in its 'Model loading "
-            f"took' figure); {where}"
+            f"TP {inputs.tp}: vLLM sizes every rank's KV cache to the smallest rank's free memory, so one worker's "
+            "log line can say more than the engine uses: give the smallest of the ranks' figures (or the engine's "
+            "'GPU KV cache size', which is already the smallest)"
         )
+    if inputs.lora is not None:
+        notes.append(_lora_note(geometry, inputs, budget))
+    return notes + _encoder_notes(geometry, inputs, budget)
+
+
+def _lora_note(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> str:
+    assert inputs.lora is not None
+    slots = f"{inputs.lora.max_loras} adapter slot{'s' if inputs.lora.max_loras > 1 else ''} of rank "
+    slots += str(inputs.lora.max_rank)
+    if budget is not None:
+        size = budget.lora_bytes
+        where = "in the budget on top of the weights (give --weights-memory as the weights alone)"
+    else:
+        where = "already outside the KV memory given: vLLM's figure is what is left after them"
+        try:
+            size = lora_bytes(geometry, inputs.lora, tp=inputs.tp, pp=inputs.pp, version=inputs.version)
+        except NotModelled as err:  # outside the measured figure, their size does not change the plan
+            return f"LoRA: {slots}: {where}; their size is not modelled here: {err}"
+    layers = f"every linear layer{' and the embeddings' if EMBEDDING_SLOTS.get(geometry.architecture) else ''}"
+    return (
+        f"LoRA: {slots} in {geometry.dtype} on {layers}: {format_bytes(size)} per GPU, preallocated when vLLM loads "
+        f"the model (counted in its 'Model loading took' figure); {where}"
+    )
+
+
+def _encoder_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> list[str]:
+    notes = []
     if inputs.encoder_cache_tokens is not None and geometry.multimodal is not None:
         size = (
             budget.encoder_cache_bytes

@@ -87,8 +87,15 @@ def assemble(values: PlanConfig) -> tuple[Geometry, PlanInputs, MemoryBudget | N
 
 def gpu_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
     """vLLM's budget on one GPU rank with --gpu-memory; None when the KV memory is given directly (LoRA slots and the
-    encoder cache are then inside vLLM's figure, but the options are still checked against the model)."""
-    lora = lora_bytes(geometry, lora_option(values), tp=values.tp, pp=values.pp, version=values.vllm_version)
+    encoder cache are then inside vLLM's figure, but the options are still checked against the model). The LoRA
+    slots are sized only here: outside a measured figure, what vLLM preallocates for them does not change it."""
+    option = lora_option(values)
+    if option is not None:
+        option.check()  # options vLLM refuses are refused on either path
+    if values.gpu_memory is None:
+        lora = 0
+    else:
+        lora = lora_bytes(geometry, option, tp=values.tp, pp=values.pp, version=values.vllm_version)
     encoder = encoder_bytes(
         geometry, values.encoder_cache_tokens, budgeted=values.gpu_memory is not None, version=values.vllm_version
     )
