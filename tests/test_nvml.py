@@ -622,33 +622,33 @@ def test_memory_no_listed_process_explains_is_partly_hidden_not_other_processes_
     assert gpu_budget(reading, vllm_pids={4242}).partly_hidden_bytes is None  # without v2 the reservation is unknown
 
 
-async def test_partly_hidden_processes_are_counted_and_said_once(fake_vllm: FakeVllm, tmp_path) -> None:
-    gpu = seed_gpu()
-    gpu.used, gpu.processes = 16 * GiB, [(4242, 10 * GiB)]
+async def _two_reads(fake_vllm: FakeVllm, tmp_path, gpu: FakeGpu) -> tuple[str, list[dict]]:
+    """The exposition after two cycles of an agent on ``gpu`` (vLLM's PID 4242), and what it logged."""
     agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu])), {4242})
     with structlog.testing.capture_logs() as logs:
         await agent.cycle()
         await agent.cycle()
-    text = render(agent)
+    await agent.client.aclose()
+    return render(agent), logs
+
+
+async def test_partly_hidden_processes_are_counted_and_said_once(fake_vllm: FakeVllm, tmp_path) -> None:
+    gpu = seed_gpu()
+    gpu.used, gpu.processes = 16 * GiB, [(4242, 10 * GiB)]
+    text, logs = await _two_reads(fake_vllm, tmp_path, gpu)
     assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="processes_partly_hidden") == 2
     assert value(text, "vllm_capacity_gpu_memory_bytes", gpu="0", component="other_processes") is None
     assert value(text, "vllm_capacity_gpu_memory_bytes", gpu="0", component="system") is None
     assert [e["event"] for e in logs if e["event"] == "gpu_processes_partly_hidden"] == ["gpu_processes_partly_hidden"]
-    await agent.client.aclose()
 
 
 async def test_hidden_processes_are_counted_and_said_once(fake_vllm: FakeVllm, tmp_path) -> None:
     gpu = FakeGpu(uuid="GPU-b", used=20 * GiB, processes=[])
-    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([gpu])), {4242})
-    with structlog.testing.capture_logs() as logs:
-        await agent.cycle()
-        await agent.cycle()
-    text = render(agent)
+    text, logs = await _two_reads(fake_vllm, tmp_path, gpu)
     assert value(text, "vllm_capacity_source_errors_total", source="nvml", reason="processes_hidden") == 2
     assert value(text, "vllm_capacity_source_up", source="nvml") == 1  # the GPU is read all the same
     assert _components(text) == {"free": pytest.approx(gpu.total - gpu.used - gpu.reserved)}
     assert [e["uuid"] for e in logs if e["event"] == "gpu_processes_hidden"] == ["GPU-b"]
-    await agent.client.aclose()
 
 
 async def test_an_idle_gpu_is_not_throttled(fake_vllm: FakeVllm, tmp_path) -> None:
