@@ -809,9 +809,31 @@ def test_drivers_with_the_32_byte_process_structure_are_read_right(mps: bool) ->
         fake.nvmlDeviceGetMPSComputeRunningProcesses(gpu) if mps else fake.nvmlDeviceGetComputeRunningProcesses(gpu)
     )
     assert through_pynvml[0].pid == 4242 and [p.pid for p in through_pynvml[1:]] != [999, 1000]  # the defect
+    # the _v2 symbol keeps the 24-byte structure on those drivers (nvml.h 535.43.02): it reads right
+    v2 = fake.nvmlDeviceGetMPSComputeRunningProcesses_v2 if mps else fake.nvmlDeviceGetComputeRunningProcesses_v2
+    assert [(p.pid, p.usedGpuMemory) for p in v2(gpu)] == listed
     fake.nvmlShutdown()
     (reading,) = NvmlSource(loader=lambda: fake)._read_sync()
     assert [(p.pid, p.used_bytes) for p in reading.processes] == listed
+
+
+@pytest.mark.parametrize(
+    ("driver", "reader", "other", "partly_hidden"),
+    [
+        ("550.54.15", {4242}, None, 6 * GiB),  # 535.113.01+: the neighbour's process is not listed to this reader
+        ("535.104.05", {4242}, 6 * GiB, None),  # before: every process by its host PID
+        ("550.54.15", None, 6 * GiB, None),  # the host's namespace (or hostPID): everything listed
+    ],
+)
+def test_the_readers_pid_namespace_decides_what_nvml_lists(driver, reader, other, partly_hidden) -> None:
+    """A GPU time-sliced between this pod's vLLM (4242, 10 GiB) and another pod's process (7777, 6 GiB). Drivers from
+    535.113.01 list to a reader only the processes its PID namespace sees: the neighbour's memory is then partly
+    hidden, not a confident other_processes 0; older drivers list it by its host PID."""
+    gpu = FakeGpu(uuid="GPU-t", used=16 * GiB, processes=[(4242, 10 * GiB), (7777, 6 * GiB)])
+    (reading,) = NvmlSource(loader=lambda: FakeNvml([gpu], driver=driver, reader_pids=reader))._read_sync()
+    b = gpu_budget(reading, vllm_pids={4242}, weights_bytes=5 * GiB, kv_cache_bytes=3 * GiB)
+    assert b.components.get("other_processes") == other and b.partly_hidden_bytes == partly_hidden
+    assert b.components["vllm_runtime"] == 2 * GiB  # vLLM's own shares stand either way
 
 
 def test_drivers_outside_that_range_use_pynvmls_own_calls() -> None:

@@ -70,10 +70,20 @@ class FakeNvml:
     NVML_DEVICE_MIG_ENABLE = pynvml.NVML_DEVICE_MIG_ENABLE
     NVML_DEVICE_MIG_DISABLE = pynvml.NVML_DEVICE_MIG_DISABLE
 
-    def __init__(self, gpus: list[FakeGpu], init_error: int | None = None, driver: str = "550.54.15") -> None:
+    def __init__(
+        self,
+        gpus: list[FakeGpu],
+        init_error: int | None = None,
+        driver: str = "550.54.15",
+        reader_pids: set[int] | None = None,
+    ) -> None:
         self.gpus = gpus
         self.init_error = init_error
         self.driver = driver
+        # the PIDs the reader's PID namespace can see (None: all, the host's namespace or a shared one): drivers from
+        # 535.113.01 list only those (the kernel module translates each PID into the reader's namespace and drops
+        # the ones it cannot, _gpuConvertPid in gpu_rmapi.c); older drivers list every process by its host PID
+        self.reader_pids = reader_pids
         self.init_calls = 0
         self.refcount = 0  # nvmlInit is reference-counted, as the real library's
         self.starts = 0  # times the library really started (its count went from 0 to 1)
@@ -176,15 +186,25 @@ class FakeNvml:
         return self._board(handle).reasons
 
     def nvmlDeviceGetComputeRunningProcesses(self, handle: FakeGpu) -> list:
+        """pynvml's unversioned call: the _v3 symbol, read with pynvml's 24-byte structure."""
         if handle.no_v3_processes:  # as pynvml's throwOnVersionMismatch turns FunctionNotFound into
             raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
-        return self.nvmlDeviceGetComputeRunningProcesses_v2(handle)
+        g = self._check(handle)
+        if self._wide():  # the _v3 symbol writes 32-byte structures there: garbage after the first
+            return self._misread(self._listed(g.processes))
+        return self._process_infos(self._listed(g.processes))
 
     def nvmlDeviceGetComputeRunningProcesses_v2(self, handle: FakeGpu) -> list:
-        g = self._check(handle)
-        if self._wide():  # pynvml's 24-byte structures over the driver's 32-byte ones: garbage after the first
-            return self._misread(g.processes)
-        return self._process_infos(g.processes)
+        """The _v2 symbol: 24-byte structures on every driver (nvml.h 535.43.02 declares it so; only _v3 took the
+        wide one), so it reads right on 535.43-535.86 too."""
+        return self._process_infos(self._listed(self._check(handle).processes))
+
+    def _listed(self, processes: list[tuple[int, int | None]]) -> list[tuple[int, int | None]]:
+        """What the driver lists to this reader: from 535.113.01 only the processes its PID namespace sees."""
+        major, minor = (int(x) for x in self.driver.split(".")[:2])
+        if self.reader_pids is None or (major, minor) < (535, 113):
+            return processes
+        return [(pid, used) for pid, used in processes if pid in self.reader_pids]
 
     def nvmlSystemGetDriverVersion(self) -> str:
         if self.refcount == 0:
@@ -220,8 +240,8 @@ class FakeNvml:
         if self.refcount == 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
         lists = {
-            "nvmlDeviceGetComputeRunningProcesses_v3": lambda g: g.processes,
-            "nvmlDeviceGetMPSComputeRunningProcesses_v3": lambda g: g.mps_processes,
+            "nvmlDeviceGetComputeRunningProcesses_v3": lambda g: self._listed(g.processes),
+            "nvmlDeviceGetMPSComputeRunningProcesses_v3": lambda g: self._listed(g.mps_processes),
         }
         if name not in lists:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
@@ -250,11 +270,11 @@ class FakeNvml:
         if g.no_mps_call:  # pynvml wraps it in throwOnVersionMismatch like the compute call: a driver without the
             # _v3 symbol (before 510.39.01, and 535.98) raises the plain NVMLLibraryMismatchError, not an NVMLError
             raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version does not match")
-        return self._misread(g.mps_processes) if self._wide() else self._process_infos(g.mps_processes)
+        listed = self._listed(g.mps_processes)
+        return self._misread(listed) if self._wide() else self._process_infos(listed)
 
     def nvmlDeviceGetMPSComputeRunningProcesses_v2(self, handle: FakeGpu) -> list:
-        g = self._check(handle)
-        return self._misread(g.mps_processes) if self._wide() else self._process_infos(g.mps_processes)
+        return self._process_infos(self._listed(self._check(handle).mps_processes))  # 24 bytes on every driver
 
     @staticmethod
     def _process_infos(processes: list[tuple[int, int | None]]) -> list:
