@@ -26,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,26 @@ sys.path[:0] = json.loads(sys.argv[2])
 from vllm_capacity.sources.nvml import NvmlSource
 reading = [g for g in NvmlSource()._read_sync() if g.index == sys.argv[1]][0]
 print(json.dumps([[p.pid, p.used_bytes] for p in reading.processes] if reading.processes is not None else None))
+"""
+# the deployment the shipped components rely on: vLLM and the sidecar in one PID namespace (shareProcessNamespace), the
+# sidecar not root: an allocator and a reader started in one new namespace as UID 65532, the budget then vLLM's share
+SHARED = """
+import json, subprocess, sys, time
+sys.path[:0] = json.loads(sys.argv[3])
+from vllm_capacity.budget import gpu_budget
+from vllm_capacity.sources.nvml import NvmlSource
+alloc = subprocess.Popen([sys.executable, "-c", sys.argv[4], sys.argv[1], sys.argv[2]], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+line = alloc.stdout.readline().strip()
+if not line.isdigit():
+    print(json.dumps({"error": "the allocator said " + (line or "nothing")}))
+    sys.exit(0)
+time.sleep(1)
+g = [g for g in NvmlSource()._read_sync() if g.index == sys.argv[1]][0]
+b = gpu_budget(g, vllm_pids={int(line)}, weights_bytes=int(sys.argv[2]), kv_cache_bytes=0)
+print(json.dumps({"pid": int(line), "listed": [p.pid for p in g.processes or ()], "components": sorted(b.components)}))
+alloc.stdin.close()
+alloc.wait(30)
 """
 
 
@@ -184,13 +205,13 @@ def versions() -> str:
     return f"nvidia-ml-py {binding}, CUDA driver API {cuda}"
 
 
-def function_table() -> str:
+def function_table(nvml: Any) -> str:
     present, absent = [], []
     for name in FUNCTIONS:
         try:
-            pynvml._nvmlGetFunctionPointer(name)
+            nvml._nvmlGetFunctionPointer(name)
             present.append(name)
-        except pynvml.NVMLError:
+        except nvml.NVMLError:
             absent.append(name)
     return f"absent: {', '.join(absent) or 'none'} (of {len(FUNCTIONS)})"
 
@@ -247,7 +268,51 @@ def allocate(gpu: int, size: int) -> tuple[subprocess.Popen[str], int]:
     return proc, int(line)
 
 
-def check_processes(report: Report, source: NvmlSource, gpu: GpuReading) -> None:
+Allocator = Callable[[int, int], tuple[subprocess.Popen[str], int]]
+Reader = Callable[[str, list[str]], tuple[Any, str]]
+Shared = Callable[[str, int], tuple[dict[str, Any] | None, str]]
+
+
+def run_shared(gpu: str, size: int) -> tuple[dict[str, Any] | None, str]:
+    """SHARED in a new PID namespace as UID 65532 (needs root, unshare and setpriv): what it printed, or why not."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if os.geteuid() != 0 or not unshare or not setpriv:
+        return None, "not measured: needs root, unshare and setpriv"
+    prefix = [unshare, "--pid", "--fork", "--mount-proc", setpriv, f"--reuid={SIDECAR_UID}", f"--regid={SIDECAR_UID}",
+              "--clear-groups"]  # fmt: skip
+    paths = json.dumps([str(ROOT / "agent"), *sys.path[1:]])
+    try:
+        out = subprocess.run([*prefix, sys.executable, "-c", SHARED, gpu, str(size), paths, ALLOCATOR],
+                             capture_output=True, text=True, timeout=60)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return None, f"could not run: {err}"
+    if out.returncode != 0:
+        return None, (out.stderr.strip().splitlines() or ["no output"])[-1]
+    return json.loads(out.stdout.strip().splitlines()[-1]), ""
+
+
+def shared_row(result: dict[str, Any] | None, error: str) -> tuple[bool | None, str]:
+    """The shared-namespace row: vLLM's process listed by the PID the reader sees, and its share in the budget."""
+    if result is None:
+        return None, error
+    if "error" in result:
+        return False, result["error"]
+    listed = result["pid"] in result["listed"]
+    share = "vllm_runtime" in result["components"] and "weights" in result["components"]
+    return listed and share, (
+        f"the allocator {'listed' if listed else 'NOT listed'} as PID {result['pid']} (of {result['listed']}); "
+        f"budget components {', '.join(result['components'])}"
+    )
+
+
+def check_processes(  # allocator, reader and shared: what a run over the test double replaces
+    report: Report,
+    source: NvmlSource,
+    gpu: GpuReading,
+    allocator: Allocator = allocate,
+    reader: Reader = run_reader,
+    shared: Shared = run_shared,
+) -> None:
     """Two allocators of different sizes, as the agent reads them; then the same list from another PID namespace
     and as the sidecar's user."""
     free = gpu.memory_free_bytes or 0
@@ -255,7 +320,7 @@ def check_processes(report: Report, source: NvmlSource, gpu: GpuReading) -> None
     procs: list[tuple[subprocess.Popen[str], int, int]] = []
     try:
         for size in sizes:
-            proc, pid = allocate(int(gpu.index), size)
+            proc, pid = allocator(int(gpu.index), size)
             procs.append((proc, pid, size))
         time.sleep(1)
         reading = next(g for g in source._read_sync() if g.index == gpu.index)
@@ -275,7 +340,7 @@ def check_processes(report: Report, source: NvmlSource, gpu: GpuReading) -> None
             prefix = [unshare, "--pid", "--fork", "--mount-proc"]
             if os.geteuid() != 0:
                 prefix[1:1] = ["--user", "--map-root-user"]
-            seen, error = run_reader(gpu.index, prefix)
+            seen, error = reader(gpu.index, prefix)
             if seen is None:
                 report.add("another PID namespace", None, f"not measured: {error}")
             else:
@@ -291,13 +356,14 @@ def check_processes(report: Report, source: NvmlSource, gpu: GpuReading) -> None
         setpriv = shutil.which("setpriv")
         if os.geteuid() == 0 and setpriv:
             prefix = [setpriv, f"--reuid={SIDECAR_UID}", f"--regid={SIDECAR_UID}", "--clear-groups"]
-            seen, error = run_reader(gpu.index, prefix)
+            seen, error = reader(gpu.index, prefix)
             detail = (
                 error or f"{len(seen or [])} processes, memory known for {sum(u is not None for _, u in seen or [])}"
             )
             report.add(f"as UID {SIDECAR_UID}", seen is not None, detail)
         else:
             report.add(f"as UID {SIDECAR_UID}", None, "not measured: needs root and setpriv")
+        report.add(f"one PID namespace, UID {SIDECAR_UID}", *shared_row(*shared(gpu.index, sizes[0])))
     finally:
         for proc, _, _ in procs:
             if proc.stdin:
@@ -305,9 +371,14 @@ def check_processes(report: Report, source: NvmlSource, gpu: GpuReading) -> None
             proc.wait(30)
 
 
-def main() -> int:
+def main(
+    nvml: Any = None, allocator: Allocator = allocate, reader: Reader = run_reader, shared: Shared = run_shared
+) -> int:
+    """The checks, printed as they complete; ``nvml`` (pynvml by default), ``allocator`` and ``reader`` are what a
+    run over the test double replaces."""
     t0 = time.monotonic()
-    source = NvmlSource(deadline=120)
+    nvml = nvml if nvml is not None else pynvml
+    source = NvmlSource(deadline=120, loader=lambda: nvml)
     try:
         readings = asyncio.run(source.read())
     except SourceError as err:
@@ -315,10 +386,10 @@ def main() -> int:
         return 2
     first = time.monotonic() - t0
     report = Report()
-    driver = pynvml.nvmlSystemGetDriverVersion()
-    report.add("driver", None, f"{driver}, NVML {pynvml.nvmlSystemGetNVMLVersion()}, {len(readings)} device(s)")
+    driver = nvml.nvmlSystemGetDriverVersion()
+    report.add("driver", None, f"{driver}, NVML {nvml.nvmlSystemGetNVMLVersion()}, {len(readings)} device(s)")
     report.add("versions", None, versions())
-    report.add("function table", None, function_table())
+    report.add("function table", None, function_table(nvml))
     report.add("first read", first <= DEADLINE, f"{first:.2f} s (the agent's --timeout: {DEADLINE:g} s; grace 60 s)")
     smi = smi_rows()
     for g in readings:
@@ -343,7 +414,7 @@ def main() -> int:
     whole = [g for g in readings if not g.mig_parent and g.memory_free_bytes]
     if whole:
         try:
-            check_processes(report, source, whole[0])
+            check_processes(report, source, whole[0], allocator, reader, shared)
         except RuntimeError as err:
             report.add("allocators", False, str(err))
     report.add("time", None, f"{time.monotonic() - t0:.1f} s in all")

@@ -100,3 +100,70 @@ def test_an_allocator_that_prints_nothing_is_given_up_on() -> None:
     ) as proc:
         assert gpu_check.read_line(proc, 0.3) == "nothing within 0.3 s"
         assert proc.wait(10) != 0  # killed, not left behind
+
+
+def test_a_run_over_the_test_double_ends_ok_row_by_row(capsys) -> None:
+    """scripts/gpu-check's main over the NVML double: two allocator processes (real processes that hold nothing,
+    each entered in the double's process list with its allocation and a context, as the driver would list it), the
+    readers of another namespace answering as the driver does there. Every row is printed as it completes, none
+    fails, and it ends OK well inside the wrapper's 90 s."""
+    import os
+    import time
+
+    ctx = 300 * 2**20
+    gpu = FakeGpu(uuid="GPU-d", used=0, processes=[])
+    nvml = FakeNvml([gpu])
+    children: list[subprocess.Popen[str]] = []
+
+    def allocator(index: int, size: int) -> tuple[subprocess.Popen[str], int]:
+        assert index == 0
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import os, sys; print(os.getpid(), flush=True); sys.stdin.read()"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        children.append(proc)
+        pid = int(gpu_check.read_line(proc, 30))
+        gpu.processes.append((pid, size + ctx))
+        gpu.used += size + ctx
+        return proc, pid
+
+    def reader(index: str, prefix: list[str]) -> tuple[list[list[int]], str]:
+        return [[pid, used] for pid, used in gpu.processes], ""  # as root, sharing the host's namespace
+
+    def shared(index: str, size: int) -> tuple[dict, str]:
+        # the allocator and the reader in one namespace: the driver lists the allocator by the PID the reader sees
+        listed = [p for p, _ in gpu.processes]
+        return {"pid": listed[0], "listed": listed, "components": ["free", "vllm_runtime", "weights"]}, ""
+
+    t0 = time.monotonic()
+    try:
+        code = gpu_check.main(nvml=nvml, allocator=allocator, reader=reader, shared=shared)
+    finally:
+        for proc in children:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+            if proc.stdout:
+                proc.stdout.close()
+            if proc.stdin:
+                proc.stdin.close()
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0, "\n".join(out)
+    assert out[-1] == "gpu-check: OK" and time.monotonic() - t0 < 90
+    status = {line[:34].strip(): line[34:].split()[0] for line in out[:-1]}
+    assert not [row for row, s in status.items() if s == "FAIL"], out
+    for row in ("driver", "function table", "first read", "GPU 0 memory identity", "budget adds up"):
+        assert row in status, (row, out)
+    assert status["budget adds up"] == "ok" and sum(row.startswith("process ") for row in status) == 2
+    assert status["one PID namespace, UID 65532"] == "ok"
+    assert os.getpid() not in {pid for pid, _ in gpu.processes}
+
+
+def test_the_shared_namespace_row_fails_when_vllm_is_not_listed_or_has_no_share() -> None:
+    assert gpu_check.shared_row(None, "not measured: needs root")[0] is None
+    assert gpu_check.shared_row({"error": "the allocator said error cuInit 100"}, "")[0] is False
+    hidden = {"pid": 7, "listed": [], "components": ["free"]}  # the driver hid it: nothing of vLLM's in the budget
+    assert gpu_check.shared_row(hidden, "")[0] is False
+    ok = {"pid": 7, "listed": [7], "components": ["free", "other_processes", "system", "vllm_runtime", "weights"]}
+    assert gpu_check.shared_row(ok, "") == (True, "the allocator listed as PID 7 (of [7]); budget components "
+                                                  "free, other_processes, system, vllm_runtime, weights")  # fmt: skip

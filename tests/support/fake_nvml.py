@@ -206,6 +206,9 @@ class FakeNvml:
             return processes
         return [(pid, used) for pid, used in processes if pid in self.reader_pids]
 
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        return "12." + self.driver
+
     def nvmlSystemGetDriverVersion(self) -> str:
         if self.refcount == 0:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_UNINITIALIZED)
