@@ -90,7 +90,9 @@ async def test_worked_example_gpu_budget(fake_vllm: FakeVllm, tmp_path) -> None:
 
 
 async def test_eight_gpus_under_tensor_parallelism_by_elimination(fake_vllm: FakeVllm, tmp_path) -> None:
-    """TP 8: one vLLM worker per GPU; the sidecar sees none of their PIDs, so the largest process is vLLM's."""
+    """TP 8: one vLLM worker per GPU; the sidecar sees none of their PIDs, and the driver (before 535.113.01) lists
+    them by host PID, so the largest process is vLLM's. A driver from 535.113.01 lists a process to the sidecar only
+    by a PID it sees: none of them known to be vLLM's, whose they are is not guessed (unattributed)."""
     gpus = [
         FakeGpu(
             uuid=f"GPU-{i:08d}",
@@ -101,7 +103,7 @@ async def test_eight_gpus_under_tensor_parallelism_by_elimination(fake_vllm: Fak
         )
         for i in range(8)
     ]
-    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml(gpus)), set())
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml(gpus, driver="535.104.05")), set())
     await agent.cycle()
     text = render(agent)
     for i in range(8):
@@ -112,6 +114,10 @@ async def test_eight_gpus_under_tensor_parallelism_by_elimination(fake_vllm: Fak
     assert agent.snapshot.gpu_budgets["0"].identified_by == "elimination"
     assert value(text, "vllm_capacity_gpu_throttled", gpu="3", reason="sw_power_cap") == 1
     await agent.client.aclose()
+    (newer,) = NvmlSource(loader=lambda: FakeNvml(gpus[:1], driver="550.54.15"))._read_sync()
+    assert newer.host_pids is False
+    b = gpu_budget(newer, vllm_pids=set(), weights_bytes=15.18 * GiB, kv_cache_bytes=4.31 * GiB)
+    assert b.identified_by == "unattributed" and set(b.components) == {"free"}  # whose: unknown, not a guess
 
 
 async def test_another_process_inside_the_budget(fake_vllm: FakeVllm, tmp_path) -> None:

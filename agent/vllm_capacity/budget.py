@@ -32,7 +32,9 @@ class GpuBudget:
     components: dict[str, float]
     budget_bytes: float | None  # total x gpu_memory_utilization
     vllm_pids: tuple[int, ...]
-    identified_by: str  # "pid", "elimination", "none", or "hidden" (NVML lists none of the processes using it)
+    # "pid", "elimination", "none", "hidden" (NVML lists none of the processes using it), or "unattributed" (it lists
+    # some, in the reader's PID namespace, none of them vLLM's that the sidecar knows)
+    identified_by: str
     # the processes NVML lists hold more than the GPU's used memory by this much (bytes): the readings disagree (a
     # process list read with the wrong structure, or memory info v1's "used" on a driver that reserves memory), so
     # "system" is absent; None when they agree
@@ -49,13 +51,18 @@ HIDDEN_MIN_BYTES = 2**30
 
 
 def split_processes(
-    processes: tuple[GpuProcess, ...], vllm_pids: set[int]
+    processes: tuple[GpuProcess, ...], vllm_pids: set[int], *, host_pids: bool | None = None
 ) -> tuple[list[GpuProcess], list[GpuProcess], str]:
-    """(vLLM's, others', how): by PID when any is known, else the largest process is vLLM's."""
+    """(vLLM's, others', how): by PID when any is known, else the largest process is vLLM's by elimination, but only
+    where the driver lists every process by host PID (or is not known to filter). A driver that lists only the
+    reader's namespace (535.113.01 and later) with no PID of vLLM's among them says nothing of whose they are:
+    "unattributed", and the budget then gives neither vLLM's share nor other processes'."""
     if not processes:
         return [], [], "none"
     if vllm_pids and any(p.pid in vllm_pids for p in processes):
         return [p for p in processes if p.pid in vllm_pids], [p for p in processes if p.pid not in vllm_pids], "pid"
+    if host_pids is False:
+        return [], [], "unattributed"
     largest = max(processes, key=lambda p: p.used_bytes or 0)
     return [largest], [p for p in processes if p is not largest], "elimination"
 
@@ -89,9 +96,11 @@ def gpu_budget(
         # never a confident 0 for other processes with everything under "system"
         return GpuBudget(comps, budget, (), "hidden")
     if vllm_up:
-        ours, others, how = split_processes(gpu.processes, vllm_pids or set())
+        ours, others, how = split_processes(gpu.processes, vllm_pids or set(), host_pids=gpu.host_pids)
     else:
         ours, others, how = [], list(gpu.processes), "none"
+    if how == "unattributed":  # processes listed, none known to be vLLM's, and no elimination to say which is
+        return GpuBudget(comps, budget, (), how)
     vllm_mem, other_mem = _total(ours), _total(others)
     shares = _vllm_shares(vllm_mem, weights_bytes, kv_cache_bytes) if ours and vllm_mem is not None else {}
     hidden = _unlisted(gpu, vllm_mem, other_mem)

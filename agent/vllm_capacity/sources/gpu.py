@@ -47,3 +47,6 @@ class GpuReading:
     throttle_reasons: dict[str, bool] | None = None
     processes: tuple[GpuProcess, ...] | None = None
     mig_parent: str | None = None
+    # whether the driver lists processes by host PID (before 535.113.01), so that a listed process no PID names is
+    # someone's on the node; False: only those the reader's PID namespace sees; None: not known
+    host_pids: bool | None = None

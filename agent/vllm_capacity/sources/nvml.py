@@ -22,6 +22,7 @@ import pynvml  # nvidia-ml-py, a dependency: importing it loads no driver librar
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.gpu import THROTTLE_REASONS, GpuProcess, GpuReading
 from vllm_capacity.sources.nvml_scope import (
+    PIDS_IN_READERS_NAMESPACE,
     WIDE_PROCESS_INFO_DRIVERS,
     driver_version,
     may_select,
@@ -188,7 +189,11 @@ class NvmlSource:
         """One device's reading. A MIG instance's has no power, temperature or clocks: they are the whole GPU's,
         which its parent's reading carries once (copied onto each instance, a sum over a node counted them once per
         instance)."""
-        device = replace(self._memory(nvml, handle, index), processes=self._process_tuple(nvml, handle))
+        device = replace(
+            self._memory(nvml, handle, index),
+            processes=self._process_tuple(nvml, handle),
+            host_pids=self._driver < PIDS_IN_READERS_NAMESPACE if self._driver is not None else None,
+        )
         if mig_parent is not None:
             return replace(device, mig_parent=mig_parent)
         return replace(device, **self._board(nvml, handle))

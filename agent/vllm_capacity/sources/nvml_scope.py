@@ -24,6 +24,9 @@ from typing import Any
 # and every further one is garbage (nvitop PR 79, go-nvml issue 75). 535.98 went back to 24 bytes. On those drivers
 # the agent calls the functions itself with the wide structure.
 WIDE_PROCESS_INFO_DRIVERS = ((535, 43), (535, 98))  # [from, to)
+# From 535.113.01 the driver lists a reader only the processes its PID namespace sees, by the PIDs it sees them as
+# (the open GPU kernel modules' _gpuConvertPid); before, every process on the GPU by its host PID.
+PIDS_IN_READERS_NAMESPACE = (535, 113)
 
 
 class ProcessInfoWide(ctypes.Structure):
