@@ -397,19 +397,6 @@ def capacity_dashboard(c) -> Dashboard:
         )
         .with_panel(
             series(
-                "How full the engine's steps are",
-                "percentunit",
-                query(f"vllm_capacity_token_budget_fill_ratio{{{sel}}}", "{{pod}}/{{engine}}"),
-                mn=0,
-                mx=1,
-                description="The tokens vLLM's engine computed per step over the last ~5 s, over its token budget "
-                "per step (--max-num-batched-tokens). Near 100 % with requests waiting: the budget, not the KV "
-                "cache, is what they wait for (What limits concurrency now says token_budget). Empty until the agent "
-                "knows the budget (--max-num-batched-tokens, or vLLM's log).",
-            )
-        )
-        .with_panel(
-            series(
                 "LoRA adapters and slots",
                 "short",
                 query(f"vllm_capacity_lora_slots{{{sel}}}", "slots {{pod}}/{{engine}}"),
@@ -682,17 +669,6 @@ def fleet_dashboard(c) -> Dashboard:
                 ),
                 th=RATIO,
                 mn=0,
-            )
-        )
-        .with_panel(
-            series(
-                "Speculative decoding acceptance",
-                "percentunit",
-                query(f"namespace_model_name:vllm_capacity_spec_decode_acceptance:ratio{{{fleet}}}", m),
-                mn=0,
-                mx=1,
-                description="The share of drafted tokens the target model accepted, per model: each accepted draft "
-                "token is one decode step saved. Empty without speculative decoding.",
             )
         )
     )

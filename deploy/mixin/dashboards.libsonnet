@@ -964,48 +964,6 @@
           "id": 20,
           "targets": [
             {
-              "expr": std.format("vllm_capacity_token_budget_fill_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
-              "refId": "A",
-              "legendFormat": "{{pod}}/{{engine}}",
-            },
-          ],
-          "title": "How full the engine's steps are",
-          "description": "The tokens vLLM's engine computed per step over the last ~5 s, over its token budget per step (--max-num-batched-tokens). Near 100 % with requests waiting: the budget, not the KV cache, is what they wait for (What limits concurrency now says token_budget). Empty until the agent knows the budget (--max-num-batched-tokens, or vLLM's log).",
-          "transparent": false,
-          "datasource": {
-            "type": "prometheus",
-            "uid": "${datasource}",
-          },
-          "gridPos": {
-            "h": 8,
-            "w": 12,
-            "x": 0,
-            "y": 56,
-          },
-          "repeatDirection": "h",
-          "fieldConfig": {
-            "defaults": {
-              "unit": "percentunit",
-              "min": 0,
-              "max": 1,
-              "thresholds": {
-                "mode": "absolute",
-                "steps": [
-                  {
-                    "value": null,
-                    "color": "green",
-                  },
-                ],
-              },
-            },
-            "overrides": [],
-          },
-        },
-        {
-          "type": "timeseries",
-          "id": 21,
-          "targets": [
-            {
               "expr": std.format("vllm_capacity_lora_slots{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
               "refId": "A",
               "legendFormat": "slots {{pod}}/{{engine}}",
@@ -1026,7 +984,7 @@
           "gridPos": {
             "h": 8,
             "w": 12,
-            "x": 12,
+            "x": 0,
             "y": 56,
           },
           "repeatDirection": "h",
@@ -1049,7 +1007,7 @@
         },
         {
           "type": "timeseries",
-          "id": 22,
+          "id": 21,
           "targets": [
             {
               "expr": std.format("vllm_capacity_mean_context_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
@@ -1071,8 +1029,8 @@
           "gridPos": {
             "h": 8,
             "w": 12,
-            "x": 0,
-            "y": 64,
+            "x": 12,
+            "y": 56,
           },
           "repeatDirection": "h",
           "fieldConfig": {
@@ -1094,7 +1052,7 @@
         },
         {
           "type": "timeseries",
-          "id": 23,
+          "id": 22,
           "targets": [
             {
               "expr": std.format("sum(vllm_capacity_requests_waiting{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
@@ -1121,7 +1079,7 @@
           "gridPos": {
             "h": 8,
             "w": 12,
-            "x": 12,
+            "x": 0,
             "y": 64,
           },
           "repeatDirection": "h",
@@ -1162,7 +1120,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 24,
+          "id": 23,
           "panels": [],
           "title": "Latency against concurrency",
           "gridPos": {
@@ -1174,7 +1132,7 @@
         },
         {
           "type": "timeseries",
-          "id": 25,
+          "id": 24,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1223,7 +1181,7 @@
         },
         {
           "type": "timeseries",
-          "id": 26,
+          "id": 25,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1268,7 +1226,7 @@
         },
         {
           "type": "bargauge",
-          "id": 27,
+          "id": 26,
           "targets": [
             {
               "expr": std.format("max by (running) (vllm_capacity_latency_by_concurrency_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",latency=\"itl\",percentile=\"p90\"})", [$._config.clusterLabel]),
@@ -1330,7 +1288,7 @@
         },
         {
           "type": "timeseries",
-          "id": 28,
+          "id": 27,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1392,7 +1350,7 @@
         },
         {
           "type": "timeseries",
-          "id": 29,
+          "id": 28,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_draft_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1434,7 +1392,7 @@
         },
         {
           "type": "timeseries",
-          "id": 30,
+          "id": 29,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_drafts_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1475,7 +1433,7 @@
         },
         {
           "type": "timeseries",
-          "id": 31,
+          "id": 30,
           "targets": [
             {
               "expr": std.format("sum by (pod, group_kind) (vllm_capacity_kv_cache_blocks_per_request{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
@@ -1522,7 +1480,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 32,
+          "id": 31,
           "panels": [],
           "title": "GPU",
           "gridPos": {
@@ -1534,7 +1492,7 @@
         },
         {
           "type": "timeseries",
-          "id": 33,
+          "id": 32,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1581,7 +1539,7 @@
         },
         {
           "type": "timeseries",
-          "id": 34,
+          "id": 33,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_power_watts{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1626,7 +1584,7 @@
         },
         {
           "type": "timeseries",
-          "id": 35,
+          "id": 34,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_temperature_celsius{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1692,7 +1650,7 @@
         },
         {
           "type": "timeseries",
-          "id": 36,
+          "id": 35,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_throttled{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"} == 1", [$._config.clusterLabel]),
@@ -1733,7 +1691,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 37,
+          "id": 36,
           "panels": [],
           "title": "Sidecar health",
           "gridPos": {
@@ -1745,7 +1703,7 @@
         },
         {
           "type": "timeseries",
-          "id": 38,
+          "id": 37,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_up{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1791,7 +1749,7 @@
         },
         {
           "type": "timeseries",
-          "id": 39,
+          "id": 38,
           "targets": [
             {
               "expr": std.format("sum by (source, reason) (rate(vllm_capacity_source_errors_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}[$__rate_interval]))", [$._config.clusterLabel]),
@@ -1831,7 +1789,7 @@
         },
         {
           "type": "timeseries",
-          "id": 40,
+          "id": 39,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_duration_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -2283,63 +2241,21 @@
           "description": "Running requests over each bound's max concurrency: near 1 the engine runs at what that bound allows.",
         },
         {
-          "type": "timeseries",
-          "id": 9,
-          "targets": [
-            {
-              "expr": std.format("namespace_model_name:vllm_capacity_spec_decode_acceptance:ratio{%s=~\"$cluster\",namespace=~\"$namespace\",model_name=~\"$model\"}", [$._config.clusterLabel]),
-              "refId": "A",
-              "legendFormat": "{{namespace}}/{{model_name}}",
-            },
-          ],
-          "title": "Speculative decoding acceptance",
-          "description": "The share of drafted tokens the target model accepted, per model: each accepted draft token is one decode step saved. Empty without speculative decoding.",
-          "transparent": false,
-          "datasource": {
-            "type": "prometheus",
-            "uid": "${datasource}",
-          },
-          "gridPos": {
-            "h": 8,
-            "w": 12,
-            "x": 0,
-            "y": 26,
-          },
-          "repeatDirection": "h",
-          "fieldConfig": {
-            "defaults": {
-              "unit": "percentunit",
-              "min": 0,
-              "max": 1,
-              "thresholds": {
-                "mode": "absolute",
-                "steps": [
-                  {
-                    "value": null,
-                    "color": "green",
-                  },
-                ],
-              },
-            },
-            "overrides": [],
-          },
-        },
-        {
           "type": "row",
           "collapsed": false,
-          "id": 10,
+          "id": 9,
           "panels": [],
           "title": "GPU memory per namespace",
           "gridPos": {
             "h": 1,
             "w": 24,
             "x": 0,
-            "y": 34,
+            "y": 26,
           },
         },
         {
           "type": "timeseries",
-          "id": 11,
+          "id": 10,
           "targets": [
             {
               "expr": std.format("namespace_component:vllm_capacity_gpu_memory_bytes:sum{%s=~\"$cluster\",namespace=~\"$namespace\"}", [$._config.clusterLabel]),
@@ -2357,7 +2273,7 @@
             "h": 8,
             "w": 24,
             "x": 0,
-            "y": 35,
+            "y": 27,
           },
           "repeatDirection": "h",
           "fieldConfig": {
