@@ -95,27 +95,27 @@ sys.stdin.read()
 # a reader in another process (another PID namespace, another user): what NVML lists on one GPU, as the agent reads it
 READER = """
 import json, sys
-sys.path[:0] = json.loads(sys.argv[2])
+sys.path[:0] = json.loads(sys.argv[1])
 from vllm_capacity.sources.nvml import NvmlSource
-reading = [g for g in NvmlSource()._read_sync() if g.index == sys.argv[1]][0]
+reading = [g for g in NvmlSource()._read_sync() if g.index == sys.argv[2]][0]
 print(json.dumps([[p.pid, p.used_bytes] for p in reading.processes] if reading.processes is not None else None))
 """
 # the deployment the shipped components rely on: vLLM and the sidecar in one PID namespace (shareProcessNamespace), the
 # sidecar not root: an allocator and a reader started in one new namespace as UID 65532, the budget then vLLM's share
 SHARED = """
 import json, subprocess, sys, time
-sys.path[:0] = json.loads(sys.argv[3])
+sys.path[:0] = json.loads(sys.argv[1])
 from vllm_capacity.budget import gpu_budget
 from vllm_capacity.sources.nvml import NvmlSource
-alloc = subprocess.Popen([sys.executable, "-c", sys.argv[4], sys.argv[1], sys.argv[2]], stdin=subprocess.PIPE,
+alloc = subprocess.Popen([sys.executable, "-c", sys.argv[4], sys.argv[2], sys.argv[3]], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)
 line = alloc.stdout.readline().strip()
 if not line.isdigit():
     print(json.dumps({"error": "the allocator said " + (line or "nothing")}))
     sys.exit(0)
 time.sleep(1)
-g = [g for g in NvmlSource()._read_sync() if g.index == sys.argv[1]][0]
-b = gpu_budget(g, vllm_pids={int(line)}, weights_bytes=int(sys.argv[2]), kv_cache_bytes=0)
+g = [g for g in NvmlSource()._read_sync() if g.index == sys.argv[2]][0]
+b = gpu_budget(g, vllm_pids={int(line)}, weights_bytes=int(sys.argv[3]), kv_cache_bytes=0)
 print(json.dumps({"pid": int(line), "listed": [p.pid for p in g.processes or ()], "components": sorted(b.components)}))
 alloc.stdin.close()
 alloc.wait(30)
@@ -216,18 +216,27 @@ def function_table(nvml: Any) -> str:
     return f"absent: {', '.join(absent) or 'none'} (of {len(FUNCTIONS)})"
 
 
-def run_reader(gpu: str, prefix: list[str]) -> tuple[Any, str]:
-    """The process list of GPU ``gpu`` read by a new process started under ``prefix`` (unshare, setpriv)."""
+def run_python(prefix: list[str], script: str, args: list[str], timeout: float) -> tuple[Any, str]:
+    """``script`` run by this Python under ``prefix`` (unshare, setpriv), its arguments the agent's import paths (as
+    JSON) then ``args``: the JSON of its last line, or None and why not."""
     paths = json.dumps([str(ROOT / "agent"), *sys.path[1:]])
     try:
         out = subprocess.run(
-            [*prefix, sys.executable, "-c", READER, gpu, paths], capture_output=True, text=True, timeout=30
+            [*prefix, sys.executable, "-c", script, paths, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
     except (OSError, subprocess.TimeoutExpired) as err:
         return None, f"could not run: {err}"
     if out.returncode != 0:
         return None, (out.stderr.strip().splitlines() or ["no output"])[-1]
     return json.loads(out.stdout.strip().splitlines()[-1]), ""
+
+
+def run_reader(gpu: str, prefix: list[str]) -> tuple[Any, str]:
+    """The process list of GPU ``gpu`` read by a new process started under ``prefix`` (unshare, setpriv)."""
+    return run_python(prefix, READER, [gpu], 30)
 
 
 ALLOCATOR_DEADLINE = 30.0  # seconds for cuInit and an allocation (a hanging cuInit must not eat the 120 s)
@@ -280,15 +289,7 @@ def run_shared(gpu: str, size: int) -> tuple[dict[str, Any] | None, str]:
         return None, "not measured: needs root, unshare and setpriv"
     prefix = [unshare, "--pid", "--fork", "--mount-proc", setpriv, f"--reuid={SIDECAR_UID}", f"--regid={SIDECAR_UID}",
               "--clear-groups"]  # fmt: skip
-    paths = json.dumps([str(ROOT / "agent"), *sys.path[1:]])
-    try:
-        out = subprocess.run([*prefix, sys.executable, "-c", SHARED, gpu, str(size), paths, ALLOCATOR],
-                             capture_output=True, text=True, timeout=60)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as err:
-        return None, f"could not run: {err}"
-    if out.returncode != 0:
-        return None, (out.stderr.strip().splitlines() or ["no output"])[-1]
-    return json.loads(out.stdout.strip().splitlines()[-1]), ""
+    return run_python(prefix, SHARED, [gpu, str(size), ALLOCATOR], 60)
 
 
 def shared_row(result: dict[str, Any] | None, error: str) -> tuple[bool | None, str]:

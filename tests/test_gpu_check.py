@@ -5,6 +5,7 @@ that need a GPU run only there (docs/gpu-budget.md)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -167,3 +168,11 @@ def test_the_shared_namespace_row_fails_when_vllm_is_not_listed_or_has_no_share(
     ok = {"pid": 7, "listed": [7], "components": ["free", "other_processes", "system", "vllm_runtime", "weights"]}
     assert gpu_check.shared_row(ok, "") == (True, "the allocator listed as PID 7 (of [7]); budget components "
                                                   "free, other_processes, system, vllm_runtime, weights")  # fmt: skip
+
+
+def test_the_namespace_readers_get_the_agents_paths_then_their_arguments() -> None:
+    script = "import json, sys; print(json.dumps(sys.argv[1:]))"
+    argv, error = gpu_check.run_python([], script, ["0", "1024"], 30)
+    assert error == "" and argv[1:] == ["0", "1024"] and str(ROOT / "agent") in json.loads(argv[0])
+    failed, why = gpu_check.run_python([], "raise SystemExit('no GPU here')", [], 30)
+    assert failed is None and why == "no GPU here"
