@@ -15,9 +15,9 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import structlog
 
@@ -44,6 +44,16 @@ if TYPE_CHECKING:  # given by cli.py with --nvml auto or on; never imported with
 SOURCE_VLLM = "vllm"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
+T = TypeVar("T")
+
+
+async def _beside(main: Awaitable[T], side: list[Coroutine[Any, Any, None]]) -> T:
+    """``main``'s result, with the ``side`` reads running beside it; ``main`` alone when there are none (a sidecar
+    that reads only vLLM: a task per source costs each 100 ms read a few more turns of the event loop)."""
+    if not side:
+        return await main
+    *_, result = await asyncio.gather(*side, main)
+    return cast(T, result)
 
 
 def _first(items: list[Any], n: int = 8) -> list[Any]:
@@ -185,9 +195,9 @@ class Agent:
         self.sources.ok(SOURCE_AGENT, 0.0)  # until this cycle crashes (_crashed)
         # the sources are read side by side: a slow or hung one never delays the others
         read_latency = self.latency.due()
-        _, _, (metrics, took) = await asyncio.gather(
-            self._read_log(), self._read_gpus(), self._fetch_metrics(read_latency)
-        )
+        side = [self._read_log()] if self.startup_log is not None else []
+        side += [self._read_gpus()] if self.gpus is not None else []
+        metrics, took = await _beside(self._fetch_metrics(read_latency), side)
         if isinstance(metrics, SourceError):
             return self._vllm_failed(metrics, took, read_latency)
         self.sources.ok(SOURCE_VLLM, took)
@@ -315,7 +325,6 @@ class Agent:
                         raise err
                     self._crashed(err)  # a bug must not kill the sidecar: count it, log it once, keep serving
                 delay = max(0.0, self.interval - (self.monotonic() - started))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(stopping), timeout=delay)
+                await asyncio.wait({stopping}, timeout=delay)  # no cancel, no shield: one timer
         finally:
             stopping.cancel()
