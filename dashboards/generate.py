@@ -113,6 +113,15 @@ def _with_targets(panel, targets):
     return panel
 
 
+def sorted_by_running(expr: str, width: int = 6) -> str:
+    """``expr`` with its ``running`` label also zero-padded into ``bin``: Prometheus returns series sorted by their
+    labels as text (1, 12, 2, ...), and ``bin`` sorts before ``running``, so the bars come in numeric order
+    (000001, 000002, 000012). label_replace writes only where its regex matches the whole value: one per length."""
+    for digits in range(1, width):
+        expr = f'label_replace({expr}, "bin", "{"0" * (width - digits)}$1", "running", "([0-9]{{{digits}}})")'
+    return expr
+
+
 def bars(
     title: str,
     unit: str,
@@ -450,8 +459,10 @@ def capacity_dashboard(c) -> Dashboard:
                 "Latency vs running requests (learned)",
                 "s",
                 query(
-                    f'max by (running) (vllm_capacity_latency_by_concurrency_seconds{{{sel},latency="itl",'
-                    'percentile="p90"})',
+                    sorted_by_running(
+                        f'max by (running) (vllm_capacity_latency_by_concurrency_seconds{{{sel},latency="itl",'
+                        'percentile="p90"})'
+                    ),
                     "ITL p90 at {{running}} running",
                 ),
                 span=24,

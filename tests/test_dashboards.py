@@ -45,7 +45,7 @@ def annotation_exprs(d: dict) -> list[str]:
 def promql_for_promtool(expr: str) -> str:
     """Grafana's variables as Prometheus would see them once Grafana substituted them."""
     expr = expr.replace("$__rate_interval", "5m").replace("$__interval", "1m")
-    expr = re.sub(r"\$\{?(\w+)\}?", ".*", expr)
+    expr = re.sub(r"\$\{?([A-Za-z_]\w*)\}?", ".*", expr)  # not label_replace's $1
     m = re.fullmatch(r"label_values\((.+), *\w+\)", expr)  # a variable's query: its selector is the PromQL
     return m[1] if m else expr
 
@@ -121,6 +121,46 @@ def test_every_query_parses_in_prometheus(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_latency_bars_come_in_numeric_order_of_running(tmp_path: Path) -> None:
+    """The curve's bars, one per running-requests bin: Prometheus sorts series by their labels as text (1, 12, 2),
+    so the query pads ``running`` into ``bin``, which sorts first. Evaluated by Prometheus' own engine (promtool)."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: scripts/setup installs Debian's prometheus package"
+    (panel,) = [p for p in _panels(_dashboard("vllm-capacity.json")) if p["title"].startswith("Latency vs running")]
+    expr = promql_for_promtool(panel["targets"][0]["expr"])
+    running = [1, 2, 9, 10, 12, 99, 100, 512, 1024, 99999, 123456]
+    series = 'vllm_capacity_latency_by_concurrency_seconds{latency="itl",percentile="p90",running="%d",pod="a"}'
+    padded = {r: f"{r:06d}" for r in running if r < 100_000}
+    test = {
+        "rule_files": [],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": series % r, "values": f"{r / 1000}"} for r in running],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "0m",
+                        "exp_samples": [
+                            {"labels": f'{{running="{r}"' + (f',bin="{padded[r]}"' if r in padded else "") + "}",
+                             "value": r / 1000}  # fmt: skip
+                            for r in running
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "order.yaml"
+    path.write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    # Prometheus orders series by label name, then value: bin before running; a series without bin (six digits
+    # and more) sorts after every series with one
+    by_labels = sorted(running, key=lambda r: (0, padded[r]) if r in padded else (1, str(r)))
+    assert by_labels == sorted(running)
+
+
 def test_every_query_names_only_metrics_that_exist() -> None:
     records = {
         r["record"]
@@ -142,7 +182,8 @@ def test_every_query_keeps_to_the_selected_cluster(name: str) -> None:
     a panel never mixes clusters the user did not select."""
     d = _dashboard(name)
     variables = {v["name"]: v for v in d["templating"]["list"]}
-    used = {m for e in exprs(d) for m in re.findall(r"\$\{?(\w+)", e)} - {"__rate_interval", "__interval"}
+    # Grafana leaves a $name it has no variable for as it is: label_replace's $1 is PromQL's
+    used = {m for e in exprs(d) for m in re.findall(r"\$\{?([A-Za-z_]\w*)", e)} - {"__rate_interval", "__interval"}
     assert used <= set(variables), used - set(variables)
     for e in exprs(d):
         for matchers in re.findall(r"\{([^{}]*)\}", e):

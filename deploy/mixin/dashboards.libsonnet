@@ -1229,7 +1229,7 @@
           "id": 26,
           "targets": [
             {
-              "expr": std.format("max by (running) (vllm_capacity_latency_by_concurrency_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",latency=\"itl\",percentile=\"p90\"})", [$._config.clusterLabel]),
+              "expr": std.format("label_replace(label_replace(label_replace(label_replace(label_replace(max by (running) (vllm_capacity_latency_by_concurrency_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",latency=\"itl\",percentile=\"p90\"}), \"bin\", \"00000$1\", \"running\", \"([0-9]{1})\"), \"bin\", \"0000$1\", \"running\", \"([0-9]{2})\"), \"bin\", \"000$1\", \"running\", \"([0-9]{3})\"), \"bin\", \"00$1\", \"running\", \"([0-9]{4})\"), \"bin\", \"0$1\", \"running\", \"([0-9]{5})\")", [$._config.clusterLabel]),
               "refId": "A",
               "legendFormat": "ITL p90 at {{running}} running",
             },
