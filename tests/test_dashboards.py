@@ -131,6 +131,10 @@ def test_the_latency_bars_come_in_numeric_order_of_running(tmp_path: Path) -> No
     running = [1, 2, 9, 10, 12, 99, 100, 512, 1024, 99999, 123456]
     series = 'vllm_capacity_latency_by_concurrency_seconds{latency="itl",percentile="p90",running="%d",pod="a"}'
     padded = {r: f"{r:06d}" for r in running if r < 100_000}
+
+    def labels(r: int) -> str:
+        return f'{{running="{r}"' + (f',bin="{padded[r]}"' if r in padded else "") + "}"
+
     test = {
         "rule_files": [],
         "tests": [
@@ -141,11 +145,7 @@ def test_the_latency_bars_come_in_numeric_order_of_running(tmp_path: Path) -> No
                     {
                         "expr": expr,
                         "eval_time": "0m",
-                        "exp_samples": [
-                            {"labels": f'{{running="{r}"' + (f',bin="{padded[r]}"' if r in padded else "") + "}",
-                             "value": r / 1000}  # fmt: skip
-                            for r in running
-                        ],
+                        "exp_samples": [{"labels": labels(r), "value": r / 1000} for r in running],
                     }
                 ],
             }

@@ -17,7 +17,7 @@ import yaml
 from support.kustomize import kustomize
 from support.kustomize import overlay as _overlay
 from support.kustomize import sidecars as _sidecars
-from support.promql import load_generator
+from support.promql import load_generator, render_mixin
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "kubernetes"
@@ -340,6 +340,63 @@ def test_helm_chart_renders_the_monitoring_side(tmp_path: Path) -> None:
         [str(BIN / "kubernetes-validate"), "--strict", "-k", "1.33.0", str(rendered)], capture_output=True, text=True
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+RULE_SETTINGS = {
+    "kvCacheHighRatio": 0.85,
+    "ttftP99Seconds": 2.5,
+    "exhaustionHorizonSeconds": 7200,
+    "ttftWindow": "10m",
+    "exporterSelector": 'job="capacity-sidecars"',
+    "runbookURL": "https://runbooks.example.com/vllm-capacity.md",
+    "clusterLabel": "k8s_cluster",
+}
+
+
+def _chart_rule_groups(values: dict) -> list[dict]:
+    (rule,) = [d for d in _render_chart(values) if d["kind"] == "PrometheusRule"]
+    return rule["spec"]["groups"]
+
+
+def test_the_charts_rule_settings_render_as_the_mixin_renders_them(tmp_path: Path) -> None:
+    """prometheusRule.config takes the mixin's _config names (thresholds, exporter selector, runbook address, cluster
+    label): the chart's rules are then what the mixin renders with the same settings, and Prometheus loads them."""
+    groups = _chart_rule_groups({"prometheusRule": {"config": RULE_SETTINGS}})
+    mixin = render_mixin(RULE_SETTINGS)
+    assert groups == mixin["alerts"]["groups"] + mixin["rules"]["groups"]
+    text = yaml.safe_dump({"groups": groups})
+    assert "vllm_capacity_kv_cache_usage_ratio > 0.85" in text and "> 2.5" in text
+    assert 'up{job="capacity-sidecars"} == 0' in text and "https://runbooks.example.com/vllm-capacity.md#" in text
+    path = tmp_path / "rules.yaml"
+    path.write_text(text)
+    result = subprocess.run([shutil.which("promtool") or "promtool", "check", "rules", str(path)], capture_output=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_exporter_selector_follows_the_sidecars_scrape_job() -> None:
+    """A chart whose PodMonitor names the sidecars' job otherwise keeps its alerts on that job (an exporter selector
+    left at vllm-capacity would page "exporter missing" for every pod); prometheusRule.config still wins."""
+    text = yaml.safe_dump(_chart_rule_groups({"podMonitor": {"job": "sidecars"}}))
+    assert 'up{job="sidecars"} == 0' in text and 'job="vllm-capacity"' not in text
+    values = {"podMonitor": {"job": "sidecars"}, "prometheusRule": {"config": {"exporterSelector": 'job=~"a|b"'}}}
+    assert 'up{job=~"a|b"} == 0' in yaml.safe_dump(_chart_rule_groups(values))
+
+
+def test_the_values_schema_knows_every_rule_setting_and_only_those() -> None:
+    defaults = yaml.safe_load((CHART / "files" / "rule-config.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config = schema["properties"]["prometheusRule"]["properties"]["config"]
+    assert set(config["properties"]) == set(defaults)
+    with pytest.raises(Exception, match="kvCacheHigh"):
+        _render_chart({"prometheusRule": {"config": {"kvCacheHigh": 0.8}}})  # a misspelt setting is an error
+
+
+def test_a_mixin_expression_without_a_helm_form_stops_the_generator() -> None:
+    deploy = load_generator("deploy")
+    assert deploy._go("$._config.kvCacheHighRatio", set()) == ".c.kvCacheHighRatio"
+    assert deploy._go("($._config.exhaustionHorizonSeconds) / 60", set()) == "divf .c.exhaustionHorizonSeconds 60"
+    with pytest.raises(ValueError, match="no Helm form"):
+        deploy._go('if $._config.showMultiCluster then "" else "x"', set())
 
 
 def test_helm_chart_optional_alertmanager_config(tmp_path: Path) -> None:
