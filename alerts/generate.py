@@ -57,6 +57,11 @@ class Config:
     # ...paged only with at least this many first tokens a second over the window: a p99 of a few requests is their
     # slowest one (one slow request on a quiet pod paged)
     ttft_min_requests_per_second: float = 0.1
+    # multi-window, multi-burn-rate alerts on a TTFT objective (the SRE workbook's), off by default: a share of first
+    # tokens within one of vLLM's bucket bounds (its le label as served: "2.5", "1.0"; vLLM has no 2 s bucket)
+    ttft_burn_rate_alerts: bool = False
+    ttft_objective_le: str = "2.5"
+    ttft_slo_target: float = 0.99  # the share of first tokens within the objective; the error budget is the rest
     target_utilization: float = 0.8  # replicas_needed: the share of each replica's capacity demand may use
     # the dashboards, under kube-prometheus' names: the folder it files them in, their tags, time zone, refresh and
     # uid by file name (links between them follow the uid)
@@ -331,6 +336,58 @@ def alerts(c: Config) -> list[dict]:
     ]
 
 
+# (alert, long window, short window, burn rate, for, severity): 2 % of a 30-day error budget in an hour pages, 5 % in
+# six hours opens a ticket (Google's SRE workbook, "Alerting on SLOs", multiwindow, multi-burn-rate alerts)
+BURN_RATES = (
+    ("VLLMTTFTErrorBudgetBurnFast", "1h", "5m", 14.4, "2m", "critical"),
+    ("VLLMTTFTErrorBudgetBurnSlow", "6h", "30m", 6, "15m", "warning"),
+)
+SLO_WINDOWS = ("5m", "30m", "1h", "6h")
+
+
+def slo_errors(window: str) -> str:
+    return f"namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate{window}"
+
+
+def slo_records(c: Config) -> list[dict]:
+    """The share of first tokens over the objective, per model, over each window the burn-rate alerts read."""
+    m = f"{c.cluster_label}, namespace, model_name"
+    bucket = "vllm:time_to_first_token_seconds_bucket"
+    return [
+        record(
+            slo_errors(w),
+            f'1 - (sum by ({m}) (rate({bucket}{{le="{c.ttft_objective_le}"}}[{w}])) '
+            f'/ sum by ({m}) (rate({bucket}{{le="+Inf"}}[{w}])))',
+        )
+        for w in SLO_WINDOWS
+    ]
+
+
+def slo_alerts(c: Config) -> list[dict]:
+    """Each burn rate over a long and a short window (the short one ends the alert soon after the burn stops), on a
+    model with at least ttftMinRequestsPerSecond first tokens a second over the long window."""
+    m = f"{c.cluster_label}, namespace, model_name"
+    out = []
+    for name, long, short, rate, for_, severity in BURN_RATES:
+        budget = f"({rate:g} * (1 - {c.ttft_slo_target:g}))"
+        out.append(
+            alert(
+                c,
+                name,
+                f"({slo_errors(long)} > {budget}) and on ({m}) ({slo_errors(short)} > {budget}) and on ({m}) "
+                f'(sum by ({m}) (rate(vllm:time_to_first_token_seconds_bucket{{le="+Inf"}}[{long}])) '
+                f">= {c.ttft_min_requests_per_second:g})",
+                for_,
+                severity,
+                f"vLLM's time to first token burns its error budget {rate:g} times as fast as the objective allows.",
+                "{{ $labels.model_name }} in {{ $labels.namespace }}: {{ $value | humanizePercentage }} of first "
+                f"tokens over the last {long} took longer than {c.ttft_objective_le}s (objective: "
+                f"{c.ttft_slo_target:g} within it).",
+            )
+        )
+    return out
+
+
 def record(name: str, expr: str) -> dict:
     return {"record": name, "expr": expr}
 
@@ -425,13 +482,29 @@ ALERT_GROUP, RECORD_GROUP = "vllm-capacity", "vllm-capacity-fleet"
 RECORD_INTERVAL = "30s"
 
 
-def documents(c: Config = DEFAULT) -> dict[str, dict]:
-    """The rule files, by name: {"groups": [...]} as Prometheus reads them."""
+SLO_ALERT_GROUP, SLO_RECORD_GROUP = "vllm-capacity-slo", "vllm-capacity-slo-rules"
+
+
+def slo_groups(c: Config) -> tuple[dict, dict]:
+    """The burn-rate alerts' group and their recording rules' group (with ttftBurnRateAlerts)."""
+    return (
+        {"name": SLO_ALERT_GROUP, "rules": slo_alerts(c)},
+        {"name": SLO_RECORD_GROUP, "interval": RECORD_INTERVAL, "rules": slo_records(c)},
+    )
+
+
+def documents(c: Config = DEFAULT, *, slo: bool | None = None) -> dict[str, dict]:
+    """The rule files, by name: {"groups": [...]} as Prometheus reads them; with ``slo`` (by default
+    ``c.ttft_burn_rate_alerts``) also the burn-rate groups, each after the group of its kind."""
+    alert_groups = [{"name": ALERT_GROUP, "rules": alerts(c)}]
+    record_groups = [{"name": RECORD_GROUP, "interval": RECORD_INTERVAL, "rules": records(c)}]
+    if c.ttft_burn_rate_alerts if slo is None else slo:
+        slo_alert_group, slo_record_group = slo_groups(c)
+        alert_groups.append(slo_alert_group)
+        record_groups.append(slo_record_group)
     return {
-        "vllm-capacity-alerts.yaml": {"groups": [{"name": ALERT_GROUP, "rules": alerts(c)}]},
-        "vllm-capacity-rules.yaml": {
-            "groups": [{"name": RECORD_GROUP, "interval": RECORD_INTERVAL, "rules": records(c)}]
-        },
+        "vllm-capacity-alerts.yaml": {"groups": alert_groups},
+        "vllm-capacity-rules.yaml": {"groups": record_groups},
     }
 
 

@@ -130,9 +130,17 @@ def helm_rules() -> dict[Path, str]:
     alerts = _dashboards_generator().ALERTS
     used: set[str] = set()
     out = {}
-    for name, doc in alerts.documents(alerts.placeholders()).items():
+    p = alerts.placeholders()
+    slo_alerts, slo_records = alerts.slo_groups(p)
+    docs = {
+        **alerts.documents(p, slo=False),
+        "vllm-capacity-slo-alerts.yaml": {"groups": [slo_alerts]},
+        "vllm-capacity-slo-rules.yaml": {"groups": [slo_records]},
+    }
+    for name, doc in docs.items():
         text = yaml.safe_dump(_helm_value(doc, alerts.Ref, used), sort_keys=False, width=120, allow_unicode=True)
         out[CHART_FILES / name.replace(".yaml", ".tpl.yaml")] = HELM_HEADER.format("alerts/generate.py") + text
+    used.add("ttftBurnRateAlerts")  # read by templates/prometheusrule.yaml itself: the SLO groups or none
     defaults = {k: v for k, v in alerts.DEFAULT.jsonnet().items() if k in used}
     out[CHART_FILES / "rule-config.yaml"] = HEADER.format("alerts/generate.py's Config") + yaml.safe_dump(
         defaults, sort_keys=True, width=120
@@ -227,17 +235,21 @@ def mixin() -> dict[Path, str]:
     dash = _dashboards_generator()
     alerts = dash.ALERTS
     ref, p = alerts.Ref, alerts.placeholders()
-    docs = alerts.documents(p)
-    alert_groups = docs["vllm-capacity-alerts.yaml"]["groups"]
-    record_groups = docs["vllm-capacity-rules.yaml"]["groups"]
+    docs = alerts.documents(p, slo=False)
+    slo = [jsonnet([group], ref, "    ") for group in alerts.slo_groups(p)]
+
+    def groups(kind: str, i: int) -> str:  # the shipped groups, then the burn-rate group of that kind if asked for
+        shipped = jsonnet(docs[f"vllm-capacity-{kind}.yaml"]["groups"], ref, "    ")
+        return f"{shipped} + (if $._config.ttftBurnRateAlerts then {slo[i]} else [])"
+
     config = jsonnet(alerts.DEFAULT.jsonnet(), ref, "  ")
     return {
         MIXIN / "config.libsonnet": MIXIN_HEADER.format("alerts/generate.py's Config")
         + f"{{\n  _config+:: {config},\n}}\n",
         MIXIN / "alerts.libsonnet": MIXIN_HEADER.format("alerts/generate.py")
-        + f"{{\n  prometheusAlerts+:: {{\n    groups+: {jsonnet(alert_groups, ref, '    ')},\n  }},\n}}\n",
+        + f"{{\n  prometheusAlerts+:: {{\n    groups+: {groups('alerts', 0)},\n  }},\n}}\n",
         MIXIN / "rules.libsonnet": MIXIN_HEADER.format("alerts/generate.py")
-        + f"{{\n  prometheusRules+:: {{\n    groups+: {jsonnet(record_groups, ref, '    ')},\n  }},\n}}\n",
+        + f"{{\n  prometheusRules+:: {{\n    groups+: {groups('rules', 1)},\n  }},\n}}\n",
         MIXIN / "dashboards.libsonnet": MIXIN_HEADER.format("dashboards/generate.py")
         + f"{{\n  grafanaDashboards+:: {jsonnet(dash.dashboards(p), ref, '  ')},\n}}\n",
     }

@@ -56,6 +56,29 @@ def test_promtool_unit_tests() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_burn_rate_variant_fires_where_it_should(tmp_path: Path) -> None:
+    """With ttftBurnRateAlerts the rules add multi-window burn-rate alerts on a TTFT objective: rendered by the
+    generator, loaded by promtool, and held to tests/rules/slo-test.yaml (a fast burn pages and ends when the burn
+    stops, a slow leak opens a ticket only, a quiet model pages nothing)."""
+    docs = generate.documents(generate.Config(ttft_burn_rate_alerts=True))
+    for name, doc in docs.items():
+        (tmp_path / name).write_text(yaml.safe_dump(doc, sort_keys=False))
+    (tmp_path / "slo-test.yaml").write_text((ROOT / "tests" / "rules" / "slo-test.yaml").read_text())
+    check = subprocess.run([_tool("promtool"), "check", "rules", *map(str, sorted(tmp_path.glob("vllm-*.yaml")))])
+    assert check.returncode == 0
+    result = subprocess.run(
+        [_tool("promtool"), "test", "rules", str(tmp_path / "slo-test.yaml")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    slo = [
+        r for g in docs["vllm-capacity-alerts.yaml"]["groups"] if g["name"] == "vllm-capacity-slo" for r in g["rules"]
+    ]
+    runbook = (ALERTS / "runbook.md").read_text()
+    assert {r["alert"] for r in slo} == {"VLLMTTFTErrorBudgetBurnFast", "VLLMTTFTErrorBudgetBurnSlow"}
+    assert all(f"\n## {r['alert']}\n" in runbook for r in slo)
+    assert generate.documents() == generate.documents(generate.Config(ttft_burn_rate_alerts=False))  # off by default
+
+
 REQUIRED = {
     "VLLMCapacityExporterDown", "VLLMCapacityTargetMissing", "VLLMTargetDown", "VLLMKVCacheHigh",
     "VLLMKVCacheSaturated",

@@ -350,6 +350,9 @@ RULE_SETTINGS = {
     "exporterSelector": 'job="capacity-sidecars"',
     "runbookURL": "https://runbooks.example.com/vllm-capacity.md",
     "clusterLabel": "k8s_cluster",
+    "ttftBurnRateAlerts": True,
+    "ttftObjectiveLe": "5.0",
+    "ttftSloTarget": 0.995,
 }
 
 
@@ -367,6 +370,11 @@ def test_the_charts_rule_settings_render_as_the_mixin_renders_them(tmp_path: Pat
     text = yaml.safe_dump({"groups": groups})
     assert "vllm_capacity_kv_cache_usage_ratio > 0.85" in text and "> 2.5" in text
     assert 'up{job="capacity-sidecars"} == 0' in text and "https://runbooks.example.com/vllm-capacity.md#" in text
+    assert [g["name"] for g in groups] == [
+        "vllm-capacity", "vllm-capacity-slo", "vllm-capacity-fleet", "vllm-capacity-slo-rules"
+    ]  # fmt: skip
+    assert 'le="5.0"' in text and "(14.4 * (1 - 0.995))" in text
+    assert [g["name"] for g in _chart_rule_groups({})] == ["vllm-capacity", "vllm-capacity-fleet"]  # off by default
     path = tmp_path / "rules.yaml"
     path.write_text(text)
     result = subprocess.run([shutil.which("promtool") or "promtool", "check", "rules", str(path)], capture_output=True)

@@ -42,6 +42,18 @@ def test_the_default_config_renders_exactly_what_ships() -> None:
         assert dashboard == json.loads((ROOT / "dashboards" / name).read_text()), name
 
 
+def test_the_burn_rate_variant_renders_as_the_generator_makes_it() -> None:
+    """ttftBurnRateAlerts adds the SLO groups after the shipped ones, with the objective and target given."""
+    settings = {"ttftBurnRateAlerts": True, "ttftObjectiveLe": "5.0", "ttftSloTarget": 0.995}
+    m = render_mixin(settings)
+    docs = alerts_generate.documents(
+        alerts_generate.Config(ttft_burn_rate_alerts=True, ttft_objective_le="5.0", ttft_slo_target=0.995)
+    )
+    assert m["alerts"] == docs["vllm-capacity-alerts.yaml"] and m["rules"] == docs["vllm-capacity-rules.yaml"]
+    assert [g["name"] for g in m["alerts"]["groups"]] == ["vllm-capacity", "vllm-capacity-slo"]
+    assert 'le="5.0"' in str(m["rules"]) and "(14.4 * (1 - 0.995))" in str(m["alerts"])
+
+
 def test_the_mixin_is_a_jsonnet_bundler_package() -> None:
     bundle = json.loads((MIXIN / "jsonnetfile.json").read_text())
     assert bundle["version"] == 1 and bundle["dependencies"] == []  # nothing to vendor: plain jsonnet, no libraries

@@ -215,6 +215,38 @@
           },
         ],
       },
-    ],
+    ] + (if $._config.ttftBurnRateAlerts then [
+      {
+        "name": "vllm-capacity-slo",
+        "rules": [
+          {
+            "alert": "VLLMTTFTErrorBudgetBurnFast",
+            "expr": std.format("(namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate1h > (14.4 * (1 - %g))) and on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate5m > (14.4 * (1 - %g))) and on (%s, namespace, model_name) (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[1h])) >= %g)", [$._config.ttftSloTarget, $._config.clusterLabel, $._config.ttftSloTarget, $._config.clusterLabel, $._config.clusterLabel, $._config.ttftMinRequestsPerSecond]),
+            "for": "2m",
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "vLLM's time to first token burns its error budget 14.4 times as fast as the objective allows.",
+              "description": std.format("{{ $labels.model_name }} in {{ $labels.namespace }}: {{ $value | humanizePercentage }} of first tokens over the last 1h took longer than %ss (objective: %g within it).", [$._config.ttftObjectiveLe, $._config.ttftSloTarget]),
+              "runbook_url": std.format("%s#vllmttfterrorbudgetburnfast", [$._config.runbookURL]),
+            },
+          },
+          {
+            "alert": "VLLMTTFTErrorBudgetBurnSlow",
+            "expr": std.format("(namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate6h > (6 * (1 - %g))) and on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate30m > (6 * (1 - %g))) and on (%s, namespace, model_name) (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[6h])) >= %g)", [$._config.ttftSloTarget, $._config.clusterLabel, $._config.ttftSloTarget, $._config.clusterLabel, $._config.clusterLabel, $._config.ttftMinRequestsPerSecond]),
+            "for": "15m",
+            "labels": {
+              "severity": "warning",
+            },
+            "annotations": {
+              "summary": "vLLM's time to first token burns its error budget 6 times as fast as the objective allows.",
+              "description": std.format("{{ $labels.model_name }} in {{ $labels.namespace }}: {{ $value | humanizePercentage }} of first tokens over the last 6h took longer than %ss (objective: %g within it).", [$._config.ttftObjectiveLe, $._config.ttftSloTarget]),
+              "runbook_url": std.format("%s#vllmttfterrorbudgetburnslow", [$._config.runbookURL]),
+            },
+          },
+        ],
+      },
+    ] else []),
   },
 }

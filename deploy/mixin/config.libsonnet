@@ -16,6 +16,9 @@
     "ttftP99Seconds": 2.0,
     "ttftWindow": "5m",
     "ttftMinRequestsPerSecond": 0.1,
+    "ttftBurnRateAlerts": false,
+    "ttftObjectiveLe": "2.5",
+    "ttftSloTarget": 0.99,
     "targetUtilization": 0.8,
     "grafanaDashboardFolder": "vLLM",
     "dashboardTags": [

@@ -64,6 +64,29 @@
           },
         ],
       },
-    ],
+    ] + (if $._config.ttftBurnRateAlerts then [
+      {
+        "name": "vllm-capacity-slo-rules",
+        "interval": "30s",
+        "rules": [
+          {
+            "record": "namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate5m",
+            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[5m])) / sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[5m])))", [$._config.clusterLabel, $._config.ttftObjectiveLe, $._config.clusterLabel]),
+          },
+          {
+            "record": "namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate30m",
+            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[30m])) / sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[30m])))", [$._config.clusterLabel, $._config.ttftObjectiveLe, $._config.clusterLabel]),
+          },
+          {
+            "record": "namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate1h",
+            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[1h])) / sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[1h])))", [$._config.clusterLabel, $._config.ttftObjectiveLe, $._config.clusterLabel]),
+          },
+          {
+            "record": "namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate6h",
+            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[6h])) / sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[6h])))", [$._config.clusterLabel, $._config.ttftObjectiveLe, $._config.clusterLabel]),
+          },
+        ],
+      },
+    ] else []),
   },
 }
