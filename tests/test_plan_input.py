@@ -138,6 +138,24 @@ def test_the_exit_statuses_tell_a_plan_a_refusal_and_the_unmodelled_apart(
     assert code == 2 and len(err) == 1, err
 
 
+def test_a_narrower_refusal_keeps_its_exit_status(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The status follows the kind of error, not its exact class: a subclass of "does not fit" (a rule added later
+    with its own error) still exits 1, not the 2 of bad input."""
+    from vllm_capacity import sizing
+
+    class WindowTooSmall(sizing.ImpossiblePlan):
+        pass
+
+    def refuse(*_: object) -> None:
+        raise WindowTooSmall("a window of 0 tokens")
+
+    monkeypatch.setattr(sizing, "plan", refuse)
+    code, out, err = _plan(capsys, "--model-config", str(TINY))
+    assert code == PLAN_DOES_NOT_FIT and out == "" and err == ["vllm-capacity plan: does not fit: a window of 0 tokens"]
+
+
 def test_plan_help_lists_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         cli.main(["plan", "--help"], environ={})

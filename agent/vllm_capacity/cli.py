@@ -81,12 +81,18 @@ def _plan(values: PlanConfig) -> int:
     except plan_inputs.MissingInput as err:
         raise UsageError(str(err)) from None
     except (GeometryError, sizing.NotModelled, sizing.ImpossiblePlan, ValueError) as err:
-        # the exit codes plan --help lists: 2 input vLLM would not take, 1 does not fit, 3 not modelled
-        kind, code = {
-            sizing.NotModelled: ("not modelled", PLAN_NOT_MODELLED),
-            sizing.ImpossiblePlan: ("does not fit", PLAN_DOES_NOT_FIT),
-            GeometryError: ("model config", 2),
-        }.get(type(err), ("error", 2))
+        # the exit codes plan --help lists: 2 input vLLM would not take, 1 does not fit, 3 not modelled (by kind, so
+        # that a narrower error raised later keeps its code; all three are ValueErrors, the fallback)
+        kind, code = next(
+            (kind, code)
+            for cls, kind, code in (
+                (sizing.NotModelled, "not modelled", PLAN_NOT_MODELLED),
+                (sizing.ImpossiblePlan, "does not fit", PLAN_DOES_NOT_FIT),
+                (GeometryError, "model config", 2),
+                (Exception, "error", 2),
+            )
+            if isinstance(err, cls)
+        )
         print(f"vllm-capacity plan: {kind}: {err}", file=sys.stderr)
         return code
     render = planning.render_json if values.format == "json" else planning.render_text
