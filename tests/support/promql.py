@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import sys
@@ -83,13 +84,16 @@ def render_mixin(config: dict[str, object] | None = None) -> dict[str, dict]:
     {"alerts": {"groups": ...}, "rules": {"groups": ...}, "dashboards": {file name: dashboard}}."""
     import json
 
+    return json.loads(_render_mixin_text(json.dumps(config or {}, sort_keys=True)))  # a fresh copy each time
+
+
+@functools.cache
+def _render_mixin_text(config: str) -> str:
+    """One jsonnet evaluation per _config and test process (a second of CPU each; several tests render the same)."""
     import _jsonnet
 
     snippet = (
         "local m = (import 'mixin.libsonnet') + { _config+:: std.parseJson(std.extVar('config')) };"
         " { alerts: m.prometheusAlerts, rules: m.prometheusRules, dashboards: m.grafanaDashboards }"
     )
-    out = _jsonnet.evaluate_snippet(
-        "render", snippet, jpathdir=[str(MIXIN)], ext_vars={"config": json.dumps(config or {})}
-    )
-    return json.loads(out)
+    return str(_jsonnet.evaluate_snippet("render", snippet, jpathdir=[str(MIXIN)], ext_vars={"config": config}))
