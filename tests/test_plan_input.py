@@ -156,6 +156,34 @@ def test_a_narrower_refusal_keeps_its_exit_status(
     assert code == PLAN_DOES_NOT_FIT and out == "" and err == ["vllm-capacity plan: does not fit: a window of 0 tokens"]
 
 
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ([], ["Activation peak and CUDA graphs taken as 0", "--activation-memory", "--cuda-graph-memory"]),
+        (["--activation-memory", "1.2GiB"], ["CUDA graphs taken as 0", "--cuda-graph-memory"]),
+        (["--cuda-graph-memory", "0.5GiB"], ["Activation peak taken as 0", "--activation-memory"]),
+    ],
+)
+def test_a_budget_without_the_profiles_figures_says_it_took_them_as_zero(
+    capsys: pytest.CaptureFixture[str], given: list[str], named: list[str]
+) -> None:
+    """--gpu-memory without --activation-memory or --cuda-graph-memory takes them as 0, which overstates the KV
+    cache (Llama-3.1-8B on 24 GiB by ~35 % with the docs' example figures): the plan says so, and which of vLLM's
+    start-up lines gives each. Given both, no such note."""
+    base = ["plan", "--model-config", str(TINY), "--gpu-memory", "24GiB", "--weights-memory", "14.99GiB"]
+    code = cli.main([*base, *given, "--format", "json"], environ={})
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert code == 0
+    (note,) = [n for n in notes if "taken as 0" in n]
+    assert all(word in note for word in named), note
+    assert "Graph capturing finished" in note if "--cuda-graph-memory" in named else "Graph" not in note
+    both = ["--activation-memory", "1.2GiB", "--cuda-graph-memory", "0.5GiB", "--format", "json"]
+    assert cli.main([*base, *both], environ={}) == 0
+    assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if "taken as 0" in n]
+    assert cli.main(["plan", "--model-config", str(TINY), "--kv-cache-memory", "4GiB"], environ={}) == 0
+    assert "taken as 0" not in capsys.readouterr().out  # a measured KV figure has them outside already
+
+
 def test_plan_help_lists_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         cli.main(["plan", "--help"], environ={})

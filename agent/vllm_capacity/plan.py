@@ -26,7 +26,42 @@ def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | 
         )
     if inputs.lora is not None:
         notes.append(_lora_note(geometry, inputs, budget))
-    return notes + _encoder_notes(geometry, inputs, budget)
+    return notes + _encoder_notes(geometry, inputs, budget) + _unmeasured_notes(budget)
+
+
+def _unmeasured_notes(budget: MemoryBudget | None) -> list[str]:
+    """What the budget took as 0 because nobody gave it: never a silent zero. (Estimating them as vLLM's profile
+    would is open work: the activation peak depends on the version's profile run, the graphs on capture sizes.)"""
+    if budget is None:
+        return []
+    missing = [
+        (name, flag, line)
+        for name, size, flag, line in (
+            (
+                "activation peak",
+                budget.activation_bytes,
+                "--activation-memory",
+                "'PyTorch activation peak memory takes X GiB' ('torch peak memory increase: X GiB' in V0)",
+            ),
+            (
+                "CUDA graphs",
+                budget.cuda_graph_bytes,
+                "--cuda-graph-memory",
+                "'Graph capturing finished in N secs, took X GiB'",
+            ),
+        )
+        if size == 0
+    ]
+    if not missing:
+        return []
+    names = " and ".join(name for name, _, _ in missing)
+    given = "; ".join(f"{flag} from vLLM's start-up line {line}" for _, flag, line in missing)
+    return [
+        f"{names[0].upper()}{names[1:]} taken as 0 (not given): the KV cache above is what is left without "
+        f"{'them' if len(missing) > 1 else 'it'}, an upper bound (vLLM's logged start-ups spent 1.2-7.4 GiB on the "
+        f"activation peak and 0.1-3.5 GiB on graphs). Give {given}; or plan from --kv-cache-memory (vLLM's "
+        "'Available KV cache memory')"
+    ]
 
 
 def _lora_note(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> str:
