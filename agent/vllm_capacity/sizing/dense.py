@@ -11,7 +11,13 @@ from vllm_capacity.sizing.inputs import PlanInputs
 from vllm_capacity.sizing.layers import STATE_KINDS, bytes_per_token_per_layer, kv_dtype_bytes, layers_per_rank
 from vllm_capacity.sizing.result import KvPlan
 from vllm_capacity.sizing.speculative import DraftPages
-from vllm_capacity.sizing.versions import TOKENS_FROM_CONCURRENCY, WHOLE_BLOCKS_PER_REQUEST
+from vllm_capacity.sizing.versions import (
+    CHECK_AFTER_UNIFYING,
+    CHUNKED_LOCAL_GROUPS,
+    TOKENS_FROM_CONCURRENCY,
+    WHOLE_BLOCKS_PER_REQUEST,
+    dotted,
+)
 from vllm_capacity.units import GiB
 
 
@@ -28,10 +34,13 @@ def max_concurrency(
     return blocks / math.ceil(max_model_len / block_size)
 
 
-def plan_dense(geometry: Geometry, inputs: PlanInputs, draft: DraftPages | None = None) -> KvPlan:
+def plan_dense(
+    geometry: Geometry, inputs: PlanInputs, draft: DraftPages | None = None, *, refuse_below_one: bool = True
+) -> KvPlan:
     """vLLM's blocks, "KV cache size" and "Maximum concurrency" for a model whose KV layers are all of one kind;
     ``draft``: a speculative drafter's layers whose pages differ from the model's, in the same group (a block then
-    costs every layer's page)."""
+    costs every layer's page). ``refuse_below_one`` False: a cache that cannot hold one request of max_model_len is
+    planned (where the release checked something else and started)."""
     engine, version, block_size, max_model_len = (
         inputs.resolved_engine,
         inputs.version,
@@ -58,7 +67,7 @@ def plan_dense(geometry: Geometry, inputs: PlanInputs, draft: DraftPages | None 
         rules = "v1 >= 0.9.1: blocks / ceil(max_model_len / block_size)"
     from_concurrency = engine == "v1" and version >= TOKENS_FROM_CONCURRENCY
     tokens = int(concurrency * max_model_len) if from_concurrency else blocks * block_size
-    if blocks < blocks_per_request:
+    if blocks < blocks_per_request and refuse_below_one:
         needed = blocks_per_request * block_size * bytes_per_token
         raise ImpossiblePlan(
             f"one request of max_model_len {max_model_len:,} tokens needs {needed / GiB:.2f} GiB of KV cache per "
@@ -102,3 +111,39 @@ def as_single_group(geometry: Geometry, engine: str) -> tuple[Geometry, str]:
     if "mamba" in kinds:
         note += "; V0 keeps the Mamba state outside the KV-cache budget, so only attention layers count"
     return replace(geometry, layer_kinds=flat), note
+
+
+def started_below_one(
+    geometry: Geometry, as_read: Geometry, inputs: PlanInputs, draft: DraftPages | None, refused: ImpossiblePlan
+) -> KvPlan:
+    """A cache too small for one request of max_model_len, where the release started anyway: with the hybrid manager
+    off, vLLM 0.10.0 to 0.13 checked one request against each layer's own spec (a chunked local attention layer needs
+    chunk + max_num_batched_tokens, not max_model_len) and only then sized the chunked layers as full attention
+    (CHECK_AFTER_UNIFYING). Planned below 1x with a note there; raises ``refused`` (the sizing's own refusal)
+    anywhere else, and ImpossiblePlan in vLLM's terms where that release refused too."""
+    chunked = geometry.layer_kinds.count("chunked")
+    unified_later = chunked and "chunked" not in as_read.layer_kinds and inputs.resolved_engine == "v1"
+    if not unified_later or not as_read.uniform or not CHUNKED_LOCAL_GROUPS <= inputs.version < CHECK_AFTER_UNIFYING:
+        raise refused
+    plan = plan_dense(as_read, inputs, draft, refuse_below_one=False)
+    bs, mml = inputs.block_size, inputs.max_model_len
+    chunk = min((geometry.attention_chunk_size or 0) + inputs.max_num_batched_tokens, mml)
+    per_layer_page = plan.page_bytes
+    full = len(geometry.layer_kinds) - chunked
+    needed = (
+        layers_per_rank(full, inputs.pp) * math.ceil(mml / bs)
+        + layers_per_rank(chunked, inputs.pp) * math.ceil(chunk / bs)
+    ) * per_layer_page
+    if needed > inputs.kv_cache_memory_bytes:
+        raise ImpossiblePlan(
+            f"one request of max_model_len {mml:,} tokens needs {needed / GiB:.2f} GiB of KV cache per GPU as vLLM "
+            f"{dotted(inputs.version)} counts it (a chunked local attention layer at chunk + max_num_batched_tokens), "
+            f"more than the {inputs.kv_cache_memory_bytes / GiB:.2f} GiB available; vLLM would refuse to start"
+        )
+    plan.notes.append(
+        f"vLLM {dotted(CHUNKED_LOCAL_GROUPS)} to 0.13 checks one request of max_model_len against each chunked layer's "
+        f"own need ({chunk:,} tokens) before it sizes those layers as full attention, so it starts with a cache of "
+        f"{plan.kv_cache_tokens:,} tokens, {plan.max_concurrency:.2f}x of one max_model_len request: a request longer "
+        f"than that cannot be held whole. From {dotted(CHECK_AFTER_UNIFYING)} vLLM refuses to start here"
+    )
+    return plan

