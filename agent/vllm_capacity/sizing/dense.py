@@ -8,7 +8,13 @@ from dataclasses import replace
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
-from vllm_capacity.sizing.layers import STATE_KINDS, bytes_per_token_per_layer, kv_dtype_bytes, layers_per_rank
+from vllm_capacity.sizing.layers import (
+    STATE_KINDS,
+    ChunkedLocalSpec,
+    bytes_per_token_per_layer,
+    kv_dtype_bytes,
+    layers_per_rank,
+)
 from vllm_capacity.sizing.result import KvPlan
 from vllm_capacity.sizing.speculative import DraftPages
 from vllm_capacity.sizing.versions import (
@@ -127,13 +133,14 @@ def started_below_one(
         raise refused
     plan = plan_dense(as_read, inputs, draft, refuse_below_one=False)
     bs, mml = inputs.block_size, inputs.max_model_len
-    chunk = min((geometry.attention_chunk_size or 0) + inputs.max_num_batched_tokens, mml)
-    per_layer_page = plan.page_bytes
+    # the chunked layer's spec as those releases counted it: chunk + one batch (no async-scheduling term yet)
+    spec = ChunkedLocalSpec(bs, mml, geometry.attention_chunk_size or 0, inputs.max_num_batched_tokens)
+    chunk = min(spec.chunk + spec.in_flight_tokens, mml)
     full = len(geometry.layer_kinds) - chunked
     needed = (
         layers_per_rank(full, inputs.pp) * math.ceil(mml / bs)
-        + layers_per_rank(chunked, inputs.pp) * math.ceil(chunk / bs)
-    ) * per_layer_page
+        + layers_per_rank(chunked, inputs.pp) * spec.blocks_per_request
+    ) * plan.page_bytes
     if needed > inputs.kv_cache_memory_bytes:
         raise ImpossiblePlan(
             f"one request of max_model_len {mml:,} tokens needs {needed / GiB:.2f} GiB of KV cache per GPU as vLLM "
