@@ -54,7 +54,7 @@ FIXED_BUDGET = ServerConfig(512, lab.DEMO_KV_ARGS, 4096)
 # the streams (the tiny one's ~9 ms lies inside the first, 10 ms, at any load: its quantiles were interpolation noise)
 LATENCY = ServerConfig(1024, lab.SATURATION_KV_ARGS, lab.SATURATION_BLOCKS * 128, model=lab.WIDE_MODEL_NAME)
 # A scheduler's token budget per step of 16 (--max-num-batched-tokens; vLLM wants --max-num-seqs no larger) on a
-# 64 MiB cache (131,072 tokens): one ~700-token prompt fills 44 steps, so while any prompt is being read every step
+# 64 MiB cache (131,072 tokens): one ~780-token prompt fills 49 steps, so while any prompt is being read every step
 # is full, and the requests behind it wait with the cache nearly empty. A budget this small, so that the engine, not
 # vLLM's API server, is what requests wait for: at 64 the engine read 6,000 prompt tokens a second, and beside a busy
 # loop the API server fed it too slowly for any request to wait.
@@ -63,7 +63,22 @@ TOKEN_BUDGET = ServerConfig(
     ("--kv-cache-memory-bytes", str(64 * 2**20), "--max-num-seqs", "16", "--max-num-batched-tokens", "16"),
     131072,
 )
-LONG_PROMPT = "word " * 120 + " ".join(str(k) for k in range(80))  # ~700 tokens of the tiny model's tokenizer
+# Its load: a few requests that give the agent a measure of the steps, then bursts of 48 requests of ~780 prompt
+# tokens (load.py, a process each), each queued at once and drained one prompt at a time for seconds.
+TOKEN_BUDGET_WARM = (
+    "--parallel",
+    "4",
+    "--max-tokens",
+    "8",
+    "--prompt-words",
+    "600",
+    "--rounds",
+    "1",
+    "--first",
+    "1000",
+)
+TOKEN_BUDGET_LOAD = ("--parallel", "48", "--max-tokens", "8", "--prompt-words", "600", "--rounds", "1")
+TOKEN_BUDGET_BURSTS = 3
 CAPACITY = SATURATION.capacity_tokens
 
 
@@ -227,26 +242,16 @@ def test_parser_on_live_captures(vllm: lab.VllmServer) -> None:
     assert d.capacity_tokens == int(_cache_config(raw)["kv_cache_size_tokens"])
 
 
+def _load_command(url: str, *args: str, niceness: int = 10) -> list[str]:
+    """lab's load.py with ``args``, by default in a process as low in priority as vLLM itself: at the test's own
+    priority a long load's threads starve the sidecar on a 2-core machine, which in a pod has CPU of its own."""
+    return ["nice", "-n", str(niceness), sys.executable, str(Path(lab.__file__).with_name("load.py")), url, *args]
+
+
 def _load_round(url: str) -> dict:
-    """One round of lab.SATURATION_LOAD_ARGS from a process as low in priority as vLLM itself: at the test's own
-    priority the load threads starve the sidecar on a 2-core machine, which in a pod has CPU of its own."""
-    out = subprocess.run(
-        [
-            "nice",
-            "-n",
-            "10",
-            sys.executable,
-            str(Path(lab.__file__).with_name("load.py")),
-            url,
-            "--rounds",
-            "1",
-            *lab.SATURATION_LOAD_ARGS,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    ).stdout
+    """One round of lab.SATURATION_LOAD_ARGS (_load_command)."""
+    command = _load_command(url, "--rounds", "1", *lab.SATURATION_LOAD_ARGS)
+    out = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True).stdout
     return json.loads(out.splitlines()[-1])
 
 
@@ -342,15 +347,12 @@ OBJECTIVES = 4
 CALIBRATION_HOLD = 8.0  # seconds at each of the two calibration steps
 
 
-def _hold_load(
-    url: str, parallel: int, seconds: float, max_tokens: int = 96, model: str = lab.MODEL_NAME, prompt: str = ""
-) -> list[str]:
+def _hold_load(url: str, parallel: int, seconds: float, max_tokens: int = 96, model: str = lab.MODEL_NAME) -> list[str]:
     """lab.hold_streams in a process of its own (the load's threads and the test's sampling then do not share one
     interpreter lock); the errors."""
     code = (
         "import json, lab; print(json.dumps(lab.hold_streams("
-        f"{url!r}, parallel={parallel}, seconds={seconds}, max_tokens={max_tokens}, model={model!r}, "
-        f"prompt={prompt!r})))"
+        f"{url!r}, parallel={parallel}, seconds={seconds}, max_tokens={max_tokens}, model={model!r})))"
     )
     env = {**os.environ, "PYTHONPATH": str(Path(lab.__file__).parent)}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=seconds + 180)
@@ -598,29 +600,41 @@ def test_max_num_seqs_binds_below_the_kv_bound(fixed_budget_vllm: lab.VllmServer
 def test_a_full_token_budget_per_step_is_named_not_the_kv_cache(
     token_budget_vllm: lab.VllmServer, tmp_path: Path
 ) -> None:
-    """48 streams of ~700-token prompts on a server whose scheduler takes 64 tokens a step (--max-num-batched-tokens,
-    which the agent reads from vLLM's log) and whose cache is 100 times what they hold: requests wait for "capacity"
-    while the cache is nearly empty, because every step is full. At the agent's reads that saw requests waiting, it
-    names the token budget where the steps were full, and never the KV cache. (Measured first with the steps' share
-    over half the budget, from the buckets: 0.125 at every read, 1 of ~12 chunks, and nothing named.)"""
+    """Bursts of 48 requests of ~780 prompt tokens on a server whose scheduler takes 16 tokens a step
+    (--max-num-batched-tokens, which the agent reads from vLLM's log) and whose cache is 100 times what they hold:
+    requests wait for "capacity" while the cache is nearly empty, because every step is full. At the agent's reads
+    that saw requests waiting, it names the token budget where the steps were full, and never the KV cache.
+    (Measured first with the steps' share over half the budget, from the buckets: 0.125 at every read, 1 of ~12
+    chunks, and nothing named. Streams of requests, each sent as the last returned, formed no queue in vLLM's gauges
+    at any read of one run beside a busy loop: its API server admitted them no faster than the engine read them. A
+    burst to an idle server queues at once.)"""
     vllm = token_budget_vllm
     agent = AgentProcess(vllm.url, tmp_path / "agent.log", "--vllm-log", str(vllm.log_path))
     key = {"model_name": lab.MODEL_NAME, "engine": "0"}
     said: list[tuple[str | None, float | None, float | None]] = []  # (limit, cache usage, how full the steps were)
     try:
         agent.wait_for(lambda t: value(t, "vllm_capacity_up") == 1)
-        loader = threading.Thread(target=_hold_load, args=(vllm.url, 48, 30.0, 8), kwargs={"prompt": LONG_PROMPT})
-        loader.start()
-        while loader.is_alive():
-            text = agent.metrics()
-            waiting = value(text, "vllm_capacity_requests_waiting_for_capacity", **key)
-            ratio = value(text, "vllm_capacity_token_budget_fill_ratio", **key)
-            if waiting and ratio is not None:
-                said.append((_limit(text, key), value(text, "vllm_capacity_kv_cache_usage_ratio", **key), ratio))
-            time.sleep(0.2)
-        loader.join()
+        # a few requests first, until the agent has measured its steps (a window of them, every few seconds): the
+        # queue at the start of the first round, the one every run showed, then meets a figure for the steps
+        subprocess.run(_load_command(vllm.url, *TOKEN_BUDGET_WARM, niceness=0), check=True, capture_output=True)
+        agent.wait_for(lambda t: value(t, "vllm_capacity_token_budget_fill_ratio", **key) is not None, step=0.05)
+        rounds = []
+        for burst in range(TOKEN_BUDGET_BURSTS):  # each from a process of its own: the burst an idle server queues
+            command = _load_command(vllm.url, *TOKEN_BUDGET_LOAD, "--first", str(burst * 48), niceness=0)
+            with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as load:
+                while load.poll() is None:
+                    text = agent.metrics()
+                    waiting = value(text, "vllm_capacity_requests_waiting_for_capacity", **key)
+                    ratio = value(text, "vllm_capacity_token_budget_fill_ratio", **key)
+                    if waiting and ratio is not None:
+                        usage = value(text, "vllm_capacity_kv_cache_usage_ratio", **key)
+                        said.append((_limit(text, key), usage, ratio))
+                    time.sleep(0.2)
+                rounds += [json.loads(line) for line in load.stdout or ()]
+            assert load.returncode == 0, rounds
     finally:
         agent.stop()
+    assert len(rounds) == TOKEN_BUDGET_BURSTS and not any(r["errors"] for r in rounds), rounds
     limits = [lim for lim, _, _ in said]
     print(f"\nthe agent at {len(said)} reads with requests waiting (limit, usage, steps' fill): {said[::8]}")
     assert said, "requests never waited for capacity under the long prompts"

@@ -276,9 +276,12 @@ def drive_load(
     rounds: int = 1,
     prompt_words: int = 40,
     models: Sequence[str] = (MODEL_NAME,),
+    first: int = 0,
 ) -> dict:
     """Bounded load: ``rounds`` x ``parallel`` concurrent /v1/completions with ignore_eos, to this loopback server;
-    request i asks for ``models[i % len(models)]`` (a served model or LoRA adapter name).
+    request i asks for ``models[i % len(models)]`` (a served model or LoRA adapter name). Requests are numbered from
+    ``first``, and the number begins the prompt: a later call that starts where this one ended sends no prompt
+    vLLM's prefix cache already holds.
 
     One shared client for all threads: a client per request builds a TLS context each time, and on a 2-core
     machine that alone starves the server being measured.
@@ -314,7 +317,7 @@ def drive_load(
 
         t0 = time.monotonic()
         for r in range(rounds):
-            threads = [threading.Thread(target=one, args=(r * parallel + i,)) for i in range(parallel)]
+            threads = [threading.Thread(target=one, args=(first + r * parallel + i,)) for i in range(parallel)]
             for t in threads:
                 t.start()
             for t in threads:
@@ -327,12 +330,10 @@ def drive_load(
     }
 
 
-def hold_streams(
-    url: str, *, parallel: int, seconds: float, max_tokens: int, model: str = MODEL_NAME, prompt: str = ""
-) -> list[str]:
+def hold_streams(url: str, *, parallel: int, seconds: float, max_tokens: int, model: str = MODEL_NAME) -> list[str]:
     """``parallel`` streams of /v1/completions, each sending its next request as soon as the last returns, for
     ``seconds``; returns the errors. Each request's prompt is its own (its stream's and its own number first, so that
-    vLLM's prefix cache serves no request from another): a few tokens, or ``prompt`` after them. The hold ends
+    vLLM's prefix cache serves no request from another): a few tokens. The hold ends
     on time: a request still running at the end is cut (its connection closed at a read timeout; vLLM aborts a
     request whose client went away), so that a saturated server does not stretch a 20 s hold to 50 s, nor the next
     step begin under the last one's requests. Run it in a process of its own (``python -c``) so that the test's
@@ -354,7 +355,7 @@ def hold_streams(
             n = 0
             while deadline - time.monotonic() > 0.5:  # no request that would be cut at once
                 n += 1
-                words = f"stream {i} request {n} {prompt}"
+                words = f"stream {i} request {n} "  # (the space: prompts as the latency figures were measured with)
                 body = {"model": model, "prompt": words, "max_tokens": max_tokens, "ignore_eos": True}
                 try:
                     try:
