@@ -156,32 +156,46 @@ def test_a_narrower_refusal_keeps_its_exit_status(
     assert code == PLAN_DOES_NOT_FIT and out == "" and err == ["vllm-capacity plan: does not fit: a window of 0 tokens"]
 
 
+PROFILE_NOTES = {  # the start of each note the plan gives about a figure of vLLM's profile nobody gave
+    "estimated": "Activation peak not given: estimated",
+    "activation as 0": "Activation peak not given and not estimated",
+    "graphs as 0": "CUDA graphs taken as 0",
+    "graphs outside": "CUDA graphs: this vLLM captures them after sizing the KV cache",
+}
+
+
 @pytest.mark.parametrize(
-    ("given", "named"),
+    ("given", "said"),
     [
-        ([], ["Activation peak and CUDA graphs taken as 0", "--activation-memory", "--cuda-graph-memory"]),
-        (["--activation-memory", "1.2GiB"], ["CUDA graphs taken as 0", "--cuda-graph-memory"]),
-        (["--cuda-graph-memory", "0.5GiB"], ["Activation peak taken as 0", "--activation-memory"]),
+        ([], {"estimated", "graphs as 0"}),
+        (["--activation-memory", "1.2GiB"], {"graphs as 0"}),
+        (["--cuda-graph-memory", "0.5GiB"], {"estimated"}),
+        (["--activation-memory", "1.2GiB", "--cuda-graph-memory", "0.5GiB"], set()),
+        (["--vllm-version", "0.11.0"], {"estimated", "graphs outside"}),
+        (["--vllm-version", "0.7.2"], {"activation as 0", "graphs outside"}),  # V0's profile: not estimated
     ],
 )
-def test_a_budget_without_the_profiles_figures_says_it_took_them_as_zero(
-    capsys: pytest.CaptureFixture[str], given: list[str], named: list[str]
+def test_a_budget_says_which_profile_figures_it_estimated_or_took_as_zero(
+    capsys: pytest.CaptureFixture[str], given: list[str], said: set[str]
 ) -> None:
-    """--gpu-memory without --activation-memory or --cuda-graph-memory takes them as 0, which overstates the KV
-    cache (Llama-3.1-8B on 24 GiB by ~35 % with the docs' example figures): the plan says so, and which of vLLM's
-    start-up lines gives each. Given both, no such note."""
+    """--gpu-memory without --activation-memory or --cuda-graph-memory once took both as 0, which overstates the KV
+    cache (Llama-3.1-8B on 24 GiB by ~35 % with the docs' example figures), and subtracted graphs that vLLM before
+    0.20 never took from the cache. The plan now estimates V1's activation peak, takes graphs not given as 0 where
+    they are in the budget, says each, with the start-up line that gives the figure; a measured KV figure needs
+    none of it."""
     base = ["plan", "--model-config", str(TINY), "--gpu-memory", "24GiB", "--weights-memory", "14.99GiB"]
     code = cli.main([*base, *given, "--format", "json"], environ={})
     notes = json.loads(capsys.readouterr().out)["notes"]
     assert code == 0
-    (note,) = [n for n in notes if "taken as 0" in n]
-    assert all(word in note for word in named), note
-    assert "Graph capturing finished" in note if "--cuda-graph-memory" in named else "Graph" not in note
-    both = ["--activation-memory", "1.2GiB", "--cuda-graph-memory", "0.5GiB", "--format", "json"]
-    assert cli.main([*base, *both], environ={}) == 0
-    assert not [n for n in json.loads(capsys.readouterr().out)["notes"] if "taken as 0" in n]
+    assert {name for name, start in PROFILE_NOTES.items() if any(n.startswith(start) for n in notes)} == said, notes
+    for note in notes:
+        if note.startswith(PROFILE_NOTES["graphs as 0"]):
+            assert "'Estimated CUDA graph memory: X GiB total'" in note and "--cuda-graph-memory" in note
+        if note.startswith((PROFILE_NOTES["estimated"], PROFILE_NOTES["activation as 0"])):
+            assert "'PyTorch activation peak memory takes X GiB'" in note and "--activation-memory" in note
     assert cli.main(["plan", "--model-config", str(TINY), "--kv-cache-memory", "4GiB"], environ={}) == 0
-    assert "taken as 0" not in capsys.readouterr().out  # a measured KV figure has them outside already
+    out = capsys.readouterr().out
+    assert not [start for start in PROFILE_NOTES.values() if start in out]  # the measured figure has them outside
 
 
 def test_plan_help_lists_the_exit_statuses(capsys: pytest.CaptureFixture[str]) -> None:

@@ -465,6 +465,13 @@ PLAN_OPTIONS = (
         "2048; 8192 from 70 GiB; 16384 from 160 GiB)",
     ),
     Option(
+        "--max-num-seqs",
+        _positive_int,
+        None,
+        "vLLM's --max-num-seqs, whose sampler warm-up is the activation peak estimated with --gpu-memory (default: "
+        "vllm serve's for the GPU: 256; 1024 from 70 GiB)",
+    ),
+    Option(
         "--async-scheduling",
         _choice("on", "off"),
         "on",
@@ -539,8 +546,18 @@ PLAN_OPTIONS = (
     Option("--gpu-memory", _memory, None, "memory of one GPU (e.g. 80GiB), to plan from the whole budget"),
     Option("--gpu-memory-utilization", _fraction, "0.9", "vLLM's --gpu-memory-utilization"),
     Option("--weights-memory", _memory, None, "weights per GPU (default: from --model-dir's safetensors headers)"),
-    Option("--activation-memory", _memory, "0", "activation peak per GPU, from vLLM's profile"),
-    Option("--cuda-graph-memory", _memory, "0", "CUDA graph memory per GPU"),
+    Option(
+        "--activation-memory",
+        _memory,
+        None,
+        "activation peak per GPU, from vLLM's profile (default: estimated for V1 as its sampler's warm-up)",
+    ),
+    Option(
+        "--cuda-graph-memory",
+        _memory,
+        None,
+        "CUDA graph memory per GPU, from vLLM's 'Estimated CUDA graph memory' (default: taken as 0, said)",
+    ),
     Option("--format", _choice("text", "json"), "text", "text for people, json for scripts"),
 )
 
@@ -629,6 +646,7 @@ class PlanConfig:
     vllm_version: tuple[int, int, int]
     engine: str | None
     max_num_batched_tokens: int | None
+    max_num_seqs: int | None
     async_scheduling: str
     mamba_cache_mode: str
     mamba_ssm_cache_dtype: str
@@ -645,8 +663,8 @@ class PlanConfig:
     gpu_memory: int | None
     gpu_memory_utilization: float
     weights_memory: int | None
-    activation_memory: int
-    cuda_graph_memory: int
+    activation_memory: int | None
+    cuda_graph_memory: int | None
     format: str
 
 

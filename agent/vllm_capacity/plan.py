@@ -10,6 +10,7 @@ from vllm_capacity.geometry import Geometry
 from vllm_capacity.plan_inputs import encoder_bytes, lora_bytes
 from vllm_capacity.sizing import KvPlan, MemoryBudget, NotModelled, PlanInputs, kv_dtype_bytes
 from vllm_capacity.sizing.lora import EMBEDDING_SLOTS
+from vllm_capacity.sizing.memory import SAMPLER_PEAK_LOGIT_COPIES
 from vllm_capacity.sizing.versions import MLA_LATENT_CACHE
 from vllm_capacity.units import CONTEXTS, format_bytes
 
@@ -30,38 +31,40 @@ def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | 
 
 
 def _unmeasured_notes(budget: MemoryBudget | None) -> list[str]:
-    """What the budget took as 0 because nobody gave it: never a silent zero. (Estimating them as vLLM's profile
-    would is open work: the activation peak depends on the version's profile run, the graphs on capture sizes.)"""
+    """What the budget estimated or took as 0 because nobody gave it, and where the CUDA graphs are: never a silent
+    figure."""
     if budget is None:
         return []
-    missing = [
-        (name, flag, line)
-        for name, size, flag, line in (
-            (
-                "activation peak",
-                budget.activation_bytes,
-                "--activation-memory",
-                "'PyTorch activation peak memory takes X GiB' ('torch peak memory increase: X GiB' in V0)",
-            ),
-            (
-                "CUDA graphs",
-                budget.cuda_graph_bytes,
-                "--cuda-graph-memory",
-                "'Graph capturing finished in N secs, took X GiB'",
-            ),
+    notes = []
+    if "activations" in budget.not_given:
+        line = "'PyTorch activation peak memory takes X GiB' ('torch peak memory increase' in V1's DEBUG line)"
+        if budget.activation_bytes:
+            notes.append(
+                f"Activation peak not given: estimated at {format_bytes(budget.activation_bytes)}, V1's sampler "
+                f"warm-up over --max-num-seqs requests ({SAMPLER_PEAK_LOGIT_COPIES:g} fp32 copies of their logits "
+                "over the vocabulary; within 1 % of the peaks vLLM 0.10.2 and 0.11 logged for three models). "
+                f"--activation-memory from vLLM's {line} settles it"
+            )
+        else:
+            notes.append(
+                "Activation peak not given and not estimated (V0's profile, or a config.json without the "
+                "vocabulary): taken as 0, so the KV cache above is an upper bound (vLLM's logged start-ups spent "
+                f"1.2-7.4 GiB on it). Give --activation-memory from vLLM's {line}"
+            )
+    if not budget.graphs_in_budget:
+        notes.append(
+            "CUDA graphs: this vLLM captures them after sizing the KV cache, in the memory outside "
+            "gpu_memory_utilization's budget (from 0.20 it subtracts its 'Estimated CUDA graph memory' first): "
+            "they do not change the KV cache"
         )
-        if size == 0
-    ]
-    if not missing:
-        return []
-    names = " and ".join(name for name, _, _ in missing)
-    given = "; ".join(f"{flag} from vLLM's start-up line {line}" for _, flag, line in missing)
-    return [
-        f"{names[0].upper()}{names[1:]} taken as 0 (not given): the KV cache above is what is left without "
-        f"{'them' if len(missing) > 1 else 'it'}, an upper bound (vLLM's logged start-ups spent 1.2-7.4 GiB on the "
-        f"activation peak and 0.1-3.5 GiB on graphs). Give {given}; or plan from --kv-cache-memory (vLLM's "
-        "'Available KV cache memory')"
-    ]
+    elif "CUDA graphs" in budget.not_given:
+        notes.append(
+            "CUDA graphs taken as 0 (not given; vLLM measures them by capturing two graphs on the GPU): the KV "
+            "cache above is an upper bound (vLLM's logged start-ups spent 0.1-3.5 GiB on them). Give "
+            "--cuda-graph-memory from vLLM's 'Estimated CUDA graph memory: X GiB total' (0 with --enforce-eager); "
+            "or plan from --kv-cache-memory (vLLM's 'Available KV cache memory')"
+        )
+    return notes
 
 
 def _lora_note(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> str:
@@ -122,12 +125,17 @@ def budget_picture(budget: MemoryBudget, kv_bytes: int, width: int = 46) -> list
         f"{format_bytes(budget.budget_bytes)}",
         "+" + "-" * width + "+",
     ]
+    graphs_outside = 0 if budget.graphs_in_budget else budget.cuda_graph_bytes
     for name, size in rows:
-        if size:
+        if size and not (name == "CUDA graphs" and graphs_outside):
             lines.append(f"| {name:<19}{format_bytes(size):>14}{size / total * 100:>9.1f} % |")
     lines.append("+" + "-" * width + "+")
     outside = total - budget.budget_bytes
     lines.append(f"| {'Outside the budget':<19}{format_bytes(outside):>14}{outside / total * 100:>9.1f} % |")
+    if graphs_outside:  # captured after the cache, from the memory outside the budget
+        lines.append(
+            f"| {'  of it CUDA graphs':<19}{format_bytes(graphs_outside):>14}{graphs_outside / total * 100:>9.1f} % |"
+        )
     lines.append("+" + "-" * width + "+")
     return lines
 
@@ -255,6 +263,8 @@ def render_json(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
             "weights_bytes": budget.weights_bytes if budget else None,
             "activation_bytes": budget.activation_bytes if budget else None,
             "cuda_graph_bytes": budget.cuda_graph_bytes if budget else None,
+            "cuda_graphs_in_budget": budget.graphs_in_budget if budget else None,
+            "not_given": list(budget.not_given) if budget else None,
             "lora_bytes": budget.lora_bytes if budget else None,
             "encoder_cache_bytes": budget.encoder_cache_bytes if budget else None,
             "kv_cache_bytes": plan.kv_cache_memory_bytes,

@@ -12,11 +12,20 @@ from pathlib import Path
 
 from vllm_capacity.geometry import Geometry, GeometryError, tp_refusal
 from vllm_capacity.options import PlanConfig
-from vllm_capacity.sizing import MemoryBudget, PlanInputs, Speculation, default_max_num_batched_tokens, kv_dtype_bytes
+from vllm_capacity.sizing import (
+    MemoryBudget,
+    PlanInputs,
+    Speculation,
+    default_max_num_batched_tokens,
+    default_max_num_seqs,
+    kv_dtype_bytes,
+    sampler_peak_bytes,
+)
 from vllm_capacity.sizing.errors import NotModelled
+from vllm_capacity.sizing.inputs import resolved_engine
 from vllm_capacity.sizing.lora import Lora, lora_slots
 from vllm_capacity.sizing.memory import encoder_cache_bytes
-from vllm_capacity.sizing.versions import ENCODER_CACHE_PROFILE, dotted
+from vllm_capacity.sizing.versions import CUDA_GRAPHS_IN_BUDGET, ENCODER_CACHE_PROFILE, dotted
 from vllm_capacity.sources.model_config import load_config, model_dir_weights_bytes
 
 ONE_MEMORY_SOURCE = "give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)"
@@ -106,17 +115,35 @@ def gpu_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
         if values.model_dir_path is None:
             raise MissingInput("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
         weights = model_dir_weights_bytes(values.model_dir_path) // (values.tp * values.pp)
+    v1 = resolved_engine(values.engine, values.vllm_version) == "v1"
     budget = MemoryBudget(
         values.gpu_memory,
         values.gpu_memory_utilization,
         weights,
-        values.activation_memory,
-        values.cuda_graph_memory,
+        _activation_bytes(values, geometry, v1),
+        values.cuda_graph_memory or 0,
         lora_bytes=lora,
         encoder_cache_bytes=encoder,
+        graphs_in_budget=v1 and values.vllm_version >= CUDA_GRAPHS_IN_BUDGET,
+        not_given=tuple(
+            name
+            for name, given in (("activations", values.activation_memory), ("CUDA graphs", values.cuda_graph_memory))
+            if given is None
+        ),
     )
     budget.check()  # ImpossiblePlan when nothing is left for the KV cache
     return budget
+
+
+def _activation_bytes(values: PlanConfig, geometry: Geometry, v1: bool) -> int:
+    """The activation peak given, else V1's estimated as its sampler's warm-up (max_num_seqs as given or vllm serve's
+    default for the GPU), else 0 (V0, or a config.json without the vocabulary): the plan's notes say which."""
+    if values.activation_memory is not None:
+        return values.activation_memory
+    if not v1 or geometry.linear is None:
+        return 0
+    seqs = values.max_num_seqs or default_max_num_seqs(values.gpu_memory)
+    return sampler_peak_bytes(geometry.linear.vocab_size, seqs)
 
 
 def plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | None) -> PlanInputs:

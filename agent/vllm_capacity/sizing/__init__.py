@@ -40,7 +40,7 @@ from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing.dense import as_single_group, max_concurrency, plan_dense, started_below_one
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.hybrid import chunked_local_groups, plan_hybrid
-from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens
+from vllm_capacity.sizing.inputs import PlanInputs, default_max_num_batched_tokens, default_max_num_seqs
 from vllm_capacity.sizing.layers import (
     PER_TOKEN_HEAD,
     ROW_SCALE_BYTES,
@@ -50,7 +50,7 @@ from vllm_capacity.sizing.layers import (
     packed_rows,
     sparse_latent_assumption,
 )
-from vllm_capacity.sizing.memory import MemoryBudget
+from vllm_capacity.sizing.memory import MemoryBudget, sampler_peak_bytes
 from vllm_capacity.sizing.offload import cpu_tier_tokens, latent_shared_by_ranks
 from vllm_capacity.sizing.result import KvGroup, KvPlan
 from vllm_capacity.sizing.speculative import DraftPages, Speculation, with_drafter
@@ -81,6 +81,7 @@ __all__ = [
     "bytes_per_token_per_layer",
     "cpu_tier_tokens",
     "default_max_num_batched_tokens",
+    "default_max_num_seqs",
     "kv_dtype_bytes",
     "latent_shared_by_ranks",
     "layers_per_rank",
@@ -89,6 +90,7 @@ __all__ = [
     "parse_version",
     "plan",
     "plan_kv",
+    "sampler_peak_bytes",
     "sparse_latent_assumption",
 ]
 

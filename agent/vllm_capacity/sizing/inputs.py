@@ -57,7 +57,18 @@ class PlanInputs:
     @property
     def resolved_engine(self) -> str:
         """The engine vLLM ``version`` runs: the one asked for, else its default."""
-        return self.engine or ("v0" if self.version < V1_BY_DEFAULT else "v1")
+        return resolved_engine(self.engine, self.version)
+
+
+def resolved_engine(engine: str | None, version: tuple[int, int, int]) -> str:
+    """The engine vLLM ``version`` runs: ``engine`` where one was asked for, else that version's default."""
+    return engine or ("v0" if version < V1_BY_DEFAULT else "v1")
+
+
+def default_max_num_seqs(gpu_memory_bytes: int | None) -> int:
+    """`vllm serve`'s default --max-num-seqs on a GPU of this size (0.32 ``arg_utils``, as from 0.11): 1024 from
+    70 GiB (A100s keep 256, which the size alone cannot tell), else 256."""
+    return 1024 if gpu_memory_bytes is not None and gpu_memory_bytes >= 70 * GiB else 256
 
 
 def default_max_num_batched_tokens(gpu_memory_bytes: int | None) -> int:

@@ -11,7 +11,9 @@ from vllm_capacity.units import GiB
 @dataclass(frozen=True)
 class MemoryBudget:
     """Per GPU rank: total x gpu_memory_utilization = weights + LoRA slots + activation peak + encoder cache + CUDA
-    graphs + KV cache."""
+    graphs + KV cache, where the graphs are in the budget (``graphs_in_budget``: from vLLM 0.20, else they are
+    captured after the cache, outside it). ``not_given``: the figures nobody gave ("activations", "CUDA graphs"),
+    estimated or taken as 0, which the plan then says."""
 
     gpu_memory_bytes: int
     gpu_memory_utilization: float
@@ -20,6 +22,8 @@ class MemoryBudget:
     cuda_graph_bytes: int
     lora_bytes: int = 0  # the adapter slots vLLM preallocates with the weights (sizing.lora)
     encoder_cache_bytes: int = 0  # the multimodal encoder outputs vLLM's memory profile holds at its peak
+    graphs_in_budget: bool = True
+    not_given: tuple[str, ...] = ()
 
     @property
     def outside_kv_bytes(self) -> dict[str, int]:
@@ -29,7 +33,7 @@ class MemoryBudget:
             "LoRA slots": self.lora_bytes,
             "activations": self.activation_bytes,
             "encoder cache": self.encoder_cache_bytes,
-            "CUDA graphs": self.cuda_graph_bytes,
+            "CUDA graphs": self.cuda_graph_bytes if self.graphs_in_budget else 0,
         }
 
     @property
@@ -47,7 +51,7 @@ class MemoryBudget:
             held = " + ".join(
                 f"{name} {size / GiB:.2f} GiB"
                 for name, size in self.outside_kv_bytes.items()
-                if size or name in ("weights", "activations", "CUDA graphs")
+                if size or name in ("weights", "activations") or (name == "CUDA graphs" and self.graphs_in_budget)
             )
             raise ImpossiblePlan(
                 f"{held} exceed the budget of "
@@ -63,3 +67,18 @@ def encoder_cache_bytes(tokens: int, width: int, dtype_bytes: int) -> int:
     size; Qwen3-VL's carry its deepstack levels too) in the model's dtype); the encoder's own activations come on
     top, in the activation peak."""
     return tokens * width * dtype_bytes
+
+
+# vLLM V1's activation peak is its sampler's warm-up (``_dummy_sampler_run``: max_num_seqs dummy requests over the
+# whole vocabulary, in fp32, top-k and top-p on) wherever the forward pass of max_num_batched_tokens needs less: the
+# peaks vLLM 0.10.2 and 0.11.0 logged ('torch peak memory increase' / 'PyTorch activation peak memory') for
+# Qwen3-0.6B (1,024 sequences, vocabulary 151,936: 5.56 GiB), gpt-oss-120b (1,024 x 201,088: 7.38 GiB) and
+# Qwen3-235B-A22B-FP8 at TP 4 (256 x 151,936: 1.40 GiB, every rank samples the gathered logits) are 9.59, 9.62 and
+# 9.66 fp32 copies of those logits (tests/fixtures/cases/capacity-dev.json).
+SAMPLER_PEAK_LOGIT_COPIES = 9.6
+
+
+def sampler_peak_bytes(vocab_size: int, max_num_seqs: int) -> int:
+    """The activation peak of vLLM V1's profile run, estimated as its sampler's warm-up: SAMPLER_PEAK_LOGIT_COPIES
+    fp32 copies of max_num_seqs x vocab_size logits."""
+    return int(SAMPLER_PEAK_LOGIT_COPIES * 4 * max_num_seqs * vocab_size)

