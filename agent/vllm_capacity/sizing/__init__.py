@@ -54,6 +54,7 @@ from vllm_capacity.sizing.memory import MemoryBudget, sampler_peak_bytes
 from vllm_capacity.sizing.offload import cpu_tier_tokens, latent_shared_by_ranks
 from vllm_capacity.sizing.result import KvGroup, KvPlan
 from vllm_capacity.sizing.speculative import DraftPages, Speculation, with_drafter
+from vllm_capacity.sizing.state import attention_only_hybrid_block
 from vllm_capacity.sizing.versions import (
     HYBRID_GROUPS,
     MLA_LATENT_CACHE,
@@ -132,6 +133,11 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         )
         notes += drafted
     as_read, read_as = _as_the_release_reads(geometry, inputs, engine)
+    per_layer = bytes_per_token_per_layer(as_read, inputs.tp, kv_dtype_bytes(inputs.kv_cache_dtype, as_read.dtype))
+    block_size, raised = attention_only_hybrid_block(as_read, inputs, per_layer)
+    if raised:
+        inputs = replace(inputs, block_size=block_size)
+        read_as.append(raised)
     try:
         result = _sized(as_read, inputs, engine, draft)
     except ImpossiblePlan as refused:  # raised again unless the release checked before it sized (and started)

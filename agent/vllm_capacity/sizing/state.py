@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 from vllm_capacity.geometry import Geometry, Mamba1Geometry, MambaGeometry
 from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
 from vllm_capacity.sizing.layers import STATE_KINDS, kv_dtype_bytes
 from vllm_capacity.sizing.versions import (
+    ATTENTION_ONLY_HYBRID,
+    ATTENTION_ONLY_HYBRID_CLASSES,
+    ATTENTION_ONLY_HYBRID_RAISED,
     HYBRID_PREFIX_CACHING,
     MAMBA1_PREFIX_CACHING,
     MAMBA1_V1,
@@ -73,9 +77,7 @@ def state_layout(
             f"SSM state dtype {ssm_name!r}{f' ({why})' if why else ''} is not a dtype vLLM knows"
         ) from None
     state = geometry.state.state_bytes(inputs.tp, conv_bytes, ssm_bytes, spec_columns)
-    # the attention block grows until its page holds a state (platforms/interface.py)
-    align = max(16, block_size) if version >= STATE_BLOCK_ALIGNMENT else 16
-    needed = align * math.ceil(state / (align * per_layer))
+    needed = block_holding(state, per_layer, block_size, version)
     if block_size < needed:
         notes.append(
             f"vLLM raises the attention block size from {block_size} to {needed} tokens so that a page holds "
@@ -91,6 +93,45 @@ def state_layout(
         f"{padding:.2f}%"
     )
     return block_size, state_blocks
+
+
+def block_holding(state: int, per_layer: int, block_size: int, version: tuple[int, int, int]) -> int:
+    """The attention block size whose page (``per_layer`` bytes a token) holds one ``state``: the attention block grows
+    in steps of 16 (from 0.20, of the block size asked for) until it does (platforms/interface.py)."""
+    align = max(16, block_size) if version >= STATE_BLOCK_ALIGNMENT else 16
+    return align * math.ceil(state / (align * per_layer))
+
+
+def attention_only_hybrid_block(geometry: Geometry, inputs: PlanInputs, per_layer: int) -> tuple[int, str | None]:
+    """The attention block size of a GraniteMoeHybrid config whose layers are all attention (Granite 4.0 micro), and
+    the note that says why: from ATTENTION_ONLY_HYBRID_RAISED until ATTENTION_ONLY_HYBRID vLLM took the model class
+    for a hybrid and raised the block until a page held the Mamba-2 state its unused mamba_* fields describe (in a
+    hybrid's dtypes: the model's, or mamba_ssm_cache_dtype for the SSM state); otherwise the block size asked for."""
+    if (
+        geometry.architecture not in ATTENTION_ONLY_HYBRID_CLASSES
+        or geometry.state is not None
+        or inputs.resolved_engine != "v1"
+        or not ATTENTION_ONLY_HYBRID_RAISED <= inputs.version < ATTENTION_ONLY_HYBRID
+    ):
+        return inputs.block_size, None
+    if geometry.unused_state is None:
+        raise NotModelled(
+            f"{geometry.architecture} with attention layers only: vLLM {dotted(inputs.version)} sizes its attention "
+            "block from the Mamba-2 state of the config's mamba_* fields (mamba_n_heads, mamba_d_head, mamba_d_state, "
+            f"...), which config.json does not give whole; vLLM {dotted(ATTENTION_ONLY_HYBRID)} and later do not"
+        )
+    ssm_name, _ = mamba_ssm_dtype(replace(geometry, state=geometry.unused_state), inputs.mamba_ssm_cache_dtype)
+    conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
+    ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
+    state = geometry.unused_state.state_bytes(inputs.tp, conv_bytes, ssm_bytes, 0)
+    needed = block_holding(state, per_layer, inputs.block_size, inputs.version)
+    if needed <= inputs.block_size:
+        return inputs.block_size, None
+    return needed, (
+        f"vLLM {dotted(inputs.version)} takes {geometry.architecture} for a hybrid although every layer is attention, "
+        f"and raises the attention block size from {inputs.block_size} to {needed} tokens so that a page would hold "
+        f"the Mamba-2 state its mamba_* fields describe ({state:,} bytes; fixed in {dotted(ATTENTION_ONLY_HYBRID)})"
+    )
 
 
 def check_mamba1(inputs: PlanInputs, counts: Counter[str], geometry: Geometry) -> None:

