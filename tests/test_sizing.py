@@ -1123,3 +1123,59 @@ def test_granite_4_micro_gets_a_hybrids_attention_block_on_vllm_0_10_to_0_11_0()
     with pytest.raises(NotModelled, match=r"0\.11\.0 sizes its attention block from the Mamba-2 state"):
         plan_kv(partial, kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 0))
     assert plan_kv(partial, kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 1)).block_size == 16
+
+
+# Kimi-Linear-48B-A3B: 27 layers, 7 MLA (kv_lora_rank 512 + rope 64) and 20 KDA (32 heads of 128, conv kernel 4),
+# as its config.json's linear_attn_config lists them (1-based)
+KIMI_LINEAR = {
+    "architectures": ["KimiLinearForCausalLM"],
+    "model_type": "kimi_linear",
+    "hidden_size": 2304,
+    "num_hidden_layers": 27,
+    "num_attention_heads": 32,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128,
+    "v_head_dim": 128,
+    "mla_use_nope": True,
+    "torch_dtype": "bfloat16",
+    "max_position_embeddings": 1048576,
+    "linear_attn_config": {
+        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
+        "kda_layers": [i for i in range(1, 28) if i not in (4, 8, 12, 16, 20, 24, 27)],
+        "num_heads": 32,
+        "head_dim": 128,
+        "short_conv_kernel_size": 4,
+    },
+}
+
+
+@pytest.mark.parametrize("tp", [1, 4])
+def test_kimi_linear_plans_mla_beside_kda_state_as_vllm_0_32(tp: int) -> None:
+    """Kimi Linear as vLLM 0.32 lays it out (before, every layer was planned as MLA: 27 latent layers where 7 exist).
+    Each KDA layer's state per rank is kda_state_shape's conv (3 x 32 x 128 / TP channels x 3 columns, bf16) and
+    recurrent state (32 / TP heads x 128 x 128, float32 by kda_state_dtype); _align_hybrid_block_size raises the MLA
+    block, in multiples of 128 beside MLA, until a page of 576 x 2 B a token holds it; 7 MLA layers and 20 KDA make
+    groups of 7 (3 of KDA, one padded); a request holds ceil(len / block) MLA blocks and 2 per KDA group ('align',
+    prefix caching being on for hybrids)."""
+    g = parse_config(KIMI_LINEAR)
+    assert g.layer_kinds.count("mla") == 7 and g.layer_kinds.count("linear") == 20
+    state = 3 * 32 * 128 // tp * 3 * 2 + 32 // tp * 128 * 128 * 4
+    block = 128 * math.ceil(state / (128 * 576 * 2))
+    assert block == {1: 1920, 4: 512}[tp]
+    memory, mml = 20 * GiB, 131072
+    plan = plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=mml, version=(0, 32, 0), tp=tp)
+    per_request = math.ceil(mml / block) + 3 * 2
+    assert plan.block_size == block and plan.group_size == 7
+    assert plan.num_gpu_blocks == memory // (block * 576 * 2 * 7)
+    assert sum(grp.blocks_per_request for grp in plan.groups) == per_request
+    assert plan.max_concurrency == plan.num_gpu_blocks / per_request
+    assert plan.kv_cache_tokens == int(plan.max_concurrency * mml)
+    assert plan.kv_bytes_per_token == 7 * 576 * 2
+    assert any("one KDA state" in n for n in plan.notes)
+    with pytest.raises(NotModelled, match=r"Kimi Linear\) is planned as vLLM 0\.32\.0"):
+        plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=mml, version=(0, 31, 0), tp=tp)
+    with pytest.raises(NotModelled, match="float32 whatever it says"):
+        plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=mml, mamba_ssm_cache_dtype="bfloat16")
+    with pytest.raises(GeometryError, match=r"linear_attn_config\.kda_layers"):
+        parse_config({**KIMI_LINEAR, "linear_attn_config": {**KIMI_LINEAR["linear_attn_config"], "kda_layers": [0]}})

@@ -108,6 +108,15 @@ class GatedDeltaNetGeometry:
 
 
 @dataclass(frozen=True)
+class KimiDeltaGeometry(GatedDeltaNetGeometry):
+    """A Kimi Delta Attention layer's state (Kimi Linear; vLLM's ``kda_state_shape``): Gated DeltaNet's shapes with as
+    many key as value heads, all ``head_dim`` wide (``linear_attn_config``'s num_heads, head_dim,
+    short_conv_kernel_size); its recurrent state is float32 (``kda_state_dtype``)."""
+
+    name = "KDA"
+
+
+@dataclass(frozen=True)
 class LinearShapes:
     """The sizes of a decoder's linear layers and embeddings (config.json's ``hidden_size``, ``intermediate_size``,
     ``num_attention_heads``, ``vocab_size``): what vLLM's LoRA adapter slots are shaped after. ``experts``: the

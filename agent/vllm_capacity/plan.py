@@ -163,7 +163,8 @@ def what_if(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Memory
 def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: int) -> list[str]:
     """How the KV cache is cut up: one group of every layer, or vLLM's hybrid groups."""
     if "mla" in geometry.layer_kinds:
-        shape = f"{plan.kv_layers_per_rank} layers x latent {geometry.head_dim} x {dtype_bytes} B"
+        latent_layers = geometry.layer_kinds.count("mla") if plan.groups else plan.kv_layers_per_rank
+        shape = f"{latent_layers} layers x latent {geometry.head_dim} x {dtype_bytes} B"
         if geometry.indexer_bytes:
             shape = f"{plan.kv_layers_per_rank} layers x (latent {geometry.head_dim} x {dtype_bytes} B + indexer "
             shape += f"{geometry.indexer_bytes} B)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from vllm_capacity.geometry import Geometry
+from vllm_capacity.geometry import Geometry, KimiDeltaGeometry
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
 from vllm_capacity.sizing.layers import (
@@ -32,6 +32,7 @@ from vllm_capacity.sizing.versions import (
     CHUNKED_LOCAL_GROUPS,
     GROUP_RATIOS,
     IN_FLIGHT_TOKENS,
+    KIMI_LINEAR,
     PADDED_PAGES,
     SLIDING_MTP_RETAINED,
     TOKENS_FROM_CONCURRENCY,
@@ -121,8 +122,13 @@ def _unified_pages(
 def _buckets(geometry: Geometry, inputs: PlanInputs) -> Counter[str]:
     """Layers by kind, leaving out those that hold no cache of their own; refuses what is not modelled."""
     counts = Counter(k for k in geometry.layer_kinds if k not in ("none", "shared"))
-    if "mla" in counts:
+    if "mla" in counts and not (isinstance(geometry.state, KimiDeltaGeometry) and set(counts) <= {"mla", "linear"}):
         raise NotModelled(f"{where(geometry, counts)}: MLA mixed with other layer kinds is not modelled")
+    if "mla" in counts and inputs.version < KIMI_LINEAR:
+        raise NotModelled(
+            f"{where(geometry, counts)}: MLA beside KDA state layers (Kimi Linear) is planned as vLLM "
+            f"{dotted(KIMI_LINEAR)} lays it out; earlier releases were not read"
+        )
     if inputs.pp > 1:
         raise NotModelled(
             f"{where(geometry, counts)}: how pipeline stages split a hybrid layer pattern is not modelled; use PP 1"
@@ -154,6 +160,7 @@ def _layer_specs(
     mml = inputs.max_model_len
     return {
         "full": FullAttentionSpec(block_sizes.get("full", 0), mml, lookahead),
+        "mla": FullAttentionSpec(block_sizes.get("mla", 0), mml, lookahead),
         "sliding": SlidingWindowSpec(
             block_sizes.get("sliding", 0), mml, window, in_flight, lookahead, _retained(geometry, inputs)
         ),
@@ -223,7 +230,7 @@ def _pool(
             f"{memory / GiB:.2f} GiB available; vLLM would refuse to start"
         )
     return KvPlan(
-        kv_bytes_per_token=per_layer * counts.get("full", 0),
+        kv_bytes_per_token=per_layer * (counts.get("full", 0) + counts.get("mla", 0)),
         kv_layers_per_rank=sum(counts.values()),
         block_size=block_size,
         num_gpu_blocks=blocks,

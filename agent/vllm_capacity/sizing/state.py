@@ -8,7 +8,7 @@ import math
 from collections import Counter
 from dataclasses import replace
 
-from vllm_capacity.geometry import Geometry, Mamba1Geometry, MambaGeometry
+from vllm_capacity.geometry import Geometry, KimiDeltaGeometry, Mamba1Geometry, MambaGeometry
 from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
 from vllm_capacity.sizing.layers import STATE_KINDS, kv_dtype_bytes
@@ -21,6 +21,7 @@ from vllm_capacity.sizing.versions import (
     MAMBA1_V1,
     MAMBA2_CHECKPOINT,
     MAMBA2_SPECULATIVE,
+    MLA_HYBRID_BLOCK_ALIGNMENT,
     STATE_BLOCK_ALIGNMENT,
     STATE_SPECULATIVE_BLOCKS,
     dotted,
@@ -77,7 +78,7 @@ def state_layout(
             f"SSM state dtype {ssm_name!r}{f' ({why})' if why else ''} is not a dtype vLLM knows"
         ) from None
     state = geometry.state.state_bytes(inputs.tp, conv_bytes, ssm_bytes, spec_columns)
-    needed = block_holding(state, per_layer, block_size, version)
+    needed = block_holding(state, per_layer, block_size, version, mla="mla" in counts)
     if block_size < needed:
         notes.append(
             f"vLLM raises the attention block size from {block_size} to {needed} tokens so that a page holds "
@@ -95,10 +96,15 @@ def state_layout(
     return block_size, state_blocks
 
 
-def block_holding(state: int, per_layer: int, block_size: int, version: tuple[int, int, int]) -> int:
+def block_holding(
+    state: int, per_layer: int, block_size: int, version: tuple[int, int, int], *, mla: bool = False
+) -> int:
     """The attention block size whose page (``per_layer`` bytes a token) holds one ``state``: the attention block grows
-    in steps of 16 (from 0.20, of the block size asked for) until it does (platforms/interface.py)."""
+    in steps of 16 (from 0.20, of the block size asked for; beside MLA, of at least 128) until it does
+    (platforms/interface.py)."""
     align = max(16, block_size) if version >= STATE_BLOCK_ALIGNMENT else 16
+    if mla:
+        align = max(align, MLA_HYBRID_BLOCK_ALIGNMENT)
     return align * math.ceil(state / (align * per_layer))
 
 
@@ -162,6 +168,13 @@ def resolve_mamba_mode(mode: str, version: tuple[int, int, int]) -> str:
 def mamba_ssm_dtype(geometry: Geometry, requested: str) -> tuple[str, str | None]:
     """vLLM's ``mamba_ssm_cache_dtype``: an explicit value wins; ``auto`` takes the config's own field, Nemotron-H's
     float32 default (0.32 ``NemotronHForCausalLMConfig``), else the conv state's dtype (the model's)."""
+    if isinstance(geometry.state, KimiDeltaGeometry):
+        if requested not in ("auto", "float32"):
+            raise NotModelled(
+                f"--mamba-ssm-cache-dtype {requested}: vLLM 0.32's KDA layers keep their recurrent state in float32 "
+                "whatever it says (kda_state_dtype, called without it), while its block sizing reads it"
+            )
+        return "float32", "KDA's recurrent state is float32 (vLLM's kda_state_dtype)"
     if requested != "auto":
         return requested, None
     if geometry.state is not None and geometry.state.ssm_cache_dtype:

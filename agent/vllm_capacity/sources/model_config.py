@@ -26,6 +26,7 @@ from vllm_capacity.geometry import (
 from vllm_capacity.sources.model_layers import (
     chunked_layers,
     gated_delta_net_state,
+    kimi_delta_layers,
     layer_kinds,
     mamba1_state,
     mamba2_state,
@@ -78,15 +79,17 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
     dtype = _dtype(doc, cfg)
 
     if cfg.get("kv_lora_rank") is not None:  # MLA (DeepSeek V2/V3): one latent vector per token and layer
+        kimi = kimi_delta_layers(cfg, num_layers)  # Kimi Linear: MLA beside KDA state layers
         return Geometry(
             str(architecture),
             num_layers,
             1,
             required_int(cfg, "kv_lora_rank") + required_int(cfg, "qk_rope_head_dim"),
             dtype,
-            ("mla",) * num_layers,
+            tuple(kimi[0]) if kimi else ("mla",) * num_layers,
             None,
             _max_pos(cfg),
+            kimi[1] if kimi else None,
             mtp_layers=_mtp_layers(cfg),
             mla_heads=positive_int(cfg, "num_attention_heads"),
             **_sparse_indexer(cfg),

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_capacity.geometry import GatedDeltaNetGeometry, GeometryError, Mamba1Geometry, MambaGeometry
+from vllm_capacity.geometry import (
+    GatedDeltaNetGeometry,
+    GeometryError,
+    KimiDeltaGeometry,
+    Mamba1Geometry,
+    MambaGeometry,
+)
 
 _LAYER_TYPE_NAMES = {
     "full_attention": "full",
@@ -92,6 +98,22 @@ def gated_delta_net_state(cfg: dict[str, Any]) -> GatedDeltaNetGeometry | None:
         conv_kernel=positive_int(cfg, "linear_conv_kernel_dim") or 4,
         ssm_cache_dtype=cfg.get("mamba_ssm_cache_dtype") or cfg.get("mamba_ssm_dtype"),
     )
+
+
+def kimi_delta_layers(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], KimiDeltaGeometry] | None:
+    """Kimi Linear's layers and KDA state from ``linear_attn_config``: ``kda_layers`` (1-based, as its config class
+    reads them) hold a KDA state ("linear"), the others MLA; None without that section."""
+    section = cfg.get("linear_attn_config")
+    if section is None:
+        return None
+    if not isinstance(section, dict):
+        raise GeometryError("linear_attn_config", f"a {type(section).__name__}, not an object")
+    kda = section.get("kda_layers")
+    if not isinstance(kda, list) or not all(isinstance(i, int) and 1 <= i <= num_layers for i in kda):
+        raise GeometryError("linear_attn_config.kda_layers", f"expected layer numbers from 1 to {num_layers}")
+    heads, head_dim = required_int(section, "num_heads"), required_int(section, "head_dim")
+    state = KimiDeltaGeometry(heads, heads, head_dim, head_dim, positive_int(section, "short_conv_kernel_size") or 4)
+    return ["linear" if i + 1 in kda else "mla" for i in range(num_layers)], state
 
 
 def layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int | None]:
