@@ -1155,3 +1155,17 @@ def test_kimi_linear_plans_mla_beside_kda_state_as_vllm_0_32(tp: int) -> None:
         plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=mml, mamba_ssm_cache_dtype="bfloat16")
     with pytest.raises(GeometryError, match=r"linear_attn_config\.kda_layers"):
         parse_config({**KIMI_LINEAR, "linear_attn_config": {**KIMI_LINEAR["linear_attn_config"], "kda_layers": [0]}})
+
+
+def test_deepseek_v4_is_refused_rather_than_sized_as_sliding_attention() -> None:
+    """DeepSeek-V4's config (no kv_lora_rank; head_dim 512, one KV head, a sliding window, compress_ratios per layer)
+    once came out as 43 sliding-window layers of one 512-wide head: a plan of a cache vLLM does not have. Its
+    compressed and indexer groups are not modelled, and the plan says so."""
+    v4 = {
+        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "num_hidden_layers": 43,
+        "hidden_size": 4096, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+        "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_lora_rank": 1024, "sliding_window": 128,
+        "compress_ratios": [0, 0] + [4, 128] * 20 + [4], "index_topk": 512, "torch_dtype": "bfloat16",
+    }  # fmt: skip
+    with pytest.raises(NotModelled, match=r"DeepSeek-V4's attention caches compressed KV \(compress_ratios\)"):
+        plan_kv(parse_config(v4), kv_cache_memory_bytes=20 * GiB, max_model_len=131072)

@@ -283,6 +283,12 @@ def _per_layer_shape(overrides: Any, kinds: list[str], head_dim: int, kv_heads: 
 def _other_shapes(cfg: dict[str, Any], head_dim: int) -> str | None:
     """Layers whose K/V shape the planner does not read (vLLM 0.32 caches them in pages of another size): named, so
     that the plan refuses rather than sizing every layer like the first kind."""
+    if cfg.get("compress_ratios") is not None:  # DeepSeek-V4
+        return (
+            "DeepSeek-V4's attention caches compressed KV (compress_ratios) beside a sliding window and its indexer's "
+            "keys, in groups of their own (vLLM 0.32 models/deepseek_v4), which the planner does not size; vLLM's "
+            "'GPU KV cache size' line gives its tokens"
+        )
     if cfg.get("use_bidirectional_attention") == "all":  # Gemma 4's embedding variants: transformers halves the window
         return "use_bidirectional_attention 'all' changes the sliding window the config gives: not modelled"
     if cfg.get("hybrid_layer_pattern") is not None or cfg.get("swa_head_dim") is not None:  # MiMo-V2
