@@ -259,3 +259,20 @@ def test_plan_command_line(tmp_path: Path) -> None:
         assert done.returncode == 2 and message in done.stderr, done.stderr
     refused = _plan(*base, "--speculative-method", "mtp", "--num-speculative-tokens", "1")
     assert refused.returncode == 3 and "not modelled" in refused.stderr
+
+
+def test_dflash_adds_its_drafters_layers_and_a_bonus_slot() -> None:
+    """DFlash (vLLM 0.32: a block-diffusion drafter with a config.json of its own) registers its layers in the pool
+    as a draft model does, and each request reserves num_speculative_tokens + 1 look-ahead slots (its bonus query and
+    one per drafted token); it is planned as 0.32 runs it, refused before, and needs the drafter's config."""
+    target = parse_config(LLAMA_8B)
+    draft = parse_config({**LLAMA_8B, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 5})
+    plan = plan_kv(target, **KW, version=(0, 32, 0), speculation=Speculation("dflash", 15, draft))
+    assert plan.kv_layers_per_rank == 37 and plan.num_gpu_blocks == 40 * GiB // (37 * 4096 * 16)
+    assert plan.lookahead_tokens == 16
+    assert plan.concurrency_at(4096) == plan.kv_cache_tokens / (4096 + 16)
+    assert any("DFlashDraftModel" in n for n in plan.notes)
+    with pytest.raises(NotModelled, match=r"DFlash is planned as vLLM 0\.32\.0"):
+        plan_kv(target, **KW, version=(0, 31, 0), speculation=Speculation("dflash", 15, draft))
+    with pytest.raises(ValueError, match=r"dflash needs the draft model's config\.json"):
+        plan_kv(target, **KW, speculation=Speculation("dflash", 15))

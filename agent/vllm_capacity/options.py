@@ -498,7 +498,7 @@ PLAN_OPTIONS = (
     ),
     Option(
         "--speculative-method",
-        _choice("eagle", "eagle3", "mtp", "draft_model", "ngram"),
+        _choice("eagle", "eagle3", "mtp", "draft_model", "dflash", "ngram"),
         None,
         "vLLM's --speculative-config method, whose drafter shares the KV pool (default: none)",
     ),

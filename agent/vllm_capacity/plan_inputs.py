@@ -25,6 +25,7 @@ from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.inputs import resolved_engine
 from vllm_capacity.sizing.lora import Lora, lora_slots
 from vllm_capacity.sizing.memory import encoder_cache_bytes
+from vllm_capacity.sizing.speculative import DRAFT_CONFIG_NEEDED
 from vllm_capacity.sizing.versions import CUDA_GRAPHS_IN_BUDGET, ENCODER_CACHE_PROFILE, dotted
 from vllm_capacity.sources.model_config import load_config, model_dir_weights_bytes
 
@@ -195,10 +196,8 @@ def speculation_option(values: PlanConfig) -> Speculation | None:
         return None
     if tokens is None:
         raise MissingInput(f"--speculative-method {method} needs --num-speculative-tokens")
-    if method == "draft_model" and draft is None:
-        raise MissingInput(
-            "--speculative-method draft_model needs --draft-model-config (the draft model's config.json)"
-        )
+    if method in DRAFT_CONFIG_NEEDED and draft is None:
+        raise MissingInput(f"--speculative-method {method} needs --draft-model-config (the draft model's config.json)")
     if method in ("mtp", "ngram") and draft is not None:
         raise MissingInput(f"--speculative-method {method} takes no --draft-model-config")
     return Speculation(method, tokens, read_config(draft) if draft is not None else None)

@@ -8,7 +8,10 @@ After vLLM 0.32's ``vllm/config/speculative.py`` and ``vllm/config/vllm.py``:
   all of them (``get_kv_cache_spec`` walks the whole forward context). A drafter whose pages equal the target's
   simply adds layers to a group; one with other pages (fewer KV heads, another head size) joins a single group of
   per-layer page sizes (``UniformTypeKVCacheSpecs``) from 0.11.0, so a block costs the sum of every layer's page.
-* ``num_lookahead_tokens`` = ``num_speculative_tokens`` for EAGLE-family and draft-model drafters (0 for n-gram):
+* DFlash (``method dflash``: a block-diffusion drafter of its own config.json, Qwen3-shaped) registers its layers
+  like a draft model's; its block of drafts is a bonus query and one per drafted token.
+* ``num_lookahead_tokens`` = ``num_speculative_tokens`` for EAGLE-family and draft-model drafters (+1 for DFlash,
+  0 for n-gram):
   ``allocate_slots`` reserves them beyond the scheduled tokens, capped at ``max_model_len``, so vLLM's "Maximum
   concurrency" at ``max_model_len`` is unchanged while a shorter request may hold one block more.
 * Mamba / Gated DeltaNet layers keep one state block per speculative token besides their own (``MambaSpec
@@ -24,12 +27,14 @@ from dataclasses import dataclass, replace
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.layers import bytes_per_token_per_layer
-from vllm_capacity.sizing.versions import MIXED_PAGE_SIZES, SPECULATIVE_RULES, dotted
+from vllm_capacity.sizing.versions import DFLASH, MIXED_PAGE_SIZES, SPECULATIVE_RULES, dotted
 
 Version = tuple[int, int, int]
 
-METHODS = ("eagle", "eagle3", "mtp", "draft_model", "ngram")
-WITH_LAYERS = ("eagle", "eagle3", "mtp", "draft_model")  # drafters with KV layers of their own, and look-ahead slots
+METHODS = ("eagle", "eagle3", "mtp", "draft_model", "dflash", "ngram")
+# drafters with KV layers of their own, and look-ahead slots
+WITH_LAYERS = ("eagle", "eagle3", "mtp", "draft_model", "dflash")
+DRAFT_CONFIG_NEEDED = ("draft_model", "dflash")  # a drafter of its own the planner cannot assume a shape for
 EAGLE_LAYERS = 1  # an EAGLE / EAGLE-3 head without its config.json: one decoder layer (the issue #19996 log fits it)
 
 
@@ -47,14 +52,17 @@ class Speculation:
             raise ValueError(f"speculative method {self.method!r} is not one of {', '.join(METHODS)}")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be positive")
-        if self.method == "draft_model" and self.draft is None:
-            raise ValueError("speculative method draft_model needs the draft model's config.json")
+        if self.method in DRAFT_CONFIG_NEEDED and self.draft is None:
+            raise ValueError(f"speculative method {self.method} needs the draft model's config.json")
         if self.method in ("mtp", "ngram") and self.draft is not None:
             raise ValueError(f"speculative method {self.method} has no separate drafter config")
 
     @property
     def lookahead_tokens(self) -> int:
-        """KV slots each request reserves for the drafted tokens (vLLM's ``num_lookahead_tokens``)."""
+        """KV slots each request reserves for the drafted tokens (vLLM's ``num_lookahead_tokens``): DFlash's block
+        of drafts is one bonus query and one per drafted token (0.32 ``VllmConfig.num_lookahead_tokens``)."""
+        if self.method == "dflash":
+            return self.num_speculative_tokens + 1
         return self.num_speculative_tokens if self.method in WITH_LAYERS else 0
 
     @property
@@ -124,6 +132,8 @@ def with_drafter(
         raise NotModelled(f"{name} under V0: its draft worker kept a cache of its own, which is not modelled")
     if version < SPECULATIVE_RULES:
         raise NotModelled(f"{name} is planned from vLLM {dotted(SPECULATIVE_RULES)}, not before")
+    if speculation.method == "dflash" and version < DFLASH:
+        raise NotModelled(f"{name}: DFlash is planned as vLLM {dotted(DFLASH)} runs it; earlier releases were not read")
     if pp > 1:
         raise NotModelled(f"{name} under pipeline parallelism: where the drafter's layers go is not modelled")
     notes = []

