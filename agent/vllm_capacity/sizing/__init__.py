@@ -133,8 +133,7 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         )
         notes += drafted
     as_read, read_as = _as_the_release_reads(geometry, inputs, engine)
-    per_layer = bytes_per_token_per_layer(as_read, inputs.tp, kv_dtype_bytes(inputs.kv_cache_dtype, as_read.dtype))
-    block_size, raised = attention_only_hybrid_block(as_read, inputs, per_layer)
+    block_size, raised = attention_only_hybrid_block(as_read, inputs)
     if raised:
         inputs = replace(inputs, block_size=block_size)
         read_as.append(raised)

@@ -11,7 +11,7 @@ from dataclasses import replace
 from vllm_capacity.geometry import Geometry, KimiDeltaGeometry, Mamba1Geometry, MambaGeometry
 from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.inputs import PlanInputs
-from vllm_capacity.sizing.layers import STATE_KINDS, kv_dtype_bytes
+from vllm_capacity.sizing.layers import STATE_KINDS, bytes_per_token_per_layer, kv_dtype_bytes
 from vllm_capacity.sizing.versions import (
     ATTENTION_ONLY_HYBRID,
     ATTENTION_ONLY_HYBRID_CLASSES,
@@ -69,14 +69,7 @@ def state_layout(
     state_blocks = 1 if mode == "none" else geometry.state.align_blocks(version >= MAMBA2_CHECKPOINT)
     spec_blocks, spec_columns = speculative_state(geometry, counts, inputs)
     state_blocks += spec_blocks
-    ssm_name, why = mamba_ssm_dtype(geometry, inputs.mamba_ssm_cache_dtype)
-    conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
-    try:
-        ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
-    except ValueError:
-        raise ValueError(
-            f"SSM state dtype {ssm_name!r}{f' ({why})' if why else ''} is not a dtype vLLM knows"
-        ) from None
+    conv_bytes, ssm_bytes, why = _state_dtype_bytes(geometry, inputs.mamba_ssm_cache_dtype)
     state = geometry.state.state_bytes(inputs.tp, conv_bytes, ssm_bytes, spec_columns)
     needed = block_holding(state, per_layer, block_size, version, mla="mla" in counts)
     if block_size < needed:
@@ -96,6 +89,20 @@ def state_layout(
     return block_size, state_blocks
 
 
+def _state_dtype_bytes(geometry: Geometry, requested: str) -> tuple[int, int, str | None]:
+    """Bytes per element of a state's conv part (the model's dtype) and SSM part (``mamba_ssm_dtype``), and why the
+    SSM dtype is what it is (None where asked for or the model's)."""
+    ssm_name, why = mamba_ssm_dtype(geometry, requested)
+    conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
+    try:
+        ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
+    except ValueError:
+        raise ValueError(
+            f"SSM state dtype {ssm_name!r}{f' ({why})' if why else ''} is not a dtype vLLM knows"
+        ) from None
+    return conv_bytes, ssm_bytes, why
+
+
 def block_holding(
     state: int, per_layer: int, block_size: int, version: tuple[int, int, int], *, mla: bool = False
 ) -> int:
@@ -108,7 +115,7 @@ def block_holding(
     return align * math.ceil(state / (align * per_layer))
 
 
-def attention_only_hybrid_block(geometry: Geometry, inputs: PlanInputs, per_layer: int) -> tuple[int, str | None]:
+def attention_only_hybrid_block(geometry: Geometry, inputs: PlanInputs) -> tuple[int, str | None]:
     """The attention block size of a GraniteMoeHybrid config whose layers are all attention (Granite 4.0 micro), and
     the note that says why: from ATTENTION_ONLY_HYBRID_RAISED until ATTENTION_ONLY_HYBRID vLLM took the model class
     for a hybrid and raised the block until a page held the Mamba-2 state its unused mamba_* fields describe (in a
@@ -126,10 +133,10 @@ def attention_only_hybrid_block(geometry: Geometry, inputs: PlanInputs, per_laye
             "block from the Mamba-2 state of the config's mamba_* fields (mamba_n_heads, mamba_d_head, mamba_d_state, "
             f"...), which config.json does not give whole; vLLM {dotted(ATTENTION_ONLY_HYBRID)} and later do not"
         )
-    ssm_name, _ = mamba_ssm_dtype(replace(geometry, state=geometry.unused_state), inputs.mamba_ssm_cache_dtype)
-    conv_bytes = kv_dtype_bytes("auto", geometry.dtype)
-    ssm_bytes = conv_bytes if ssm_name == "auto" else kv_dtype_bytes(ssm_name, geometry.dtype)
+    as_hybrid = replace(geometry, state=geometry.unused_state)
+    conv_bytes, ssm_bytes, _ = _state_dtype_bytes(as_hybrid, inputs.mamba_ssm_cache_dtype)
     state = geometry.unused_state.state_bytes(inputs.tp, conv_bytes, ssm_bytes, 0)
+    per_layer = bytes_per_token_per_layer(geometry, inputs.tp, kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype))
     needed = block_holding(state, per_layer, inputs.block_size, inputs.version)
     if needed <= inputs.block_size:
         return inputs.block_size, None
