@@ -10,6 +10,8 @@
   layout from 3 groups of 2 to 2 groups of 3.
 * a tiny DeepSeek-V3 (2 MLA layers) with its own MTP layer (--speculative-config.method mtp): one MLA layer more in
   the pool, on vLLM's CPU MLA backend.
+* the tiny Gemma 4 with its assistant (method mtp, a gemma4_assistant drafter whose layers read the target's K/V): no
+  page more, the blocks of the target alone, and the assistant drafts.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ CASES = {
     "llama-draft-model": ("tiny-llama", "tiny-llama-draft", "draft_model", 1024, 4, (), None),
     "gemma3-eagle": ("tiny-gemma3", "tiny-llama-eagle", "eagle", 2048, 4, ("--max-num-batched-tokens", "256"), (3, 2)),
     "deepseek-mtp": ("tiny-deepseek-mtp", None, "mtp", 2048, 16, (), None),
+    "gemma4-mtp": ("tiny-gemma4", "tiny-gemma4-assistant", "mtp", 1024, 4, ("--max-num-batched-tokens", "256"), None),
 }
+READS_TARGET_KV = ("gemma4-mtp",)  # drafters without pages of their own: the target's blocks alone
 
 
 def _report(url: str, *extra: str) -> dict:
@@ -83,7 +87,7 @@ def test_plan_and_report_agree_with_a_real_speculative_server(case: str, servers
     try:
         server.wait_ready()
         version = httpx.get(server.url + "/version").json()["version"]
-        if case == "llama-eagle":  # a few requests, so that the drafter drafts and vLLM counts it
+        if case in ("llama-eagle", "gemma4-mtp"):  # a few requests, so that the drafter drafts and vLLM counts it
             for i in range(3):
                 body = {"model": target, "prompt": f"the quick brown fox {i}", "max_tokens": 24, "ignore_eos": True}
                 assert httpx.post(server.url + "/v1/completions", json=body, timeout=120).status_code == 200
@@ -100,6 +104,11 @@ def test_plan_and_report_agree_with_a_real_speculative_server(case: str, servers
         draft_config = str(lab.cache_dir() / drafter / "config.json")
         plans = [run_plan(server.cache / target, cc, max_model_len, version, *plan_args, "--draft-model-config",
                           draft_config)]  # fmt: skip
+        if case in READS_TARGET_KV:  # MTP on a Gemma 4 without the assistant's config: what a live server's log says
+            plans.append(run_plan(server.cache / target, cc, max_model_len, version, *plan_args))
+            assert all(any("reads the target's KV cache" in n for n in p["notes"]) for p in plans)
+            drafts = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_drafts_total")
+            assert drafts > 0  # the assistant drafted, reading the pages the plan gave the target alone
     else:  # MTP: the target's own layers
         plans = [run_plan(server.cache / target, cc, max_model_len, version, *plan_args)]
         assert plans[0]["kv_layers_per_rank"] == 3  # 2 MLA layers and the MTP layer
@@ -110,7 +119,11 @@ def test_plan_and_report_agree_with_a_real_speculative_server(case: str, servers
     alone = run_plan(server.cache / target, cc, max_model_len, version, "--async-scheduling", "off", *extra_args)
     for plan in plans:
         print(f"\n{case}: vLLM {logged}, blocks {cc['num_gpu_blocks']}; plan {plan['num_gpu_blocks']} blocks")
-        assert plan["num_gpu_blocks"] == int(cc["num_gpu_blocks"]) < alone["num_gpu_blocks"]
+        assert plan["num_gpu_blocks"] == int(cc["num_gpu_blocks"])
+        if case in READS_TARGET_KV:
+            assert plan["num_gpu_blocks"] == alone["num_gpu_blocks"]
+        else:
+            assert plan["num_gpu_blocks"] < alone["num_gpu_blocks"]
         assert plan["kv_cache_tokens"] == int(cc["kv_cache_size_tokens"]) == logged["kv_cache_tokens"]
         assert plan["max_concurrency"] == pytest.approx(float(cc["kv_cache_max_concurrency"]), rel=1e-12)
         if layout is not None:
@@ -118,15 +131,19 @@ def test_plan_and_report_agree_with_a_real_speculative_server(case: str, servers
             assert (len(alone["groups"]), alone["group_size"]) == (3, layout[1])
     if report is not None:
         (engine,) = report["engines"]
-        # live: the agent read the EAGLE config from vLLM's log and plans the head's layer in the pool too
+        # live: the agent read the speculative config from vLLM's log and plans the drafter's layers in the pool too
+        # (EAGLE: the head's layer; Gemma 4's assistant: none, it reads the target's)
         layout = engine["layout"]
         assert layout["mismatch"] is False and layout["planned_tokens"] == int(cc["kv_cache_size_tokens"])
-        assert "eagle speculation of 2 tokens" in layout["assumed"]
+        assert f"{'MTP' if method == 'mtp' else method} speculation of 2 tokens" in layout["assumed"]
         # and its bytes per token from config.json count the head's layer, as vLLM's own figure does
         per_token = engine["kv_bytes_per_token_model"]
-        assert per_token == plans[0]["kv_bytes_per_token"] > alone["kv_bytes_per_token"]
-        block = int(cc["block_size"])
-        assert int(cc["kv_cache_memory_bytes"]) // (per_token * block) == int(cc["num_gpu_blocks"])  # explains vLLM's
+        if case in READS_TARGET_KV:  # Gemma 4's layers of two shapes: no one figure per token, as for it alone
+            assert per_token is None
+        else:
+            assert per_token == plans[0]["kv_bytes_per_token"] > alone["kv_bytes_per_token"]
+            block = int(cc["block_size"])
+            assert int(cc["kv_cache_memory_bytes"]) // (per_token * block) == int(cc["num_gpu_blocks"])  # vLLM's
         sd = engine["spec_decode"]
         draft_tokens = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_draft_tokens_total")
         accepted = sum(v for (n, _), v in samples(raw).items() if n == "vllm:spec_decode_num_accepted_tokens_total")

@@ -222,7 +222,7 @@ def test_what_is_refused_is_named() -> None:
         (Speculation("medusa", 2), "not one of"),
         (Speculation("eagle", 0), "positive"),
         (Speculation("draft_model", 2), "needs the draft model"),
-        (Speculation("mtp", 2, target), "no separate drafter"),
+        (Speculation("mtp", 2, target), "only for Gemma 4's assistant"),
     ):
         with pytest.raises(ValueError, match=message):
             plan_kv(target, **KW, speculation=bad)
@@ -253,6 +253,8 @@ def test_plan_command_line(tmp_path: Path) -> None:
         (("--speculative-method", "draft_model", "--num-speculative-tokens", "2"), "needs --draft-model-config"),
         (("--speculative-method", "ngram", "--num-speculative-tokens", "2", "--draft-model-config", str(draft)),
          "takes no --draft-model-config"),
+        (("--speculative-method", "mtp", "--num-speculative-tokens", "2", "--draft-model-config", str(draft)),
+         "only for Gemma 4's assistant"),
         (("--speculative-method", "medusa", "--num-speculative-tokens", "2"), "not one of"),
     ):  # fmt: skip
         done = _plan(*base, *args)
@@ -276,3 +278,60 @@ def test_dflash_adds_its_drafters_layers_and_a_bonus_slot() -> None:
         plan_kv(target, **KW, version=(0, 31, 0), speculation=Speculation("dflash", 15, draft))
     with pytest.raises(ValueError, match=r"dflash needs the draft model's config\.json"):
         plan_kv(target, **KW, speculation=Speculation("dflash", 15))
+
+
+# Gemma 4 and its assistant, as transformers writes them: the assistant's text_config names no architecture, and all
+# its layers are KV-shared (Gemma4AssistantConfig requires num_kv_shared_layers == num_hidden_layers)
+GEMMA4 = {
+    "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "num_hidden_layers": 12,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "sliding_window": 1024,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2, "torch_dtype": "bfloat16",
+}  # fmt: skip
+GEMMA4_ASSISTANT = {
+    "architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant", "backbone_hidden_size": 2560,
+    "dtype": "bfloat16",
+    "text_config": {
+        "architectures": None, "model_type": "gemma4_text", "num_hidden_layers": 4, "num_kv_shared_layers": 4,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256, "hidden_size": 256,
+        "sliding_window": 1024, "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+    },
+}  # fmt: skip
+
+
+def test_gemma4_assistant_reads_the_targets_kv_and_adds_no_page() -> None:
+    """Gemma 4's assistant (vLLM's gemma4_mtp, run as method mtp from 0.21.0) has Q-only layers that read the K/V of
+    the target's last layer of their type: the pool is the target's alone, and each request still reserves
+    num_speculative_tokens look-ahead slots. Without its config.json (what a live server's log gives: method mtp),
+    MTP on a Gemma 4, which has no MTP layers, is the assistant. On the real CPU server in
+    test_real_vllm_speculative.py."""
+    target, assistant = parse_config(GEMMA4), parse_config(GEMMA4_ASSISTANT)
+    assert assistant.architecture == "Gemma4AssistantForCausalLM"
+    assert assistant.reads_target_kv and assistant.kv_layers == 0 and not target.reads_target_kv
+    kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 32768, "max_num_batched_tokens": 8192}
+    for speculation in (Speculation("mtp", 3, assistant), Speculation("mtp", 3)):
+        for version in ((0, 21, 0), (0, 32, 0)):
+            alone = plan_kv(target, **kw, version=version)
+            plan = plan_kv(target, **kw, version=version, speculation=speculation)
+            assert (plan.num_gpu_blocks, plan.kv_cache_tokens) == (alone.num_gpu_blocks, alone.kv_cache_tokens)
+            assert plan.concurrency_at(4096) < alone.concurrency_at(4096)  # the look-ahead slots, in every group
+            assert any("reads the target's KV cache" in n for n in plan.notes)
+        with pytest.raises(NotModelled, match=r"planned from vLLM 0\.21\.0"):
+            plan_kv(target, **kw, version=(0, 20, 2), speculation=speculation)
+    # the unified model's assistant came later (read in 0.25.1, not in 0.21.0)
+    unified = parse_config({**GEMMA4_ASSISTANT, "model_type": "gemma4_unified_assistant",
+                            "architectures": ["Gemma4UnifiedAssistantForCausalLM"]})  # fmt: skip
+    assert plan_kv(target, **kw, version=(0, 25, 1), speculation=Speculation("mtp", 3, unified)).num_gpu_blocks == (
+        plan_kv(target, **kw, version=(0, 25, 1)).num_gpu_blocks
+    )
+    with pytest.raises(NotModelled, match=r"planned from vLLM 0\.25\.1"):
+        plan_kv(target, **kw, version=(0, 25, 0), speculation=Speculation("mtp", 3, unified))
+    # what vLLM would not run
+    with pytest.raises(NotModelled, match="vLLM pairs Gemma 4's assistant with a Gemma 4 only"):
+        plan_kv(parse_config(LLAMA_8B), **KW, speculation=Speculation("mtp", 3, assistant))
+    with pytest.raises(ValueError, match="runs as speculative method mtp"):
+        plan_kv(target, **kw, speculation=Speculation("draft_model", 3, assistant))
+    with pytest.raises(ValueError, match="only for Gemma 4's assistant"):
+        plan_kv(target, **kw, speculation=Speculation("mtp", 3, parse_config(LLAMA_1B)))
+    # an ordinary Gemma 4 config still refuses a count of KV-shared layers that is all of them
+    with pytest.raises(GeometryError, match="num_kv_shared_layers"):
+        parse_config({**GEMMA4, "num_kv_shared_layers": 12})

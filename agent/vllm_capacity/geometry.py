@@ -181,6 +181,11 @@ class Geometry:
         return sum(kind in KV_KINDS for kind in self.layer_kinds)
 
     @property
+    def reads_target_kv(self) -> bool:
+        """Every layer reads another model's K/V and holds none (Gemma 4's assistant, a speculative drafter)."""
+        return bool(self.layer_kinds) and set(self.layer_kinds) == {"shared"}
+
+    @property
     def uniform(self) -> bool:
         """One kind of KV layer and nothing else that holds cache: vLLM's single-group case."""
         kinds = {k for k in self.layer_kinds if k != "none"}

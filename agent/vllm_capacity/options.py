@@ -512,8 +512,8 @@ PLAN_OPTIONS = (
         "--draft-model-config",
         _path,
         None,
-        "the drafter's config.json: the draft model's, or the EAGLE head's (default for eagle: one layer shaped "
-        "like the target's)",
+        "the drafter's config.json: the draft model's, the EAGLE head's (default for eagle: one layer shaped "
+        "like the target's), or Gemma 4's assistant's (mtp)",
         "draft_model_config_path",
     ),
     Option(

@@ -198,7 +198,7 @@ def speculation_option(values: PlanConfig) -> Speculation | None:
         raise MissingInput(f"--speculative-method {method} needs --num-speculative-tokens")
     if method in DRAFT_CONFIG_NEEDED and draft is None:
         raise MissingInput(f"--speculative-method {method} needs --draft-model-config (the draft model's config.json)")
-    if method in ("mtp", "ngram") and draft is not None:
+    if method == "ngram" and draft is not None:  # mtp's: Gemma 4's assistant only (Speculation.check)
         raise MissingInput(f"--speculative-method {method} takes no --draft-model-config")
     return Speculation(method, tokens, read_config(draft) if draft is not None else None)
 

@@ -1,7 +1,8 @@
 """Build two tiny random-weight speculative-decoding drafters for the tiny Llama, sharing its tokenizer (no hub access).
 
-usage: make_tiny_drafters.py CACHE_DIR   (CACHE_DIR holds tiny-llama; writes tiny-llama-eagle, tiny-llama-draft and
-                                         tiny-deepseek-mtp, each with a .complete marker)
+usage: make_tiny_drafters.py CACHE_DIR   (CACHE_DIR holds tiny-llama and tiny-gemma4; writes tiny-llama-eagle,
+                                         tiny-llama-draft, tiny-deepseek-mtp and tiny-gemma4-assistant, each with a
+                                         .complete marker)
 
 They exercise how vLLM sizes the KV cache when a drafter's layers share the target's pool, for the planner's tests:
 
@@ -13,6 +14,8 @@ They exercise how vLLM sizes the KV cache when a drafter's layers share the targ
 * tiny-deepseek-mtp: a DeepSeek-V3 of 2 MLA layers (latent 512 + rope 64, the CPU MLA kernel's size, bf16) and one
   multi-token-prediction layer (``num_nextn_predict_layers`` 1) stored as DeepSeek ships it: ``model.layers.2``
   with its ``enorm``, ``hnorm``, ``eh_proj`` and ``shared_head`` (``--speculative-config.method mtp``).
+* tiny-gemma4-assistant: Gemma 4's assistant for tiny-gemma4 (transformers' ``Gemma4AssistantForCausalLM``, run by
+  vLLM as ``method mtp``): 2 Q-only layers (sliding, full) that read the target's K/V, so no page of their own.
 """
 
 import glob
@@ -24,7 +27,15 @@ import tempfile
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
+    Gemma4AssistantConfig,
+    Gemma4AssistantForCausalLM,
+    Gemma4TextConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
 
 cache = sys.argv[1]
 src = os.path.join(cache, "tiny-llama")
@@ -34,11 +45,11 @@ keep = ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "hidden_si
 common = {k: base[k] for k in keep}
 
 
-def copy_tokenizer(out: str) -> None:
+def copy_tokenizer(out: str, source: str = src) -> None:
     os.makedirs(out, exist_ok=True)
     for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        if os.path.exists(os.path.join(src, f)):
-            shutil.copy(os.path.join(src, f), out)
+        if os.path.exists(os.path.join(source, f)):
+            shutil.copy(os.path.join(source, f), out)
 
 
 torch.manual_seed(1)
@@ -98,5 +109,26 @@ config.update(architectures=["DeepseekV3ForCausalLM"], model_type="deepseek_v3",
 config.update(num_nextn_predict_layers=1)
 with open(os.path.join(out, "config.json"), "w") as f:
     json.dump(config, f, indent=2)
+open(os.path.join(out, ".complete"), "w").close()
+print("tiny drafter written to", out)
+
+torch.manual_seed(3)
+gemma4_dir = os.path.join(cache, "tiny-gemma4")
+with open(os.path.join(gemma4_dir, "config.json")) as f:
+    gemma4 = json.load(f)
+# the assistant's own decoder: narrower than the target (its pre/post projections join the two widths); each layer
+# type's head_dim matches the target's layer it reads (32 sliding, 64 full); all layers KV-shared, as
+# Gemma4AssistantConfig requires
+text = Gemma4TextConfig(
+    **{k: gemma4[k] for k in ("vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "rope_parameters")},
+    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    head_dim=32, layer_types=["sliding_attention", "full_attention"], sliding_window=gemma4["sliding_window"],
+    per_layer_config={"1": {"head_dim": 64}}, max_position_embeddings=4096, hidden_size_per_layer_input=0,
+    vocab_size_per_layer_input=0, enable_moe_block=False, use_double_wide_mlp=False, num_kv_shared_layers=2,
+)  # fmt: skip
+assistant = Gemma4AssistantConfig(text_config=text, backbone_hidden_size=gemma4["hidden_size"])
+out = os.path.join(cache, "tiny-gemma4-assistant")
+copy_tokenizer(out, gemma4_dir)
+Gemma4AssistantForCausalLM(assistant).to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
 open(os.path.join(out, ".complete"), "w").close()
 print("tiny drafter written to", out)

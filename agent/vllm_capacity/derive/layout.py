@@ -126,7 +126,8 @@ def live_speculation(seen: LiveSpeculation) -> tuple[object, str]:
     if method in _WITHOUT_LAYERS:
         return sizing.Speculation("ngram", tokens), f", {method} speculation of {tokens} tokens"
     if method == "mtp" or method.endswith("_mtp"):
-        return sizing.Speculation("mtp", tokens), f", MTP speculation of {tokens} tokens (the model's own layers)"
+        own = "the model's own layers; Gemma 4's assistant reads its KV"
+        return sizing.Speculation("mtp", tokens), f", MTP speculation of {tokens} tokens ({own})"
     if method in ("eagle", "eagle3"):
         return (
             sizing.Speculation(method, tokens),

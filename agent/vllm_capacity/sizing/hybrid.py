@@ -26,6 +26,7 @@ from vllm_capacity.sizing.layers import (
     kv_dtype_bytes,
 )
 from vllm_capacity.sizing.result import KvGroup, KvPlan
+from vllm_capacity.sizing.speculative import adds_layers
 from vllm_capacity.sizing.state import state_layout, where
 from vllm_capacity.sizing.versions import (
     CHUNKED_LOCAL_DEFAULT_ON,
@@ -76,7 +77,7 @@ def _full_bytes_per_token(geometry: Geometry, counts: Counter[str], inputs: Plan
     if geometry.full_shape is None:
         return None
     heads, head_dim = geometry.full_shape  # the release was checked by sizing.plan
-    if set(counts) & set(STATE_KINDS) or inputs.speculation is not None:
+    if set(counts) & set(STATE_KINDS) or (inputs.speculation and adds_layers(geometry, inputs.speculation)):
         raise NotModelled(
             f"{where(geometry, counts)}: full-attention layers of another shape beside state layers or a drafter "
             "are not modelled"

@@ -8,6 +8,9 @@ After vLLM 0.32's ``vllm/config/speculative.py`` and ``vllm/config/vllm.py``:
   all of them (``get_kv_cache_spec`` walks the whole forward context). A drafter whose pages equal the target's
   simply adds layers to a group; one with other pages (fewer KV heads, another head size) joins a single group of
   per-layer page sizes (``UniformTypeKVCacheSpecs``) from 0.11.0, so a block costs the sum of every layer's page.
+* Gemma 4's assistant (``method mtp`` with a ``gemma4_assistant`` drafter, from 0.21.0) holds no KV of its own:
+  each of its layers reads the target's last layer of its type (cross-model KV sharing), so it adds no page; its
+  look-ahead is an MTP's.
 * DFlash (``method dflash``: a block-diffusion drafter of its own config.json, Qwen3-shaped) registers its layers
   like a draft model's; its block of drafts is a bonus query and one per drafted token.
 * ``num_lookahead_tokens`` = ``num_speculative_tokens`` for EAGLE-family and draft-model drafters (+1 for DFlash,
@@ -27,7 +30,7 @@ from dataclasses import dataclass, replace
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.layers import bytes_per_token_per_layer
-from vllm_capacity.sizing.versions import DFLASH, MIXED_PAGE_SIZES, SPECULATIVE_RULES, dotted
+from vllm_capacity.sizing.versions import DFLASH, GEMMA4_MTP, MIXED_PAGE_SIZES, SPECULATIVE_RULES, dotted
 
 Version = tuple[int, int, int]
 
@@ -36,6 +39,9 @@ METHODS = ("eagle", "eagle3", "mtp", "draft_model", "dflash", "ngram")
 WITH_LAYERS = ("eagle", "eagle3", "mtp", "draft_model", "dflash")
 DRAFT_CONFIG_NEEDED = ("draft_model", "dflash")  # a drafter of its own the planner cannot assume a shape for
 EAGLE_LAYERS = 1  # an EAGLE / EAGLE-3 head without its config.json: one decoder layer (the issue #19996 log fits it)
+# Gemma 4's unified assistant (Gemma4UnifiedAssistantForCausalLM): read in vLLM 0.25.1's config/speculative.py, absent
+# from 0.21.0's
+GEMMA4_UNIFIED_MTP = (0, 25, 1)
 
 
 @dataclass(frozen=True)
@@ -54,8 +60,16 @@ class Speculation:
             raise ValueError("num_speculative_tokens must be positive")
         if self.method in DRAFT_CONFIG_NEEDED and self.draft is None:
             raise ValueError(f"speculative method {self.method} needs the draft model's config.json")
-        if self.method in ("mtp", "ngram") and self.draft is not None:
-            raise ValueError(f"speculative method {self.method} has no separate drafter config")
+        if self.method == "ngram" and self.draft is not None:
+            raise ValueError("speculative method ngram has no separate drafter config")
+        reads_target = self.draft is not None and self.draft.reads_target_kv
+        if self.method == "mtp" and self.draft is not None and not reads_target:
+            raise ValueError(
+                "speculative method mtp takes a drafter's config.json only for Gemma 4's assistant (model_type "
+                "gemma4_assistant); a model's own MTP layers are in its config.json"
+            )
+        if reads_target and self.method != "mtp":
+            raise ValueError("Gemma 4's assistant (a drafter reading the target's KV) runs as speculative method mtp")
 
     @property
     def lookahead_tokens(self) -> int:
@@ -113,6 +127,38 @@ def drafter(target: Geometry, speculation: Speculation) -> Drafter | None:
     return Drafter(kinds.pop(), draft.kv_layers, draft, what)
 
 
+def is_gemma4_assistant(target: Geometry, speculation: Speculation) -> bool:
+    """Whether the drafter is Gemma 4's assistant, which reads the target's KV: its config.json says so, or it is MTP
+    on a Gemma 4, which has no MTP layers of its own (all the agent knows of a live server is its logged method)."""
+    if speculation.draft is not None:
+        return speculation.draft.reads_target_kv
+    return speculation.method == "mtp" and not target.mtp_layers and _gemma4(target)
+
+
+def adds_layers(target: Geometry, speculation: Speculation) -> bool:
+    """Whether the drafter adds KV layers to the pool: n-gram drafts from the prompt, Gemma 4's assistant reads the
+    target's pages."""
+    return speculation.method in WITH_LAYERS and not is_gemma4_assistant(target, speculation)
+
+
+def _gemma4(geometry: Geometry) -> bool:
+    return geometry.architecture.startswith(("Gemma4", "gemma4"))  # the class, or the model_type of a text_config
+
+
+def _check_gemma4_assistant(target: Geometry, speculation: Speculation, version: Version) -> None:
+    """Refuse Gemma 4's assistant beside another model, or before the release that first runs it."""
+    draft = speculation.draft
+    unified = draft is not None and draft.architecture.startswith("Gemma4Unified")
+    if not _gemma4(target):
+        raise NotModelled(
+            f"a drafter that reads the target's KV ({draft.architecture if draft else 'MTP'}) beside "
+            f"{target.architecture}: vLLM pairs Gemma 4's assistant with a Gemma 4 only"
+        )
+    first = GEMMA4_UNIFIED_MTP if unified else GEMMA4_MTP
+    if version < first:
+        raise NotModelled(f"Gemma 4's assistant (MTP) is planned from vLLM {dotted(first)}, which first runs it")
+
+
 @dataclass(frozen=True)
 class DraftPages:
     """A drafter whose pages differ from the target's: its bytes per token per rank, over all its layers."""
@@ -143,6 +189,11 @@ def with_drafter(
             "(vLLM's num_lookahead_tokens), capped at max_model_len: the concurrency at max_model_len is unchanged, "
             "a shorter request may hold one block more"
         )
+    if is_gemma4_assistant(target, speculation):
+        _check_gemma4_assistant(target, speculation, version)
+        what = f"Gemma 4's assistant{f' {speculation.draft.architecture}' if speculation.draft else ''}"
+        shared = f"{name}: {what} reads the target's KV cache (vLLM's cross-model KV sharing): no pages of its own"
+        return target, None, [shared, *notes]
     found = drafter(target, speculation)
     if found is None:
         return target, None, [f"{name}: the drafter holds no KV cache", *notes]

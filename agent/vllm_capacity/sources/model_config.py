@@ -74,7 +74,8 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
     if text is not None and not isinstance(text, dict):
         raise GeometryError("text_config", f"{_short(text)} is not an object (the language model's own config)")
     cfg = {**doc, **text} if text else dict(doc)
-    architecture = _architecture(cfg)
+    assistant = doc.get("model_type") in KV_READING_ASSISTANTS
+    architecture = _architecture(doc if assistant else cfg)  # an assistant's text_config names no architecture
     num_layers = required_int(cfg, "num_hidden_layers")
     dtype = _dtype(doc, cfg)
 
@@ -99,7 +100,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
     head_dim = _head_dim(cfg, heads)
     kinds, window = layer_kinds(cfg, num_layers)
     chunk = positive_int(cfg, "attention_chunk_size")
-    kinds = shared_layers(cfg, chunked_layers(cfg, kinds, num_layers, chunk), num_layers)
+    kinds = shared_layers(cfg, chunked_layers(cfg, kinds, num_layers, chunk), num_layers, assistant=assistant)
     state, unused_state = _states(cfg, kinds)
     full_shape = _full_layer_shape(cfg, kinds, head_dim, kv_heads)
     return Geometry(
@@ -121,6 +122,10 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         num_heads=heads,
     )
 
+
+# speculative drafters whose every layer reads the target's KV cache (transformers' Gemma4AssistantConfig: "all layers
+# in a Gemma 4 Assistant model must be shared"; vLLM's config/speculative.py runs them as gemma4_mtp)
+KV_READING_ASSISTANTS = ("gemma4_assistant", "gemma4_unified_assistant")
 
 # the dtypes a config.json names that vLLM loads (its _STR_DTYPE_TO_TORCH_DTYPE), "torch." prefix allowed
 MODEL_DTYPES = ("float32", "float", "bfloat16", "float16", "half")

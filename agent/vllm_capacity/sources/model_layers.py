@@ -227,8 +227,12 @@ def chunked_layers(cfg: dict[str, Any], kinds: list[str], num_layers: int, chunk
     return kinds
 
 
-def shared_layers(cfg: dict[str, Any], kinds: list[str], num_layers: int) -> list[str]:
-    """Gemma 3n / 4: the last ``num_kv_shared_layers`` layers reuse earlier layers' KV (no cache of their own)."""
+def shared_layers(cfg: dict[str, Any], kinds: list[str], num_layers: int, *, assistant: bool = False) -> list[str]:
+    """Gemma 3n / 4: the last ``num_kv_shared_layers`` layers reuse earlier layers' KV (no cache of their own). A
+    Gemma 4 assistant's layers all read the target's (vLLM zeroes its ``num_kv_shared_layers`` and points each layer
+    at the target's last layer of its type)."""
+    if assistant:
+        return ["shared"] * num_layers
     shared = cfg.get("num_kv_shared_layers") or 0
     if not shared:
         return kinds
