@@ -278,6 +278,17 @@ def test_dflash_adds_its_drafters_layers_and_a_bonus_slot() -> None:
         plan_kv(target, **KW, version=(0, 31, 0), speculation=Speculation("dflash", 15, draft))
     with pytest.raises(ValueError, match=r"dflash needs the draft model's config\.json"):
         plan_kv(target, **KW, speculation=Speculation("dflash", 15))
+    # dflash_config.use_swa (MiMo-V2.5-Pro's drafter) makes every drafter layer sliding-window in vLLM 0.32, the
+    # window swa_window_size: a sliding drafter beside full layers is refused, not planned as full layers
+    swa = {**LLAMA_8B, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 5}
+    sliding = parse_config({**swa, "dflash_config": {"use_swa": True, "swa_window_size": 2048}})
+    assert set(sliding.layer_kinds) == {"sliding"} and sliding.sliding_window == 2048
+    with pytest.raises(NotModelled, match="sliding"):
+        plan_kv(target, **KW, version=(0, 32, 0), speculation=Speculation("dflash", 15, sliding))
+    assert parse_config({**swa, "dflash_config": {"use_swa": False}}).layer_kinds == ("full",) * 5
+    for bad, field in (({"use_swa": True}, "swa_window_size"), ([1], "dflash_config")):
+        with pytest.raises(GeometryError, match=field):
+            parse_config({**swa, "dflash_config": bad})
 
 
 # Gemma 4 and its assistant, as transformers writes them: the assistant's text_config names no architecture, and all

@@ -25,6 +25,7 @@ from vllm_capacity.geometry import (
 )
 from vllm_capacity.sources.model_layers import (
     chunked_layers,
+    dflash_sliding,
     gated_delta_net_state,
     kimi_delta_layers,
     layer_kinds,
@@ -98,7 +99,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         )
     heads, kv_heads = _heads(cfg)
     head_dim = _head_dim(cfg, heads)
-    kinds, window = layer_kinds(cfg, num_layers)
+    kinds, window = dflash_sliding(cfg, *layer_kinds(cfg, num_layers))
     chunk = positive_int(cfg, "attention_chunk_size")
     kinds = shared_layers(cfg, chunked_layers(cfg, kinds, num_layers, chunk), num_layers, assistant=assistant)
     state, unused_state = _states(cfg, kinds)

@@ -127,6 +127,25 @@ def layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int | 
     return ["full"] * num_layers, window
 
 
+def dflash_sliding(cfg: dict[str, Any], kinds: list[str], window: int | None) -> tuple[list[str], int | None]:
+    """A DFlash drafter's ``dflash_config``, as vLLM 0.32 resolves it (``qwen3_dflash._resolve_layer_attention``):
+    ``use_swa`` makes every layer sliding-window unless ``layer_types`` names sliding ones, and a sliding layer's
+    window is ``swa_window_size`` where given, else ``sliding_window`` (MiMo-V2.5-Pro's DFlash drafter sets use_swa)."""
+    dflash = cfg.get("dflash_config")
+    if dflash is None:
+        return kinds, window
+    if not isinstance(dflash, dict):
+        raise GeometryError("dflash_config", "is not an object")
+    if dflash.get("use_swa") and "sliding" not in kinds:
+        kinds = ["sliding" if k == "full" else k for k in kinds]
+    if "sliding" not in kinds:
+        return kinds, window
+    size = dflash.get("swa_window_size", window)
+    if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+        raise GeometryError("dflash_config.swa_window_size", f"{size!r}: a sliding DFlash layer needs a window")
+    return kinds, size
+
+
 def _sliding_window(cfg: dict[str, Any]) -> int | None:
     window = cfg.get("sliding_window")
     if cfg.get("use_sliding_window") is False:
