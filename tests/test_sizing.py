@@ -1079,6 +1079,16 @@ def test_the_activation_peak_estimate_lands_on_vllms_logged_kv_memory(
     assert abs(fewer * default_seqs - doc["memory_budget"]["activation_bytes"] * 64) <= default_seqs
 
 
+def test_vllm_serves_defaults_by_the_gpus_memory() -> None:
+    """`vllm serve`'s --max-num-seqs and --max-num-batched-tokens defaults, one tier a row (0.32 arg_utils): an L40S
+    (48 GB), an H100 (80 GB), a B200 (192 GB), and no GPU size given."""
+    from vllm_capacity.sizing.inputs import default_max_num_batched_tokens, default_max_num_seqs
+
+    for memory, seqs, tokens in ((48 * GiB, 256, 2048), (80 * GiB, 1024, 8192), (192 * GiB, 1024, 16384),
+                                 (None, 256, 2048), (70 * GiB - 1, 256, 2048), (160 * GiB, 1024, 16384)):  # fmt: skip
+        assert (default_max_num_seqs(memory), default_max_num_batched_tokens(memory)) == (seqs, tokens), memory
+
+
 # Granite 4.0 micro: a GraniteMoeHybrid config whose 40 layers are all attention (hidden 2560, 40 heads, 8 KV heads
 # of 64: model-geometry.json), with the Mamba-2 fields of its family (64-wide heads, expand 2, one group, d_state 256,
 # d_conv 4, as in granite-4.0-h-small and -tiny). They give the 1,312-token block the issue reports for vLLM 0.11.

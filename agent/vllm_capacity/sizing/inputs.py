@@ -65,17 +65,23 @@ def resolved_engine(engine: str | None, version: tuple[int, int, int]) -> str:
     return engine or ("v0" if version < V1_BY_DEFAULT else "v1")
 
 
+# `vllm serve`'s defaults by the GPU's memory, one row a tier (0.32 ``arg_utils``, for the OpenAI server, as from
+# 0.11): (from bytes, max_num_seqs, max_num_batched_tokens). vLLM keeps A100s of 80 GB in the last row by their name,
+# which the size alone cannot tell.
+SERVE_DEFAULTS = ((160 * GiB, 1024, 16384), (70 * GiB, 1024, 8192), (0, 256, 2048))
+
+
+def _serve_defaults(gpu_memory_bytes: int | None) -> tuple[int, int]:
+    memory = gpu_memory_bytes or 0
+    return next((seqs, tokens) for floor, seqs, tokens in SERVE_DEFAULTS if memory >= floor)
+
+
 def default_max_num_seqs(gpu_memory_bytes: int | None) -> int:
-    """`vllm serve`'s default --max-num-seqs on a GPU of this size (0.32 ``arg_utils``, as from 0.11): 1024 from
-    70 GiB (A100s keep 256, which the size alone cannot tell), else 256."""
-    return 1024 if gpu_memory_bytes is not None and gpu_memory_bytes >= 70 * GiB else 256
+    """`vllm serve`'s default --max-num-seqs on a GPU of this size: 1024 from 70 GiB, else 256."""
+    return _serve_defaults(gpu_memory_bytes)[0]
 
 
 def default_max_num_batched_tokens(gpu_memory_bytes: int | None) -> int:
-    """`vllm serve`'s default on a GPU of this size (0.32 ``arg_utils``): 16384 from 160 GiB, 8192 from 70 GiB (not
-    on A100s), else 2048. It bounds what a sliding-window layer holds per request."""
-    if gpu_memory_bytes is not None and gpu_memory_bytes >= 160 * GiB:
-        return 16384
-    if gpu_memory_bytes is not None and gpu_memory_bytes >= 70 * GiB:
-        return 8192
-    return 2048
+    """`vllm serve`'s default on a GPU of this size: 16384 from 160 GiB, 8192 from 70 GiB, else 2048. It bounds what a
+    sliding-window layer holds per request."""
+    return _serve_defaults(gpu_memory_bytes)[1]
