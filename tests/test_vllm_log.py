@@ -5,12 +5,13 @@ fixtures/cases/capacity-dev.json), and the real CPU server's own log; following 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from support.files import CASES, VLLM_FIXTURES
-from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures, might_carry_figures
+from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures, might_carry_figures, parse_line
 
 GiB = 2**30
 
@@ -328,3 +329,44 @@ async def test_the_log_is_read_and_matched_off_the_event_loop(tmp_path: Path) ->
     await reader.read()
     assert threads == {False}
     assert reader.sources[SOURCE_LOG].up and reader.figures.engines["1"].kv_cache_tokens == 208_625
+
+
+def _plan_notes(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) -> list[str]:
+    from vllm_capacity import cli
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_8B))
+    base = ["plan", "--model-config", str(config), "--max-model-len", "8192", "--format", "json"]
+    assert cli.main([*base, *args], environ={}) == 0
+    return json.loads(capsys.readouterr().out)["notes"]
+
+
+LLAMA_8B = {
+    "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 4096, "intermediate_size": 14336,
+    "vocab_size": 128256, "torch_dtype": "bfloat16",
+}  # fmt: skip
+
+
+def test_the_log_lines_the_plan_points_to_are_vllms(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Every start-up line the plan's notes tell a user to read a figure from ('X' for the figure) is one vLLM writes:
+    it is in a recorded upstream log (the cases' verbatim logs, the real CPU server's), or, for the DEBUG line no
+    recorded log holds, the agent's own log reader reads a figure from it."""
+    gpu = ["--gpu-memory", "24GiB", "--weights-memory", "15GiB"]
+    notes = [
+        *_plan_notes(capsys, tmp_path, *gpu, "--vllm-version", "0.32.0"),  # both figures estimated or 0
+        *_plan_notes(capsys, tmp_path, *gpu, "--vllm-version", "0.11.0"),  # graphs outside the budget
+        *_plan_notes(capsys, tmp_path, *gpu, "--vllm-version", "0.8.2", "--engine", "v0"),  # no estimate
+        *_plan_notes(capsys, tmp_path, "--kv-cache-memory", "4GiB", "--tp", "2"),  # one rank's figure
+        *_plan_notes(capsys, tmp_path, "--kv-cache-memory", "4GiB", "--max-loras", "2"),  # slots in the weights
+    ]
+    quoted = {q for note in notes for q in re.findall(r"(?<![A-Za-z])'([A-Za-z][^']*)'(?![A-Za-z])", note)}
+    assert len(quoted) >= 6, quoted  # the notes above quote at least these many lines
+    cases = json.loads((CASES / "capacity-dev.json").read_text())
+    logs = [c["verbatim_log"] for c in cases] + [(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log").read_text()]
+    lines = [line for log in logs for line in log.splitlines()]
+    for phrase in quoted:
+        pattern = re.compile(re.escape(phrase).replace("X", r"[0-9.]+"))
+        in_a_log = any(pattern.search(line) for line in lines)
+        read = parse_line(phrase.replace("X", "1.25"))[1]
+        assert in_a_log or read, f"{phrase!r}: in no recorded vLLM log, and not read by the log reader"

@@ -37,7 +37,7 @@ def _unmeasured_notes(budget: MemoryBudget | None) -> list[str]:
         return []
     notes = []
     if "activations" in budget.not_given:
-        line = "'PyTorch activation peak memory takes X GiB' ('torch peak memory increase' in V1's DEBUG line)"
+        line = "'PyTorch activation peak memory takes X GiB' ('torch peak memory increase: X GiB' in V1's DEBUG line)"
         if budget.activation_bytes:
             notes.append(
                 f"Activation peak not given: estimated at {format_bytes(budget.activation_bytes)}, V1's sampler "
