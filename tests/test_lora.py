@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from support.model_configs import LLAMA_31_8B
 from vllm_capacity import plan_inputs
 from vllm_capacity.sizing import NotModelled
 from vllm_capacity.sizing.lora import LOGITS_VOCAB_LIMIT, Lora, lora_slots
@@ -19,11 +20,6 @@ from vllm_capacity.sizing.versions import LORA_SLOTS
 from vllm_capacity.sources.model_config import parse_config
 
 GiB = 2**30
-LLAMA_31_8B = {  # meta-llama/Llama-3.1-8B-Instruct config.json (the fields vLLM's LoRA layers are shaped by)
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256,
-    "torch_dtype": "bfloat16", "max_position_embeddings": 131072,
-}  # fmt: skip
 
 
 def _slots(cfg: dict, lora: Lora, tp: int = 1, pp: int = 1, version: tuple[int, int, int] = LORA_SLOTS) -> int:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.files import CASES as CASES_DIR
-from support.model_configs import KIMI_LINEAR
+from support.model_configs import GEMMA4, KIMI_LINEAR
 from vllm_capacity import cli
 from vllm_capacity.geometry import Geometry, GeometryError
 from vllm_capacity.sizing import (
@@ -937,13 +937,6 @@ def test_layers_of_other_shapes_are_named_not_sized_like_the_first(overrides: di
     # the same model with one shape is planned
     same = {k: v for k, v in cfg.items() if k not in ("hybrid_layer_pattern", "swa_head_dim", "v_head_dim")}
     assert plan_kv(parse_config(same), kv_cache_memory_bytes=40 * GiB, max_model_len=32768).kv_cache_tokens > 0
-
-
-GEMMA4 = {  # a Gemma 4 text config as transformers' Gemma4TextConfig reads it: 5 sliding layers to 1 full
-    "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "num_hidden_layers": 12,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "sliding_window": 1024,
-    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2, "torch_dtype": "bfloat16",
-}  # fmt: skip
 
 
 def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from support.model_configs import GEMMA4
 from vllm_capacity.geometry import GeometryError
 from vllm_capacity.sizing import NotModelled, Speculation, plan_kv
 from vllm_capacity.sizing.versions import (
@@ -299,13 +300,8 @@ def test_dflash_adds_its_drafters_layers_and_a_bonus_slot() -> None:
             parse_config({**swa, "dflash_config": bad})
 
 
-# Gemma 4 and its assistant, as transformers writes them: the assistant's text_config names no architecture, and all
-# its layers are KV-shared (Gemma4AssistantConfig requires num_kv_shared_layers == num_hidden_layers)
-GEMMA4 = {
-    "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "num_hidden_layers": 12,
-    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "sliding_window": 1024,
-    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2, "torch_dtype": "bfloat16",
-}  # fmt: skip
+# Gemma 4's assistant, as transformers writes it: its text_config names no architecture, and all its layers are
+# KV-shared (Gemma4AssistantConfig requires num_kv_shared_layers == num_hidden_layers)
 GEMMA4_ASSISTANT = {
     "architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant", "backbone_hidden_size": 2560,
     "dtype": "bfloat16",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.files import CASES, VLLM_FIXTURES
+from support.model_configs import LLAMA_31_8B
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures, might_carry_figures, parse_line
 
 GiB = 2**30
@@ -335,17 +336,10 @@ def _plan_notes(capsys: pytest.CaptureFixture[str], tmp_path: Path, *args: str) 
     from vllm_capacity import cli
 
     config = tmp_path / "config.json"
-    config.write_text(json.dumps(LLAMA_8B))
+    config.write_text(json.dumps(LLAMA_31_8B))
     base = ["plan", "--model-config", str(config), "--max-model-len", "8192", "--format", "json"]
     assert cli.main([*base, *args], environ={}) == 0
     return json.loads(capsys.readouterr().out)["notes"]
-
-
-LLAMA_8B = {
-    "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 8, "head_dim": 128, "hidden_size": 4096, "intermediate_size": 14336,
-    "vocab_size": 128256, "torch_dtype": "bfloat16",
-}  # fmt: skip
 
 
 def test_the_log_lines_the_plan_points_to_are_vllms(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

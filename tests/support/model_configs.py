@@ -28,3 +28,17 @@ KIMI_LINEAR: dict[str, Any] = {
         "short_conv_kernel_size": 4,
     },
 }
+
+# meta-llama/Llama-3.1-8B-Instruct config.json (the fields vLLM's LoRA layers are shaped by)
+LLAMA_31_8B: dict[str, Any] = {
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256,
+    "torch_dtype": "bfloat16", "max_position_embeddings": 131072,
+}  # fmt: skip
+
+# a Gemma 4 text config as transformers' Gemma4TextConfig reads it: 5 sliding layers to 1 full
+GEMMA4: dict[str, Any] = {
+    "model_type": "gemma4_text", "architectures": ["Gemma4ForCausalLM"], "num_hidden_layers": 12,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "sliding_window": 1024,
+    "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2, "torch_dtype": "bfloat16",
+}  # fmt: skip

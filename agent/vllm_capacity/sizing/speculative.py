@@ -35,6 +35,7 @@ from vllm_capacity.sizing.versions import (
     DFLASH_BONUS_SLOT,
     DFLASH_SLIDING,
     GEMMA4_MTP,
+    GEMMA4_UNIFIED_MTP,
     MIXED_PAGE_SIZES,
     SPECULATIVE_RULES,
     dotted,
@@ -47,9 +48,6 @@ METHODS = ("eagle", "eagle3", "mtp", "draft_model", "dflash", "ngram")
 WITH_LAYERS = ("eagle", "eagle3", "mtp", "draft_model", "dflash")
 DRAFT_CONFIG_NEEDED = ("draft_model", "dflash")  # a drafter of its own the planner cannot assume a shape for
 EAGLE_LAYERS = 1  # an EAGLE / EAGLE-3 head without its config.json: one decoder layer (the issue #19996 log fits it)
-# Gemma 4's unified assistant (Gemma4UnifiedAssistantForCausalLM): read in vLLM 0.25.1's config/speculative.py, absent
-# from 0.21.0's
-GEMMA4_UNIFIED_MTP = (0, 25, 1)
 
 
 @dataclass(frozen=True)

