@@ -349,18 +349,26 @@ def slo_errors(window: str) -> str:
     return f"namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate{window}"
 
 
+def slo_first_tokens(window: str) -> str:
+    return f"namespace_model_name:vllm_capacity_ttft_first_tokens:rate{window}"
+
+
 def slo_records(c: Config) -> list[dict]:
-    """The share of first tokens over the objective, per model, over each window the burn-rate alerts read."""
+    """Per model and window the burn-rate alerts read: first tokens a second (recorded once: the error ratio divides
+    by it and the alerts' traffic guard reads it), and the share of them over the objective."""
     m = f"{c.cluster_label}, namespace, model_name"
     bucket = "vllm:time_to_first_token_seconds_bucket"
-    return [
+    first_tokens = [
+        record(slo_first_tokens(w), f'sum by ({m}) (rate({bucket}{{le="+Inf"}}[{w}]))') for w in SLO_WINDOWS
+    ]
+    errors = [
         record(
             slo_errors(w),
-            f'1 - (sum by ({m}) (rate({bucket}{{le="{c.ttft_objective_le}"}}[{w}])) '
-            f'/ sum by ({m}) (rate({bucket}{{le="+Inf"}}[{w}])))',
+            f'1 - (sum by ({m}) (rate({bucket}{{le="{c.ttft_objective_le}"}}[{w}])) / {slo_first_tokens(w)})',
         )
         for w in SLO_WINDOWS
     ]
+    return first_tokens + errors
 
 
 def slo_alerts(c: Config) -> list[dict]:
@@ -375,8 +383,7 @@ def slo_alerts(c: Config) -> list[dict]:
                 c,
                 name,
                 f"({slo_errors(long)} > {budget}) and on ({m}) ({slo_errors(short)} > {budget}) and on ({m}) "
-                f'(sum by ({m}) (rate(vllm:time_to_first_token_seconds_bucket{{le="+Inf"}}[{long}])) '
-                f">= {c.ttft_min_requests_per_second:g})",
+                f"({slo_first_tokens(long)} >= {c.ttft_min_requests_per_second:g})",
                 for_,
                 severity,
                 f"vLLM's time to first token burns its error budget {rate:g} times as fast as the objective allows.",

@@ -221,7 +221,7 @@
         "rules": [
           {
             "alert": "VLLMTTFTErrorBudgetBurnFast",
-            "expr": std.format("(namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate1h > (14.4 * (1 - %g))) and on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate5m > (14.4 * (1 - %g))) and on (%s, namespace, model_name) (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[1h])) >= %g)", [$._config.ttftSloTarget, $._config.clusterLabel, $._config.ttftSloTarget, $._config.clusterLabel, $._config.clusterLabel, $._config.ttftMinRequestsPerSecond]),
+            "expr": std.format("(namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate1h > (14.4 * (1 - %g))) and on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate5m > (14.4 * (1 - %g))) and on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_ttft_first_tokens:rate1h >= %g)", [$._config.ttftSloTarget, $._config.clusterLabel, $._config.ttftSloTarget, $._config.clusterLabel, $._config.ttftMinRequestsPerSecond]),
             "for": "2m",
             "labels": {
               "severity": "critical",
@@ -234,7 +234,7 @@
           },
           {
             "alert": "VLLMTTFTErrorBudgetBurnSlow",
-            "expr": std.format("(namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate6h > (6 * (1 - %g))) and on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate30m > (6 * (1 - %g))) and on (%s, namespace, model_name) (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[6h])) >= %g)", [$._config.ttftSloTarget, $._config.clusterLabel, $._config.ttftSloTarget, $._config.clusterLabel, $._config.clusterLabel, $._config.ttftMinRequestsPerSecond]),
+            "expr": std.format("(namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate6h > (6 * (1 - %g))) and on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate30m > (6 * (1 - %g))) and on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_ttft_first_tokens:rate6h >= %g)", [$._config.ttftSloTarget, $._config.clusterLabel, $._config.ttftSloTarget, $._config.clusterLabel, $._config.ttftMinRequestsPerSecond]),
             "for": "15m",
             "labels": {
               "severity": "warning",

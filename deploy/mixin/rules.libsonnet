@@ -70,20 +70,36 @@
         "interval": "30s",
         "rules": [
           {
+            "record": "namespace_model_name:vllm_capacity_ttft_first_tokens:rate5m",
+            "expr": std.format("sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[5m]))", [$._config.clusterLabel]),
+          },
+          {
+            "record": "namespace_model_name:vllm_capacity_ttft_first_tokens:rate30m",
+            "expr": std.format("sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[30m]))", [$._config.clusterLabel]),
+          },
+          {
+            "record": "namespace_model_name:vllm_capacity_ttft_first_tokens:rate1h",
+            "expr": std.format("sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[1h]))", [$._config.clusterLabel]),
+          },
+          {
+            "record": "namespace_model_name:vllm_capacity_ttft_first_tokens:rate6h",
+            "expr": std.format("sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[6h]))", [$._config.clusterLabel]),
+          },
+          {
             "record": "namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate5m",
-            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[5m])) / sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[5m])))", [$._config.clusterLabel, $._config.ttftObjectiveLe, $._config.clusterLabel]),
+            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[5m])) / namespace_model_name:vllm_capacity_ttft_first_tokens:rate5m)", [$._config.clusterLabel, $._config.ttftObjectiveLe]),
           },
           {
             "record": "namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate30m",
-            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[30m])) / sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[30m])))", [$._config.clusterLabel, $._config.ttftObjectiveLe, $._config.clusterLabel]),
+            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[30m])) / namespace_model_name:vllm_capacity_ttft_first_tokens:rate30m)", [$._config.clusterLabel, $._config.ttftObjectiveLe]),
           },
           {
             "record": "namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate1h",
-            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[1h])) / sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[1h])))", [$._config.clusterLabel, $._config.ttftObjectiveLe, $._config.clusterLabel]),
+            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[1h])) / namespace_model_name:vllm_capacity_ttft_first_tokens:rate1h)", [$._config.clusterLabel, $._config.ttftObjectiveLe]),
           },
           {
             "record": "namespace_model_name:vllm_capacity_ttft_slo_errors:ratio_rate6h",
-            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[6h])) / sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"+Inf\"}[6h])))", [$._config.clusterLabel, $._config.ttftObjectiveLe, $._config.clusterLabel]),
+            "expr": std.format("1 - (sum by (%s, namespace, model_name) (rate(vllm:time_to_first_token_seconds_bucket{le=\"%s\"}[6h])) / namespace_model_name:vllm_capacity_ttft_first_tokens:rate6h)", [$._config.clusterLabel, $._config.ttftObjectiveLe]),
           },
         ],
       },
