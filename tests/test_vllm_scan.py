@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 
 import pytest
 from prometheus_client.metrics_core import Metric
@@ -433,4 +434,27 @@ def test_series_no_longer_served_are_forgotten() -> None:
         metrics = parse_metrics(body)
     served = len(select_lines(body, WANTED, META))
     assert len(scan._SERIES) + len(scan._PREVIOUS) <= served
+    assert len(scan._LINES) + len(scan._PREVIOUS_LINES) <= served  # the lines read whole go the same way
     assert metrics.engines[0].model_name == "tiny-llama"
+
+
+def test_remembered_lines_stay_bounded_and_read_as_the_parser_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A selected line read once is remembered whole (a HELP, a TYPE, a value that did not move come back every
+    read); a line whose value changes every read is a new entry each time. The memory stays bounded
+    (MAX_LINES a generation, MAX_COMMENTS comments) and every read is still the parser's."""
+    import vllm_capacity.sources.vllm_scan as scan
+
+    monkeypatch.setattr(scan, "MAX_LINES", 64)  # the bounds' logic, at a size a test runs through quickly
+    monkeypatch.setattr(scan, "MAX_COMMENTS", 16)
+    body = fixture_text("v1-0.32.0-cpu-saturated.prom")
+    running = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", body, re.M)
+    assert running is not None
+    for i in range(3 * scan.MAX_LINES):
+        moved = body.replace(running[0], running[0].removesuffix(running[1]) + f"{i}.0")
+        lines = select_lines(moved, WANTED, META)
+        assert scan.parse_selected(lines) == list(text_string_to_metric_families("\n".join(lines) + "\n"))
+        assert len(scan._LINES) <= scan.MAX_LINES and len(scan._PREVIOUS_LINES) <= scan.MAX_LINES
+    assert parse_metrics(moved).engines[0].running == 3 * scan.MAX_LINES - 1
+    for i in range(2 * scan.MAX_COMMENTS):
+        select_lines(f"# HELP vllm:num_requests_running {i}\n", WANTED, META)
+        assert len(scan._COMMENTS) <= scan.MAX_COMMENTS

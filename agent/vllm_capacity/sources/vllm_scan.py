@@ -32,7 +32,6 @@ from __future__ import annotations
 import functools
 import itertools
 import re
-from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -119,22 +118,20 @@ class Selection(list[str]):
         super().__init__()
         self._wanted = _wanted_families((*sample_names, *meta_names))
         self._family: list[str] = []  # each line's family
-        self._lines: Counter[str] = Counter()
-        self._chars: Counter[str] = Counter()
+        self._lines: dict[str, int] = {}  # each family's lines and characters
+        self._chars: dict[str, int] = {}
         self.chars = 0
         self.over_limit: dict[str, str] = {}
 
     def keep(self, line: str, sample_names: frozenset[str]) -> None:
         """Append the stripped line if it is selected (the caller knows it contains one of the names) and its family
         is within the bounds."""
-        stripped = line.strip()
-        if stripped.startswith("#"):
-            words = stripped[1:].split(None, 2)
-            name = words[1] if len(words) > 1 and words[0] in ("HELP", "TYPE") else ""
-        else:
-            name = _token(stripped)
-            if name not in sample_names:
-                return
+        classified = _classified(line, sample_names)
+        if classified is not None:
+            self.add(*classified)
+
+    def add(self, stripped: str, name: str) -> None:
+        """Append a selected line (stripped, and its name token) if its family is within the bounds."""
         family = family_key(name)
         if family not in self._wanted:
             family = OTHER_COMMENTS  # a bounded set of keys, whatever the body names
@@ -143,12 +140,13 @@ class Selection(list[str]):
         if len(stripped) > MAX_LINE:
             self._leave_out(family, f"a line of {len(stripped)} characters; the limit is {MAX_LINE}")
             return
+        size = len(stripped)
         self.append(stripped)
         self._family.append(family)
-        self._lines[family] += 1
-        self._chars[family] += len(stripped)
-        self.chars += len(stripped)
-        if self._lines[family] > MAX_FAMILY_LINES:
+        lines = self._lines[family] = self._lines.get(family, 0) + 1
+        self._chars[family] = self._chars.get(family, 0) + size
+        self.chars += size
+        if lines > MAX_FAMILY_LINES:
             self._leave_out(family, f"more than {MAX_FAMILY_LINES} lines")
         while len(self) > MAX_SELECTED or self.chars > MAX_SELECTED_CHARS:
             largest = max(self._lines, key=self._lines.__getitem__)
@@ -165,6 +163,23 @@ class Selection(list[str]):
             kept = [i for i, f in enumerate(self._family) if f != family]
             self[:] = [self[i] for i in kept]
             self._family = [self._family[i] for i in kept]
+
+
+def _classified(line: str, sample_names: frozenset[str]) -> tuple[str, str] | None:
+    """(the stripped line, its name token) when the line is selected: a comment (its name "" unless HELP or TYPE), or
+    a sample of one of ``sample_names``; None for a sample of another name."""
+    stripped = line.strip()
+    if stripped.startswith("#"):
+        words = stripped[1:].split(None, 2)
+        return stripped, (words[1] if len(words) > 1 and words[0] in ("HELP", "TYPE") else "")
+    name = _token(stripped)
+    return (stripped, name) if name in sample_names else None
+
+
+#: a comment line as it came (bytes or text) -> its classification: vLLM serves the same HELP and TYPE lines every
+#: read, and at one engine they are two thirds of the lines read (bounded: cleared when full)
+_COMMENTS: dict[str | bytes, tuple[str, str]] = {}
+MAX_COMMENTS = 4096
 
 
 def select_lines_plainly(text: str, sample_names: Iterable[str], meta_names: Iterable[str]) -> Selection:
@@ -203,18 +218,26 @@ def select_lines(
     starts_pattern = _starts_pattern(tuple(sample_names), tuple(meta_names), binary)
     newline: str | bytes = b"\n" if binary else "\n"
     selected = Selection(sample_names, meta_names) if selected is None else selected
-    first = newline + text[: _line_end(text, 0)]  # type: ignore[operator]
-    # in the order of the text, one line at a time (the bounds stop a body of a million wanted lines early)
-    for at, found in itertools.chain(((0, starts_pattern.match(first)),), _after_newline(starts_pattern, text)):
-        if found is not None:
-            line = text[at : _line_end(text, at)]
-            selected.keep(line.decode("ascii") if isinstance(line, bytes | bytearray) else line, samples)
+    first = starts_pattern.match(newline + text[: _line_end(text, 0)])  # type: ignore[operator]
+    comments, add = _COMMENTS, selected.add
+    # each whole line found and cut in C, in the order of the text (the bounds stop a body of a million wanted lines
+    # early)
+    for found in itertools.chain((first,) if first is not None else (), starts_pattern.finditer(text)):
+        raw = found[1]
+        known = comments.get(raw) or _classify(raw, samples)
+        if known is not None:
+            add(*known)
     return selected
 
 
-def _after_newline(pattern: re.Pattern[Any], text: str | bytes | bytearray) -> Iterator[tuple[int, re.Match[Any]]]:
-    for m in pattern.finditer(text):
-        yield m.start() + 1, m
+def _classify(raw: str | bytes, samples: frozenset[str]) -> tuple[str, str] | None:
+    """:func:`_classified` of a line as found (bytes of an ASCII body, or text); a comment's is remembered."""
+    known = _classified(raw.decode("ascii") if isinstance(raw, bytes) else raw, samples)
+    if known is not None and known[0].startswith("#") and len(raw) <= MAX_LINE:
+        if len(_COMMENTS) >= MAX_COMMENTS:
+            _COMMENTS.clear()
+        _COMMENTS[raw] = known
+    return known
 
 
 @functools.cache
@@ -222,26 +245,29 @@ def _starts_pattern(sample_names: tuple[str, ...], meta_names: tuple[str, ...], 
     """From a newline, whitespace (what ``str.strip`` and ``str.split`` take for it: ``\\s`` in a string, spelled out
     for ASCII bytes), then the start of a sample name, or a HELP or TYPE comment whose name token starts with one of
     the names (most comment lines name none: they are passed over in C, never looked at in Python). The names are
-    grouped by their namespace (``vllm:``) so that the expression tries few branches."""
+    written as a trie (:func:`_alternatives`) so that the expression tries few branches."""
     space = r"[ \t\r\x0b\x0c\x1c-\x1f]" if binary else r"[^\S\n]"
     pattern = (
-        r"\n" + space + r"*(?:#" + space + r"*(?:HELP|TYPE)" + space + '+"?'
-        + _alternatives((*sample_names, *meta_names)) + "|" + _alternatives(sample_names) + ")"
+        r"\n(" + space + r"*(?:#" + space + r"*(?:HELP|TYPE)" + space + '+"?'
+        + _alternatives((*sample_names, *meta_names)) + "|" + _alternatives(sample_names) + ")[^\n]*)"
     )  # fmt: skip
     return re.compile(pattern.encode("ascii") if binary else pattern)
 
 
 def _alternatives(names: tuple[str, ...]) -> str:
-    """A group matching any of ``names``, its branches grouped by namespace."""
-    groups: dict[str, list[str]] = {}
+    """A group matching any of ``names``, as a trie: the names' common prefixes are tried once, so that a line that
+    starts with ``vllm:`` and none of the names is refused after a character or two, not after trying each name."""
+    if names == ("",):
+        return ""
+    by_first: dict[str, list[str]] = {}
     for name in names:
-        namespace, colon, rest = name.partition(":")
-        groups.setdefault(namespace + colon if colon else "", []).append(rest if colon else name)
-    branches = [
-        re.escape(namespace) + "(?:" + "|".join(re.escape(rest) for rest in rests) + ")"
-        for namespace, rests in groups.items()
-    ]
-    return "(?:" + "|".join(branches) + ")"
+        if name:
+            by_first.setdefault(name[0], []).append(name[1:])
+    branches = [re.escape(first) + _alternatives(tuple(rests)) for first, rests in by_first.items()]
+    optional = "" in names  # a name that is a prefix of another one ends here too
+    if len(branches) == 1 and not optional:
+        return branches[0]
+    return "(?:" + "|".join(branches) + ")" + ("?" if optional else "")
 
 
 def _line_end(text: str | bytes | bytearray, at: int) -> int:
@@ -262,18 +288,41 @@ def parse_selected(lines: list[str]) -> list[Metric]:
         return list(text_string_to_metric_families("\n".join(lines) + "\n"))
 
 
-_Item = tuple[str, str, str | None] | Sample  # ("HELP" | "TYPE", name, rest of the line) or a sample
+_Item = tuple[str, str, str | None] | Sample  # ("HELP", name, its text unescaped), ("TYPE", name, type) or a sample
+#: a selected line -> what it reads as, in two generations as the series are: most lines come back unchanged every
+#: read (a family's HELP and TYPE, the cache config, a counter that did not move); their samples are shared between
+#: reads, read-only like every parse result. Bounded apart from the series, by MAX_LINES: a line that changed is a
+#: new entry, and a thousand engines change most of theirs every read.
+_LINES: dict[str, _Item] = {}
+_PREVIOUS_LINES: dict[str, _Item] = {}
+MAX_LINES = 4096
 
 
-def _items(lines: list[str]) -> Iterator[_Item]:
+def _items(lines: list[str]) -> list[_Item]:
+    global _LINES, _PREVIOUS_LINES  # the module's cache, swapped whole
+    known, items = _LINES, []
     for line in lines:
-        if line.startswith("#"):
-            meta = _META.fullmatch(line)
-            if meta is None:
-                raise _NotCanonical
-            yield meta[1], meta[2], meta[3]
-        else:
-            yield _sample(line)
+        item = known.get(line)
+        if item is None:
+            item = _PREVIOUS_LINES.pop(line, None) or _item(line)
+            if len(known) >= MAX_LINES:
+                _PREVIOUS_LINES, _LINES = known, {}
+                known = _LINES
+            known[line] = item
+        items.append(item)
+    return items
+
+
+def _item(line: str) -> _Item:
+    if not line.startswith("#"):
+        return _sample(line)
+    meta = _META.fullmatch(line)
+    if meta is None:
+        raise _NotCanonical
+    kind, name, rest = meta.groups()
+    if kind == "HELP":  # the parser's unescaping of HELP text
+        return kind, name, _HELP_ESCAPE.sub(_unescape, rest) if rest else ""
+    return kind, name, rest
 
 
 def _sample(line: str) -> Sample:
@@ -322,8 +371,9 @@ def _remember(text: str, series: tuple[str, dict[str, str]]) -> None:
 
 
 def _new_generation() -> None:
-    global _SERIES, _PREVIOUS  # the module's cache, swapped whole
+    global _SERIES, _PREVIOUS, _LINES, _PREVIOUS_LINES  # the module's caches, swapped whole
     _SERIES, _PREVIOUS = {}, _SERIES
+    _LINES, _PREVIOUS_LINES = {}, _LINES
 
 
 def _unescape(match: re.Match[str]) -> str:
@@ -342,7 +392,7 @@ def _number(text: str) -> int | float:
     return float(text)
 
 
-def _families(items: Iterator[_Item]) -> Iterator[Metric]:
+def _families(items: Iterable[_Item]) -> Iterator[Metric]:
     """prometheus-client's ``text_fd_to_metric_families`` state machine, over already-parsed lines."""
     name, documentation, typ = "", "", "untyped"
     samples: list[Sample] = []
@@ -363,7 +413,7 @@ def _families(items: Iterator[_Item]) -> Iterator[Metric]:
                 if name:
                     yield _build(name, documentation, typ, samples)
                 name, typ, samples, allowed = candidate, "untyped", [], (candidate,)
-            documentation = _HELP_ESCAPE.sub(_unescape, rest) if rest else ""
+            documentation = rest or ""
         else:
             if rest is None or rest not in _TYPES:  # no type, or one the parser refuses: its error to raise
                 raise _NotCanonical
