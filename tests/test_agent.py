@@ -770,6 +770,44 @@ async def test_a_render_past_the_scrape_timeout_is_a_503(
         assert (await h.http.get("/metrics", headers=header)).status == 200
 
 
+async def test_a_small_snapshot_renders_on_the_loop_a_large_one_in_the_worker_thread() -> None:
+    """One engine's render (~0.2 ms) costs less than the hand-off to the render thread and back, so a snapshot of up
+    to INLINE_RENDER_ENGINES engines renders on the event loop; a larger one in the worker thread, which keeps a long
+    encoding off the loop. Either way a snapshot renders once, and a render that failed is tried again."""
+    import threading
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.core import GaugeMetricFamily
+
+    from vllm_capacity.exposition import INLINE_RENDER_ENGINES, RenderCache
+
+    threads: list[str] = []
+    failing = [True]
+
+    class Recorder:
+        def collect(self) -> list[GaugeMetricFamily]:
+            threads.append(threading.current_thread().name)
+            if failing[0]:
+                failing[0] = False
+                raise RuntimeError("a collector's bug")
+            return [GaugeMetricFamily("vllm_capacity_test", "a test gauge", value=1.0)]
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Recorder())
+    served = SimpleNamespace(snapshot=SimpleNamespace(engines=(None,)))
+    renders = RenderCache(served, registry)
+    with pytest.raises(RuntimeError):
+        await renders.body(None)
+    body, _ = await renders.body(None)  # tried again, not served from the failure
+    assert b"vllm_capacity_test 1.0" in body and (await renders.body(None))[0] is body
+    served.snapshot = SimpleNamespace(engines=(None,) * (INLINE_RENDER_ENGINES + 1))
+    await renders.body(None)
+    renders.close()
+    main = threading.current_thread().name
+    assert threads[:2] == [main, main] and len(threads) == 3 and threads[2].startswith("vllm-capacity-render")
+
+
 async def test_exporter_metrics_can_be_left_out(fake_vllm: FakeVllm) -> None:
     """--web.disable-exporter-metrics: the sidecar's own process_* series are left out, the rest is served."""
     vllm = VllmClient(fake_vllm.url, timeout=10.0)
