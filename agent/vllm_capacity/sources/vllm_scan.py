@@ -15,7 +15,9 @@ plain definition and a fast implementation that the tests hold to it:
    exposition uses (``# HELP name doc``, ``# TYPE name type``, ``name{label="value",...} value [timestamp]``) itself
    and runs the parser's own family state machine over them; the moment a line is in any other form (an exemplar,
    odd spacing, a quoted name, a duplicated label...) it hands all selected lines to prometheus-client's parser.
-   Either way the result is ``list(text_string_to_metric_families(selected))``, never an approximation of it.
+   Either way the result is ``list(text_string_to_metric_families(selected))``, never an approximation of it. A line
+   read before is remembered whole with what it read as (most come back unchanged every read: HELP, TYPE, a counter
+   that did not move), in two bounded generations.
 
 Bounded cost whatever the body: selection is linear in the body, and what it keeps is bounded per family
 (prometheus-client's parser is quadratic in the length of some lines: a 1 MB HELP line of spaces takes tens of
