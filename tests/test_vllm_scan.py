@@ -429,12 +429,12 @@ def test_series_no_longer_served_are_forgotten() -> None:
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     for i in range(300):
         parse_metrics(body.replace("tiny-llama", f"model-{i}"))
-    assert len(scan._SERIES) + len(scan._PREVIOUS) > 1000  # what the churn left, before it is forgotten
+    assert len(scan._SERIES) > 1000  # what the churn left, before it is forgotten
     for _ in range(2 * scan.SERIES_GENERATION):
         metrics = parse_metrics(body)
     served = len(select_lines(body, WANTED, META))
-    assert len(scan._SERIES) + len(scan._PREVIOUS) <= served
-    assert len(scan._LINES) + len(scan._PREVIOUS_LINES) <= served  # the lines read whole go the same way
+    assert len(scan._SERIES) <= served
+    assert len(scan._LINES) <= served  # the lines read whole go the same way
     assert metrics.engines[0].model_name == "tiny-llama"
 
 
@@ -453,7 +453,7 @@ def test_remembered_lines_stay_bounded_and_read_as_the_parser_reads_them(monkeyp
         moved = body.replace(running[0], running[0].removesuffix(running[1]) + f"{i}.0")
         lines = select_lines(moved, WANTED, META)
         assert scan.parse_selected(lines) == list(text_string_to_metric_families("\n".join(lines) + "\n"))
-        assert len(scan._LINES) <= scan.MAX_LINES and len(scan._PREVIOUS_LINES) <= scan.MAX_LINES
+        assert len(scan._LINES.current) <= scan.MAX_LINES and len(scan._LINES.previous) <= scan.MAX_LINES
     assert parse_metrics(moved).engines[0].running == 3 * scan.MAX_LINES - 1
     for i in range(2 * scan.MAX_COMMENTS):
         select_lines(f"# HELP vllm:num_requests_running {i}\n", WANTED, META)

@@ -41,6 +41,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from vllm_capacity.sources.remembered import Remembered
+
 #: Longest selected line read (vLLM 0.32's longest, cache_config_info, is about 700 characters).
 MAX_LINE = 8192
 #: Most lines of one family: a 23-bucket histogram of 700 engines (64 engines select 1,472 lines of the largest).
@@ -60,13 +62,11 @@ _VALUE = r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?Inf|Na
 _LABEL = r'[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*"'
 _SERIES_FORM = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL}(?:,{_LABEL})*,?)?)\}})?", re.DOTALL)
 _VALUES = re.compile(rf" ({_VALUE})(?: ({_VALUE}))?")
-#: series part of a sample line -> (name, labels), as read before, in two generations: a series is looked for in the
-#: current one, then in the previous one (and moved back). Every SERIES_GENERATION parses the current generation
-#: becomes the previous one and the old previous one is dropped: series no longer served (a model that went, an
-#: engine that restarted under new labels) are forgotten within two generations (5,000 models in turn held ~20 MiB
-#: of them until the cache was full); a generation is also started when one is full (MAX_SELECTED).
-_SERIES: dict[str, tuple[str, dict[str, str]]] = {}
-_PREVIOUS: dict[str, tuple[str, dict[str, str]]] = {}
+
+
+#: series part of a sample line -> (name, labels), as read before (a generation holds MAX_SELECTED; both memories
+#: turn every SERIES_GENERATION parses too, in parse_selected)
+_SERIES: Remembered[tuple[str, dict[str, str]]] = Remembered(lambda: MAX_SELECTED)
 SERIES_GENERATION = 64
 _parses = 0
 _LABELS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', re.DOTALL)
@@ -139,10 +139,10 @@ class Selection(list[str]):
             family = OTHER_COMMENTS  # a bounded set of keys, whatever the body names
         if family in self.over_limit:
             return
-        if len(stripped) > MAX_LINE:
-            self._leave_out(family, f"a line of {len(stripped)} characters; the limit is {MAX_LINE}")
-            return
         size = len(stripped)
+        if size > MAX_LINE:
+            self._leave_out(family, f"a line of {size} characters; the limit is {MAX_LINE}")
+            return
         self.append(stripped)
         self._family.append(family)
         lines = self._lines[family] = self._lines.get(family, 0) + 1
@@ -283,7 +283,8 @@ def parse_selected(lines: list[str]) -> list[Metric]:
     global _parses  # counts the parses for the series cache's generations
     _parses += 1
     if _parses % SERIES_GENERATION == 0:
-        _new_generation()
+        _SERIES.turn()
+        _LINES.turn()
     try:
         return list(_families(_items(lines)))
     except _NotCanonical:
@@ -291,26 +292,24 @@ def parse_selected(lines: list[str]) -> list[Metric]:
 
 
 _Item = tuple[str, str, str | None] | Sample  # ("HELP", name, its text unescaped), ("TYPE", name, type) or a sample
-#: a selected line -> what it reads as, in two generations as the series are: most lines come back unchanged every
-#: read (a family's HELP and TYPE, the cache config, a counter that did not move); their samples are shared between
-#: reads, read-only like every parse result. Bounded apart from the series, by MAX_LINES: a line that changed is a
-#: new entry, and a thousand engines change most of theirs every read.
-_LINES: dict[str, _Item] = {}
-_PREVIOUS_LINES: dict[str, _Item] = {}
+#: a selected line -> what it reads as, as the series are remembered: most lines come back unchanged every read (a
+#: family's HELP and TYPE, the cache config, a counter that did not move); their samples are shared between reads,
+#: read-only like every parse result. A generation holds MAX_LINES: a line that changed is a new entry, and a thousand
+#: engines change most of theirs every read.
 MAX_LINES = 4096
+_LINES: Remembered[_Item] = Remembered(lambda: MAX_LINES)
 
 
 def _items(lines: list[str]) -> list[_Item]:
-    global _LINES, _PREVIOUS_LINES  # the module's cache, swapped whole
-    known, items = _LINES, []
+    known, items = _LINES.current, []
     for line in lines:
         item = known.get(line)
         if item is None:
-            item = _PREVIOUS_LINES.pop(line, None) or _item(line)
-            if len(known) >= MAX_LINES:
-                _PREVIOUS_LINES, _LINES = known, {}
-                known = _LINES
-            known[line] = item
+            item = _LINES.recall(line)
+            if item is None:
+                item = _item(line)
+                _LINES.remember(line, item)
+            known = _LINES.current  # a new generation may have begun
         items.append(item)
     return items
 
@@ -333,13 +332,9 @@ def _sample(line: str) -> Sample:
     # at the first space when there are no labels.
     brace = line.rfind("}")
     cut = brace + 1 if brace > 0 else line.find(" ")
-    series = _SERIES.get(line[:cut]) if cut > 0 else None
+    series = (_SERIES.current.get(line[:cut]) or _SERIES.recall(line[:cut])) if cut > 0 else None
     if series is None:
-        series = _PREVIOUS.pop(line[:cut], None) if cut > 0 else None
-        if series is not None:
-            _remember(line[:cut], series)
-        else:
-            series = _series(line[:cut] if cut > 0 else line)
+        series = _series(line[:cut] if cut > 0 else line)
     m = _VALUES.fullmatch(line, cut)
     if m is None:
         raise _NotCanonical
@@ -362,20 +357,8 @@ def _series(text: str) -> tuple[str, dict[str, str]]:
             if label in labels or label.startswith("__"):  # a duplicate is the parser's error; __ names are reserved
                 raise _NotCanonical
             labels[label] = _LABEL_ESCAPE.sub(_unescape, raw) if "\\" in raw else raw
-    _remember(text, (name, labels))
+    _SERIES.remember(text, (name, labels))
     return name, labels
-
-
-def _remember(text: str, series: tuple[str, dict[str, str]]) -> None:
-    if len(_SERIES) >= MAX_SELECTED:
-        _new_generation()
-    _SERIES[text] = series
-
-
-def _new_generation() -> None:
-    global _SERIES, _PREVIOUS, _LINES, _PREVIOUS_LINES  # the module's caches, swapped whole
-    _SERIES, _PREVIOUS = {}, _SERIES
-    _LINES, _PREVIOUS_LINES = {}, _LINES
 
 
 def _unescape(match: re.Match[str]) -> str:
