@@ -49,6 +49,12 @@ MALFORMED: dict[str, tuple[object, str]] = {
     "an unknown dtype": (_with(dtype="float17"), "dtype: 'float17' is not a dtype vLLM loads"),
     "a dtype of a number": (_with(dtype=16), "dtype: 16 is not a dtype vLLM loads"),
     "an unknown torch_dtype": (_with(dtype=None, torch_dtype="int4"), "torch_dtype: 'int4' is not a dtype vLLM"),
+    "a compress ratio vLLM's compressor refuses": (
+        _with(compress_ratios=[4, 16], sliding_window=128, index_head_dim=128),
+        "compress_ratios[1]: 16: vLLM's compressor takes 4 or 128",
+    ),
+    "compress ratios for fewer layers": (_with(compress_ratios=[4]), "compress_ratios: expected a list of 2 ratios"),
+    "compress ratios as a string": (_with(compress_ratios="4,128"), "compress_ratios: expected a list of 2 ratios"),
 }
 
 

@@ -8,6 +8,8 @@ size" and "Maximum concurrency" vLLM derives from them, are plain Python; the pl
   scales the Triton backend packs beside each head's values (its own customize_spec).
 * Kimi Linear (its KDA kernels need Triton): MLA layers beside KDA state layers, the state from the model class's
   own shape function, grouped by vLLM's get_kv_cache_configs.
+* DeepSeek-V4 (its CPU kernels are not the GPU's layout): each layer's sliding window, compressed latents, indexer
+  keys and compressor states from vLLM's own cache classes, packed into groups by get_kv_cache_configs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import pytest
 
 import lab
 from support.files import PROBES
-from support.model_configs import KIMI_LINEAR
+from support.model_configs import DEEPSEEK_V4_FLASH, DEEPSEEK_V4_NO_INDEXER, DEEPSEEK_V4_PRO, KIMI_LINEAR
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.vllmcode]
 
@@ -36,6 +38,15 @@ CONFIG = {
 }  # fmt: skip
 KV_MEMORY, BLOCK, MAX_MODEL_LEN = 16 * 2**20, 64, 2048  # a block of 64: the indexer kernel's only size on CUDA
 KIMI_MEMORY = 2**30  # Kimi Linear's 1,920-token blocks of 2.1 MiB in groups of 7: a pool of 69
+# DeepSeek-V4: (config, cache dtype, KV memory, max_model_len, max_num_batched_tokens) as a GPU serves them
+V4 = {"flash": DEEPSEEK_V4_FLASH, "pro": DEEPSEEK_V4_PRO, "no-indexer": DEEPSEEK_V4_NO_INDEXER}
+V4_CASES = (
+    ("flash", "auto", 20 * 2**30, 131072, 2048),
+    ("flash", "bfloat16", 20 * 2**30, 131072, 8192),
+    ("flash", "fp8_ds_mla", 6 * 2**30, 1048576, 2048),
+    ("pro", "auto", 30 * 2**30, 65536, 8192),
+    ("no-indexer", "auto", 2**30, 32768, 2048),
+)
 
 
 SPARSE = ("auto", "fp8_ds_mla", "fp8")
@@ -50,7 +61,11 @@ def configs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     sparse.write_text(json.dumps(CONFIG))
     kimi = tmp_path_factory.mktemp("kimi-linear") / "config.json"
     kimi.write_text(json.dumps(KIMI_LINEAR))
-    return {"sparse": sparse, "llama": lab.install() / "tiny-llama" / "config.json", "kimi": kimi}
+    found = {"sparse": sparse, "llama": lab.install() / "tiny-llama" / "config.json", "kimi": kimi}
+    for name, config in V4.items():
+        found[name] = tmp_path_factory.mktemp(f"deepseek-v4-{name}") / "config.json"
+        found[name].write_text(json.dumps(config))
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +77,11 @@ def vllm_layouts(configs: dict[str, Path]) -> dict[tuple[str, str], dict]:
     # Kimi Linear's engine config from the tiny Llama's (the CPU platform will not make one of an MLA hybrid)
     kimi = {"config_path": str(configs["kimi"]), "cache_dtype": "auto", "kv_memory": KIMI_MEMORY, "block_size": 16}
     asked.append({**kimi, "max_model_len": MAX_MODEL_LEN, "engine_config_path": str(configs["llama"])})
-    found = lab.run_cases(PROBES / "spec_layout.py", asked)
-    return {(m, d): layout for (m, d, _), layout in zip([*cases, ("kimi", "auto", 16)], found, strict=True)}
+    v4 = [{"config_path": str(configs[m]), "cache_dtype": d, "kv_memory": kv, "block_size": 256, "max_model_len": mml,
+           "max_num_batched_tokens": batch} for m, d, kv, mml, batch in V4_CASES]  # fmt: skip
+    found = lab.run_cases(PROBES / "spec_layout.py", asked + v4)
+    keys = [*((m, d) for m, d, _ in cases), ("kimi", "auto"), *((m, d) for m, d, *_ in V4_CASES)]
+    return dict(zip(keys, found, strict=True))
 
 
 def plan_against_vllm(config: Path, dtype: str, block: int, vllm: dict) -> dict:
@@ -113,3 +131,23 @@ def test_plan_gives_vllms_kimi_linear_layout(configs: dict, vllm_layouts: dict) 
     assert (doc["num_gpu_blocks"], doc["kv_cache_tokens"]) == (vllm["num_blocks"], vllm["tokens"])
     assert doc["max_concurrency"] == pytest.approx(vllm["max_concurrency"], rel=1e-12)
     assert (len(doc["groups"]), doc["page_bytes"]) == (vllm["groups"], vllm["page_bytes"])
+
+
+@pytest.mark.parametrize(("model", "dtype", "memory", "max_model_len", "batch"), V4_CASES)
+def test_plan_gives_vllms_deepseek_v4_layout(
+    model: str, dtype: str, memory: int, max_model_len: int, batch: int, configs: dict, vllm_layouts: dict
+) -> None:
+    """DeepSeek-V4's packed groups: the plan's blocks, tokens, concurrency, group count and block bytes are vLLM's."""
+    vllm = vllm_layouts[(model, dtype)]
+    plan = subprocess.run(
+        [sys.executable, "-m", "vllm_capacity", "plan", "--model-config", str(configs[model]), "--format", "json",
+         "--kv-cache-memory", str(memory), "--max-model-len", str(max_model_len), "--vllm-version", "0.32.0",
+         "--kv-cache-dtype", dtype, "--max-num-batched-tokens", str(batch), "--async-scheduling", "off"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plan.returncode == 0, plan.stderr
+    doc = json.loads(plan.stdout)
+    print(f"\ndeepseek-v4 {model} {dtype}: vLLM {vllm}; plan {doc['num_gpu_blocks']} blocks, {doc['kv_cache_tokens']}")
+    assert (doc["num_gpu_blocks"], doc["kv_cache_tokens"]) == (vllm["num_blocks"], vllm["tokens"])
+    assert doc["max_concurrency"] == pytest.approx(vllm["max_concurrency"], rel=1e-12)
+    assert (len(doc["groups"]), doc["page_bytes"]) == (vllm["groups"], vllm["block_bytes"])

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.files import CASES as CASES_DIR
-from support.model_configs import GEMMA4, KIMI_LINEAR
+from support.model_configs import DEEPSEEK_V4_FLASH, GEMMA4, KIMI_LINEAR
 from vllm_capacity import cli
 from vllm_capacity.geometry import Geometry, GeometryError
 from vllm_capacity.sizing import (
@@ -1160,15 +1160,52 @@ def test_kimi_linear_plans_mla_beside_kda_state_as_vllm_0_32(tp: int) -> None:
         parse_config({**KIMI_LINEAR, "linear_attn_config": {**KIMI_LINEAR["linear_attn_config"], "kda_layers": [0]}})
 
 
-def test_deepseek_v4_is_refused_rather_than_sized_as_sliding_attention() -> None:
-    """DeepSeek-V4's config (no kv_lora_rank; head_dim 512, one KV head, a sliding window, compress_ratios per layer)
-    once came out as 43 sliding-window layers of one 512-wide head: a plan of a cache vLLM does not have. Its
-    compressed and indexer groups are not modelled, and the plan says so."""
-    v4 = {
-        "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "num_hidden_layers": 43,
-        "hidden_size": 4096, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
-        "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_lora_rank": 1024, "sliding_window": 128,
-        "compress_ratios": [0, 0] + [4, 128] * 20 + [4], "index_topk": 512, "torch_dtype": "bfloat16",
-    }  # fmt: skip
-    with pytest.raises(NotModelled, match=r"DeepSeek-V4's attention caches compressed KV \(compress_ratios\)"):
-        plan_kv(parse_config(v4), kv_cache_memory_bytes=20 * GiB, max_model_len=131072)
+# DeepSeek-V4-Flash at 20 GiB and 131,072 tokens (max_num_batched_tokens 2,048, no async scheduling), as vLLM 0.32's
+# get_kv_cache_configs lays it out: 5 packed groups (the sliding windows in two, the compressed latents and indexer
+# keys in one, the compressor states of ratio 4 and of ratio 128), blocks of 1,002,240 bytes, 1,370 blocks a request.
+# tests/test_real_vllm_cache_formats.py gets these from vLLM's code on every full run.
+V4_FLASH_20GIB = {"num_gpu_blocks": 21426, "kv_cache_tokens": 2049889, "page_bytes": 1002240}
+V4_FLASH_CONCURRENCY = 15.639416058394161
+
+
+def test_deepseek_v4_plans_vllms_packed_groups() -> None:
+    """DeepSeek-V4's caches (sliding windows, compressed latents, indexer keys, compressor states), which the planner
+    once sized as 43 sliding-window layers of one 512-wide head, come out as vLLM lays them out."""
+    g = parse_config(DEEPSEEK_V4_FLASH)
+    kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 131072, "async_scheduling": False}
+    result = plan_kv(g, **kw)
+    assert {k: getattr(result, k) for k in V4_FLASH_20GIB} == V4_FLASH_20GIB
+    assert result.max_concurrency == pytest.approx(V4_FLASH_CONCURRENCY, rel=1e-12)
+    # in vLLM's order: the windows (in two), the latents and keys, the compressor states of ratio 4, of ratio 128
+    assert [(grp.kind, grp.blocks_per_request) for grp in result.groups] == [
+        ("sliding", 35), ("sliding", 35), ("full", 512), ("sliding", 515), ("sliding", 273)
+    ]  # fmt: skip
+    assert result.block_size == 256 and any("assumed: auto stored as fp8_ds_mla" in n for n in result.notes)
+    assert result.kv_bytes_per_token * 256 == result.page_bytes  # a block per 256 tokens of the compressed latents
+    # the same pool under async scheduling: twice the in-flight tokens in every window, fewer requests
+    assert plan_kv(g, **{**kw, "async_scheduling": True}).max_concurrency < result.max_concurrency
+    # the plain rows of FlashInfer's backend: 1,024 B a latent where fp8_ds_mla packs 584
+    plain = plan_kv(g, **kw, kv_cache_dtype="bfloat16")
+    assert plain.page_bytes > result.page_bytes and any("plain rows" in n for n in plain.notes)
+
+
+def test_deepseek_v4_refuses_what_vllm_refuses_or_was_not_read() -> None:
+    g = parse_config(DEEPSEEK_V4_FLASH)
+    kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 131072}
+    # vLLM 0.32 at 3 GiB and 1M tokens: "4.62 GiB KV cache is needed, which is larger than ... (3.0 GiB)"
+    with pytest.raises(ImpossiblePlan, match=r"needs 4,954 blocks of 0\.96 MiB \(4\.62 GiB\)"):
+        plan_kv(g, kv_cache_memory_bytes=3 * GiB, max_model_len=1048576, async_scheduling=False)
+    with pytest.raises(NotModelled, match=r"planned as vLLM 0\.32\.0 \(V1\) lays it out"):
+        plan_kv(g, **kw, version=(0, 31, 0))
+    with pytest.raises(NotModelled, match="pipeline parallelism"):
+        plan_kv(g, **kw, pp=2)
+    with pytest.raises(NotModelled, match="with a drafter"):
+        plan_kv(g, **kw, speculation=Speculation("mtp", 1))
+    with pytest.raises(ValueError, match="--kv-cache-dtype int8: DeepSeek-V4's backends store"):
+        plan_kv(g, **kw, kv_cache_dtype="int8")
+    with pytest.raises(GeometryError, match=r"compress_ratios\[3\]: 64: vLLM's compressor takes 4 or 128"):
+        parse_config({**DEEPSEEK_V4_FLASH, "compress_ratios": [0, 4, 128, 64] * 11})
+    with pytest.raises(GeometryError, match="compress_ratios: expected a list of 43 ratios"):
+        parse_config({**DEEPSEEK_V4_FLASH, "compress_ratios": [4, 128]})
+    with pytest.raises(GeometryError, match="index_head_dim: missing"):
+        parse_config({k: v for k, v in DEEPSEEK_V4_FLASH.items() if k != "index_head_dim"})

@@ -117,6 +117,17 @@ class KimiDeltaGeometry(GatedDeltaNetGeometry):
 
 
 @dataclass(frozen=True)
+class CompressedGeometry:
+    """DeepSeek-V4's attention (vLLM 0.32 ``models/deepseek_v4``): every layer keeps a sliding window of latents
+    (``head_dim`` wide, one KV head); a layer of compress ratio 4 or 128 also keeps one compressed latent per that many
+    tokens and its compressor's float32 state, and a ratio-4 layer an indexer (``index_head_dim`` keys, and its own
+    compressor). ``ratios``: each layer's, 1 for a sliding-window-only layer (the config's 0)."""
+
+    ratios: tuple[int, ...]
+    index_head_dim: int
+
+
+@dataclass(frozen=True)
 class LinearShapes:
     """The sizes of a decoder's linear layers and embeddings (config.json's ``hidden_size``, ``intermediate_size``,
     ``num_attention_heads``, ``vocab_size``): what vLLM's LoRA adapter slots are shaped after. ``experts``: the
@@ -175,6 +186,7 @@ class Geometry:
     # the Mamba-2 state a config's mamba_* fields describe where no layer holds one (Granite 4.0 micro: a hybrid's
     # class and fields, attention layers only), which some vLLM releases sized the attention block from
     unused_state: MambaGeometry | None = None
+    compressed: CompressedGeometry | None = None  # DeepSeek-V4's compressed attention: its layers' caches and groups
 
     @property
     def kv_layers(self) -> int:

@@ -162,7 +162,9 @@ def what_if(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Memory
 
 def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: int) -> list[str]:
     """How the KV cache is cut up: one group of every layer, or vLLM's hybrid groups."""
-    if "mla" in geometry.layer_kinds:
+    if geometry.compressed is not None:
+        shape = f"a {format_bytes(plan.page_bytes)} block per {plan.block_size} tokens of the compressed latents"
+    elif "mla" in geometry.layer_kinds:
         latent_layers = geometry.layer_kinds.count("mla") if plan.groups else plan.kv_layers_per_rank
         shape = f"{latent_layers} layers x latent {geometry.head_dim} x {dtype_bytes} B"
         if geometry.indexer_bytes:
@@ -192,7 +194,8 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
     return [
         f"  bytes per token    {format_bytes(plan.kv_bytes_per_token):>14}   ({shape}: the full-attention layers, "
         "which grow with the context)",
-        f"  groups             {len(plan.groups):>14}   of {plan.group_size} layers ("
+        f"  groups             {len(plan.groups):>14}   "
+        + ("packed (" if geometry.compressed else f"of {plan.group_size} layers (")
         + ", ".join(f"{len(v)} {k}" for k, v in kinds.items())
         + f"), one {format_bytes(plan.page_bytes * plan.group_size)} block per group row",
         f"  blocks             {plan.num_gpu_blocks:>14,}   of {plan.block_size} tokens, shared by every group",
@@ -213,7 +216,8 @@ def render_text(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
     if budget is not None:
         lines += [*budget_picture(budget, plan.kv_cache_memory_bytes), ""]
     dtype_bytes = kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype)
-    geometry = sizing.packed_rows(geometry, inputs.kv_cache_dtype)  # fp8_ds_mla: a latent as wide as its bytes
+    if geometry.compressed is None:
+        geometry = sizing.packed_rows(geometry, inputs.kv_cache_dtype)  # fp8_ds_mla: a latent as wide as its bytes
     lines += [
         "KV cache per GPU",
         f"  memory             {format_bytes(plan.kv_cache_memory_bytes):>14}",

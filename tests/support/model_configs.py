@@ -42,3 +42,26 @@ GEMMA4: dict[str, Any] = {
     "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "sliding_window": 1024,
     "layer_types": (["sliding_attention"] * 5 + ["full_attention"]) * 2, "torch_dtype": "bfloat16",
 }  # fmt: skip
+
+# DeepSeek-V4-Flash's shape (transformers' DeepseekV4Config defaults, "deepseek-ai/DeepSeek-V4-Flash-Base": 43 layers,
+# head_dim 512, one KV head, window 128, index_head_dim 128) with compress_ratios as its config.json lists them: two
+# sliding-window-only layers, then ratio 4 and 128 by turns (its MTP layer's trailing entry left off)
+DEEPSEEK_V4_FLASH: dict[str, Any] = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "num_hidden_layers": 43,
+    "hidden_size": 4096, "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512,
+    "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_lora_rank": 1024, "o_groups": 8, "sliding_window": 128,
+    "compress_ratios": [0, 0] + [4, 128] * 20 + [4], "index_topk": 512, "index_n_heads": 64, "index_head_dim": 128,
+    "torch_dtype": "bfloat16", "vocab_size": 129280, "max_position_embeddings": 1048576, "rms_norm_eps": 1e-6,
+    "num_nextn_predict_layers": 1,
+}  # fmt: skip
+# DeepSeek-V4-Pro's layer pattern (transformers' default layer_types for V4: two ratio-128 layers, then 128 and 4 by
+# turns), 61 layers: 32 of ratio 128 to 29 of ratio 4
+DEEPSEEK_V4_PRO: dict[str, Any] = {
+    **DEEPSEEK_V4_FLASH, "num_hidden_layers": 61, "hidden_size": 7168, "num_attention_heads": 128,
+    "compress_ratios": [128, 128] + [128, 4] * 29 + [128],
+}  # fmt: skip
+# ratio 128 and sliding-window-only layers, no ratio 4 (so no indexer): no bucket mixes page sizes, and vLLM cuts the
+# sliding ones into groups no wider than the widest page
+DEEPSEEK_V4_NO_INDEXER: dict[str, Any] = {
+    **DEEPSEEK_V4_FLASH, "num_hidden_layers": 12, "compress_ratios": [0, 128, 0, 128] * 3,
+}  # fmt: skip

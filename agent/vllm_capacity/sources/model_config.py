@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_capacity.geometry import (
+    CompressedGeometry,
     GatedDeltaNetGeometry,
     Geometry,
     GeometryError,
@@ -25,6 +26,7 @@ from vllm_capacity.geometry import (
 )
 from vllm_capacity.sources.model_layers import (
     chunked_layers,
+    compressed_attention,
     dflash_sliding,
     gated_delta_net_state,
     kimi_delta_layers,
@@ -80,6 +82,8 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
     num_layers = required_int(cfg, "num_hidden_layers")
     dtype = _dtype(doc, cfg)
 
+    if (compressed := compressed_attention(cfg, num_layers)) is not None:  # DeepSeek-V4
+        return _deepseek_v4(doc, cfg, str(architecture), dtype, compressed)
     if cfg.get("kv_lora_rank") is not None:  # MLA (DeepSeek V2/V3): one latent vector per token and layer
         kimi = kimi_delta_layers(cfg, num_layers)  # Kimi Linear: MLA beside KDA state layers
         return Geometry(
@@ -122,6 +126,19 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         unused_state=unused_state,
         num_heads=heads,
     )
+
+
+def _deepseek_v4(
+    doc: dict[str, Any], cfg: dict[str, Any], architecture: str, dtype: str | None, compressed: CompressedGeometry
+) -> Geometry:
+    """DeepSeek-V4: MLA-like layers of one ``head_dim``-wide latent, a sliding window each, and the compressed caches
+    ``compressed`` describes."""
+    layers = len(compressed.ratios)
+    return Geometry(
+        architecture, layers, 1, required_int(cfg, "head_dim"), dtype, ("mla",) * layers,
+        required_int(cfg, "sliding_window"), _max_pos(cfg), mtp_layers=_mtp_layers(cfg),
+        num_heads=positive_int(cfg, "num_attention_heads"), compressed=compressed, **_beside_the_cache(doc, cfg),
+    )  # fmt: skip
 
 
 # speculative drafters whose every layer reads the target's KV cache (transformers' Gemma4AssistantConfig: "all layers
@@ -289,12 +306,6 @@ def _per_layer_shape(overrides: Any, kinds: list[str], head_dim: int, kv_heads: 
 def _other_shapes(cfg: dict[str, Any], head_dim: int) -> str | None:
     """Layers whose K/V shape the planner does not read (vLLM 0.32 caches them in pages of another size): named, so
     that the plan refuses rather than sizing every layer like the first kind."""
-    if cfg.get("compress_ratios") is not None:  # DeepSeek-V4
-        return (
-            "DeepSeek-V4's attention caches compressed KV (compress_ratios) beside a sliding window and its indexer's "
-            "keys, in groups of their own (vLLM 0.32 models/deepseek_v4), which the planner does not size; vLLM's "
-            "'GPU KV cache size' line gives its tokens"
-        )
     if cfg.get("use_bidirectional_attention") == "all":  # Gemma 4's embedding variants: transformers halves the window
         return "use_bidirectional_attention 'all' changes the sliding window the config gives: not modelled"
     if cfg.get("hybrid_layer_pattern") is not None or cfg.get("swa_head_dim") is not None:  # MiMo-V2

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_capacity.geometry import (
+    CompressedGeometry,
     GatedDeltaNetGeometry,
     GeometryError,
     KimiDeltaGeometry,
@@ -114,6 +115,27 @@ def kimi_delta_layers(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], 
     heads, head_dim = required_int(section, "num_heads"), required_int(section, "head_dim")
     state = KimiDeltaGeometry(heads, heads, head_dim, head_dim, positive_int(section, "short_conv_kernel_size") or 4)
     return ["linear" if i + 1 in kda else "mla" for i in range(num_layers)], state
+
+
+# the compress ratios vLLM 0.32's DeepSeek-V4 compressor takes (``CompressorStateCache``: "assert compress_ratio in
+# [4, 128]"); 0 and 1 are a layer of the sliding window alone (``max(1, config.compress_ratios[layer_id])``)
+COMPRESS_RATIOS = (4, 128)
+
+
+def compressed_attention(cfg: dict[str, Any], num_layers: int) -> CompressedGeometry | None:
+    """DeepSeek-V4's layers from ``compress_ratios`` (one a layer; a trailing one for its MTP layer is not read, as
+    vLLM reads only the first ``num_hidden_layers``); None without it."""
+    ratios = cfg.get("compress_ratios")
+    if ratios is None:
+        return None
+    if not isinstance(ratios, list) or len(ratios) < num_layers:
+        raise GeometryError("compress_ratios", f"expected a list of {num_layers} ratios, one a layer")
+    for i, ratio in enumerate(ratios[:num_layers]):
+        if isinstance(ratio, bool) or not isinstance(ratio, int) or max(1, ratio) not in (1, *COMPRESS_RATIOS):
+            raise GeometryError(f"compress_ratios[{i}]", f"{ratio!r}: vLLM's compressor takes 4 or 128 (0: none)")
+    layers = tuple(max(1, r) for r in ratios[:num_layers])
+    index_head_dim = required_int(cfg, "index_head_dim") if 4 in layers else 0
+    return CompressedGeometry(layers, index_head_dim)
 
 
 def layer_kinds(cfg: dict[str, Any], num_layers: int) -> tuple[list[str], int | None]:
