@@ -214,6 +214,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory):
         _wait_http(f"http://127.0.0.1:{prom_port}/-/ready")
         _wait_http(f"http://127.0.0.1:{other_port}/-/ready")
         _wait_http(f"http://127.0.0.1:{agent_port}/readyz")
+        for proc, log in zip(procs, logs, strict=True):  # each ready check reached its own process, which still runs
+            assert proc.poll() is None, (
+                f"{log.name} exited with {proc.returncode}: {Path(log.name).read_text()[-2000:]}"
+            )
         yield {
             "vllm": vllm,
             "hook": hook,

@@ -78,11 +78,11 @@ def run_cases(probe: Path, cases: list[dict], timeout: float = 300, release: str
     if release is not None:
         import releases
 
-        sources = releases.release(cache, venv_python, release)
-        env["PYTHONPATH"] = os.pathsep.join((str(sources), str(releases.extra_packages(cache)), env["PYTHONPATH"]))
+        paths = releases.release(cache, venv_python, release)
+        env["PYTHONPATH"] = os.pathsep.join((*map(str, paths), env["PYTHONPATH"]))
         # a runtime cache of its own: vLLM keeps one file per model class whatever the release, and each release
         # found the other's stale, inspecting the model again in a process of its own every time
-        env["VLLM_CACHE_ROOT"] = str(sources.parent / f".runtime-cache-{release}")
+        env["VLLM_CACHE_ROOT"] = str(paths[0].parent / f".runtime-cache-{release}")
     run = subprocess.run(
         ["nice", "-n", "10", str(venv_python), str(probe), json.dumps(cases)],
         capture_output=True, text=True, timeout=timeout, cwd=HERE, env=env,
@@ -95,10 +95,20 @@ def run_cases(probe: Path, cases: list[dict], timeout: float = 300, release: str
     return found
 
 
+_HANDED_OUT: set[int] = set()  # every port free_port gave this process
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free now, and never one this process was given before: the kernel may give the same free port
+    to two binds in a row (two Prometheus of one test were once given one port; the second could not listen, and the
+    first answered both readiness checks)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
