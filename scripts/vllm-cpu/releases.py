@@ -50,6 +50,11 @@ def release(cache: Path, python: Path, version: str) -> list[Path]:
     return paths
 
 
+def answers(cache: Path) -> Path:
+    """Where the releases' answers to the probes are kept (``lab.run_cases``)."""
+    return cache / "vllm-releases" / "answers"
+
+
 def _sources(cache: Path, python: Path, version: str) -> Path:
     root = cache / "vllm-releases"
     target = root / version
