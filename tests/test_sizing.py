@@ -1167,6 +1167,22 @@ def test_deepseek_v4_plans_vllms_packed_groups() -> None:
     assert plain.page_bytes > result.page_bytes and any("plain rows" in n for n in plain.notes)
 
 
+def test_deepseek_v4_plan_reads_in_text_and_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The plan a user reads: the packed groups in words (the text render once applied the packed-latent rewrite of
+    V3.2 to V4 and stopped at fp8_ds_mla), the same blocks in JSON."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(DEEPSEEK_V4_FLASH))
+    asked = ["plan", "--model-config", str(config), "--kv-cache-memory", "20GiB", "--max-model-len", "131072"]
+    assert cli.main([*asked, "--kv-cache-dtype", "fp8_ds_mla"], environ={}) == 0
+    text = capsys.readouterr().out
+    assert "packed (4 sliding, 1 full), blocks of 978.75 KiB, the widest group's" in text, text
+    assert "21,426   shared by every group (256 tokens of the compressed latents a block)" in text, text
+    assert cli.main([*asked, "--format", "json"], environ={}) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["num_gpu_blocks"], doc["block_size"], doc["page_bytes"]) == (21426, 256, 1002240)
+    assert doc["geometry"]["compressed"]["ratios"][:4] == [1, 1, 4, 128]
+
+
 def test_deepseek_v4_refuses_what_vllm_refuses_or_was_not_read() -> None:
     g = parse_config(DEEPSEEK_V4_FLASH)
     kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 131072}

@@ -191,14 +191,19 @@ def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: 
         f"{k} {len(v)} x {v[0]:,}" if len(set(v)) == 1 else f"{k} {'+'.join(f'{b:,}' for b in v)}"
         for k, v in kinds.items()
     )
+    block = format_bytes(plan.page_bytes * plan.group_size)
+    if geometry.compressed is not None:  # DeepSeek-V4: groups of other block sizes packed into one pool
+        grows, cut, row = "the part that grows with the context", "packed (", f"blocks of {block}, the widest group's"
+        blocks = f"shared by every group ({plan.block_size} tokens of the compressed latents a block)"
+    else:
+        grows, cut, row = "the full-attention layers, which grow with the context", f"of {plan.group_size} layers (", ""
+        blocks = f"of {plan.block_size} tokens, shared by every group"
     return [
-        f"  bytes per token    {format_bytes(plan.kv_bytes_per_token):>14}   ({shape}: the full-attention layers, "
-        "which grow with the context)",
-        f"  groups             {len(plan.groups):>14}   "
-        + ("packed (" if geometry.compressed else f"of {plan.group_size} layers (")
+        f"  bytes per token    {format_bytes(plan.kv_bytes_per_token):>14}   ({shape}: {grows})",
+        f"  groups             {len(plan.groups):>14}   {cut}"
         + ", ".join(f"{len(v)} {k}" for k, v in kinds.items())
-        + f"), one {format_bytes(plan.page_bytes * plan.group_size)} block per group row",
-        f"  blocks             {plan.num_gpu_blocks:>14,}   of {plan.block_size} tokens, shared by every group",
+        + f"), {row or f'one {block} block per group row'}",
+        f"  blocks             {plan.num_gpu_blocks:>14,}   {blocks}",
         f"  per request        {sum(g.blocks_per_request for g in plan.groups):>14,}   blocks at max_model_len "
         f"({per_request})",
     ]
