@@ -8,6 +8,7 @@ import math
 import pytest
 
 from support.files import fixture_text
+from support.model_configs import DEEPSEEK_V4_FLASH
 from vllm_capacity import derive
 from vllm_capacity.sizing import NotModelled, cpu_tier_tokens, plan_kv
 from vllm_capacity.sizing.offload import HOST_PAGE_BYTES, OFFLOAD_RULES
@@ -107,3 +108,24 @@ def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:
     assert older is None  # a release whose tier was not read
     assert derive.cpu_capacity_tokens(CacheConfig({"block_size": "16", "num_cpu_blocks": "x"}), SCHEMA_V0, None,
                                       tp=1, pp=1, version=(0, 6, 6)) is None  # fmt: skip
+
+
+def test_live_deepseek_v4_gets_its_layout_but_no_cpu_tier_and_no_one_bytes_per_token() -> None:
+    """Beside a DeepSeek-V4 server the agent lays out its packed groups as the planner does, but sizes no CPU tier
+    (the planner refuses V4 with --kv-offloading-size: its packed tier is not modelled) and gives no model_config
+    bytes per token (windows, compressed latents and states: no one figure per token). Before V4 was planned, its
+    geometry was refused whole; once planned, it read as 43 uniform MLA layers of 512 x 2 B: a figure of a cache
+    vLLM does not have."""
+    v4 = parse_config(DEEPSEEK_V4_FLASH)
+    labels = {"block_size": "256", "kv_cache_memory_bytes": str(20 * GiB), "kv_offloading_size": "64.0",
+              "kv_offloading_backend": "native"}  # fmt: skip
+    cc = CacheConfig(labels)
+    layout = derive.planned_layout(
+        cc, derive.ServerFacts(geometry=v4), max_model_len=131072, capacity_tokens=None,
+        pool_bytes=20 * GiB, rules=("v1", (0, 32, 0)), device=None,
+    )  # fmt: skip
+    assert layout is not None and layout.packed
+    assert layout.groups == {"sliding": 4, "full": 1}
+    assert derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, tp=1, pp=1, version=(0, 32, 0)) is None
+    assert derive.model_kv_bytes_per_token(v4, "auto", tp=1, pp=1) is None
+    assert derive.planned_bytes_per_token(v4, cc, 1, 1, layout) is None

@@ -28,6 +28,7 @@ class PlannedLayout:
     worker_bytes_per_block: int = 0  # bytes of one block on one rank, over every layer
     latent: bool = False  # an MLA model: one latent per token, which every TP rank holds alike
     kv_bytes_per_token: int = 0  # the plan's, per rank: the release's rules, a logged drafter's layers included
+    packed: bool = False  # DeepSeek-V4's packed groups, whose CPU tier the planner does not size
 
 
 def planned_layout(
@@ -85,7 +86,7 @@ def planned_layout(
         assumed += ", a 16-bit latent (not an SM120 GPU's fp8_ds_mla)"
     latent = "mla" in geometry.layer_kinds
     return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block,
-                         latent, plan.kv_bytes_per_token)  # fmt: skip
+                         latent, plan.kv_bytes_per_token, geometry.compressed is not None)  # fmt: skip
 
 
 def _groups(plan: sizing.KvPlan, geometry: Geometry, max_model_len: int) -> tuple[dict[str, int], dict[str, int]]:
@@ -147,15 +148,15 @@ def cpu_capacity_tokens(
 ) -> int | None:
     """The CPU tier in tokens: V0's swap space (cache_config_info num_cpu_blocks x block_size), or V1's native KV
     offloading (kv_offloading_size GiB, from 0.32) sized from the planned bytes per block; None when there is none
-    or it cannot be sized (offloading without --model-config, another backend, a release not read, or an MLA model
-    under TP alone, whose tier holds one copy or one per rank by the executor and nodes, which vLLM does not
-    report)."""
+    or it cannot be sized (offloading without --model-config, another backend, a release not read, DeepSeek-V4's
+    packed groups, or an MLA model under TP alone, whose tier holds one copy or one per rank by the executor and
+    nodes, which vLLM does not report)."""
     if cc is None or cc.block_size is None:
         return None
     if schema == SCHEMA_V0:
         return cc.num_cpu_blocks * cc.block_size if cc.num_cpu_blocks is not None else None
     gib = cc.kv_offloading_size_gib
-    if gib is None or layout is None or cc.labels.get("kv_offloading_backend", "native") != "native":
+    if gib is None or layout is None or layout.packed or cc.labels.get("kv_offloading_backend", "native") != "native":
         return None
     if sizing.latent_shared_by_ranks(mla=layout.latent, tp=tp, pp=pp):
         return None
@@ -181,8 +182,11 @@ def _plan(geometry: Geometry, inputs: sizing.PlanInputs) -> sizing.KvPlan | None
 
 
 def model_kv_bytes_per_token(geometry: Geometry | None, cache_dtype: str | None, tp: int, pp: int) -> float | None:
-    """Bytes per token per GPU rank from the model's geometry; None where the planner does not model it."""
-    if geometry is None or not geometry.uniform or geometry.unmodelled_cache or _backend_decides(geometry, cache_dtype):
+    """Bytes per token per GPU rank from the model's geometry; None where the planner does not model it, or where no
+    one figure is per token (DeepSeek-V4: windows, compressed latents and states in groups of their own)."""
+    if geometry is None or not geometry.uniform or geometry.unmodelled_cache or geometry.compressed is not None:
+        return None
+    if _backend_decides(geometry, cache_dtype):
         return None
     try:
         dtype_bytes = sizing.kv_dtype_bytes(cache_dtype or "auto", geometry.dtype)
