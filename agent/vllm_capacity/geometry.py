@@ -116,6 +116,16 @@ class KimiDeltaGeometry(GatedDeltaNetGeometry):
     name = "KDA"
 
 
+# DeepSeek's sparse-attention indexer quantises its keys in blocks of 128 values, each with a float32 scale (vLLM 0.32
+# deepseek_v2.py ``Indexer.quant_block_size`` and models/deepseek_v4 ``DeepseekV4Indexer.quant_block_size``)
+INDEXER_QUANT_BLOCK = 128
+
+
+def indexer_key_bytes(index_head_dim: int) -> int:
+    """Bytes of one token's indexer key: ``index_head_dim`` fp8 values and a float32 scale per 128 of them."""
+    return index_head_dim + index_head_dim // INDEXER_QUANT_BLOCK * 4
+
+
 @dataclass(frozen=True)
 class CompressedGeometry:
     """DeepSeek-V4's attention (vLLM 0.32 ``models/deepseek_v4``): every layer keeps a sliding window of latents

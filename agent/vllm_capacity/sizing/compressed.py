@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from vllm_capacity.geometry import Geometry
+from vllm_capacity.geometry import Geometry, indexer_key_bytes
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
 from vllm_capacity.sizing.hybrid import in_flight_tokens
 from vllm_capacity.sizing.inputs import PlanInputs
@@ -38,7 +38,6 @@ STATE_BLOCK = {4: 4, 128: 8}  # CompressorStateCache's block_size by ratio
 PACKED = {"auto", "fp8", "fp8_e4m3", "fp8_ds_mla"}  # stored as fp8_ds_mla by the default backends
 PLAIN = {"bfloat16", "float16"}  # plain bfloat16 rows: FlashInfer's DeepSeek-V4 backend, the one that takes them
 PACKED_LATENT, PACKED_ALIGN, PLAIN_ALIGN = 584, 576, 512
-INDEXER_QUANT_BLOCK = 128  # DeepseekV4Indexer.quant_block_size: a float32 scale per 128 fp8 values
 
 Bucket = tuple[str, int, int]  # vLLM's uniform type: kind ("full" or "sliding"), block size, window
 
@@ -111,7 +110,7 @@ def layer_caches(geometry: Geometry, packed: bool) -> list[tuple[Bucket, int]]:
     content = PACKED_LATENT if packed else head * 2
     align = PACKED_ALIGN if packed else PLAIN_ALIGN
     index_head = geometry.compressed.index_head_dim
-    index_bytes = index_head + index_head // INDEXER_QUANT_BLOCK * 4
+    index_bytes = indexer_key_bytes(index_head)
 
     def page(states: int, state_bytes: int) -> int:
         return math.ceil(states * state_bytes / align) * align

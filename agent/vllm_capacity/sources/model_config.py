@@ -23,6 +23,7 @@ from vllm_capacity.geometry import (
     LinearShapes,
     Mamba1Geometry,
     MambaGeometry,
+    indexer_key_bytes,
 )
 from vllm_capacity.sources.model_layers import (
     chunked_layers,
@@ -226,11 +227,6 @@ def _beside_the_cache(doc: dict[str, Any], cfg: dict[str, Any]) -> dict[str, Any
     return {"linear": linear, "encoder_width": width if section else None, "multimodal": section}
 
 
-# the indexer quantises its keys in blocks of 128 values, each with a float32 scale (vLLM 0.32 deepseek_v2.py
-# ``Indexer.quant_block_size``, "TODO: get from config")
-INDEXER_QUANT_BLOCK = 128
-
-
 def _sparse_indexer(cfg: dict[str, Any]) -> dict[str, Any]:
     """DeepSeek sparse attention (V3.2, GLM-5: ``index_topk``): vLLM 0.32 keeps an indexer cache per MLA layer beside
     the latent (``DeepseekV32IndexerCache``: ``index_head_dim`` fp8 values and a float32 scale per 128 of them, one
@@ -248,7 +244,7 @@ def _sparse_indexer(cfg: dict[str, Any]) -> dict[str, Any]:
             "only some layers keep an indexer cache, which the planner does not place"
         )
         return {"unmodelled_cache": why}
-    return {"indexer_bytes": head + head // INDEXER_QUANT_BLOCK * 4}
+    return {"indexer_bytes": indexer_key_bytes(head)}
 
 
 _LAYER_OVERRIDES = {"head_dim", "num_key_value_heads"}
