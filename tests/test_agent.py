@@ -269,6 +269,36 @@ async def test_a_crashing_cycle_does_not_kill_the_loop(h: Harness, monkeypatch: 
     assert (await h.http.get("/readyz")).status == 200  # serving up 0 is the truth: the pod stays ready
 
 
+async def test_what_is_not_an_exception_ends_the_loop_and_stop_ends_it_between_reads(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    class Leave(BaseException):  # not an Exception: not a bug to count, it goes up (as GeneratorExit would)
+        pass
+
+    async def leave() -> None:
+        raise Leave
+
+    monkeypatch.setattr(h.agent, "cycle", leave)
+    with pytest.raises(Leave):
+        await asyncio.wait_for(h.agent.run(asyncio.Event()), timeout=10)
+    calls = 0
+
+    async def count() -> None:
+        nonlocal calls
+        calls += 1
+
+    monkeypatch.setattr(h.agent, "cycle", count)
+    h.agent.interval = 3600.0  # the loop sleeps between reads: stop ends the sleep at once
+    stop = asyncio.Event()
+    run = asyncio.ensure_future(h.agent.run(stop))
+    await asyncio.sleep(0.05)
+    stop.set()
+    await asyncio.wait_for(run, timeout=5)
+    assert calls == 1
+
+
 async def test_log_source_failures_leave_vllm_metrics_flowing(fake_vllm: FakeVllm, tmp_path) -> None:
     from vllm_capacity.sources.vllm_log import LogFollower
 

@@ -246,3 +246,62 @@ def test_lora_requests_the_newest_series_is_read() -> None:
     assert parse_metrics(fixture_text("v1-0.32.0-cpu-idle.prom")).lora is None  # no --enable-lora: no family
     odd = LORA_FAMILY.replace('max_lora="2"', 'max_lora="two"')
     assert parse_metrics(fixture_text("v1-0.32.0-cpu-idle.prom") + odd).lora.max_loras is None  # not a count
+
+
+def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew(monkeypatch) -> None:
+    from vllm_capacity.sources import vllm_parse
+    from vllm_capacity.sources.vllm_parse import LastRead, MetricsStream
+
+    reads = []
+    real = vllm_parse._read
+    monkeypatch.setattr(vllm_parse, "_read", lambda selected: reads.append(len(selected)) or real(selected))
+    body = fixture_text("v1-0.32.0-cpu-saturated.prom")
+    busier = body.replace(
+        'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 16.0',
+        'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 17.0',
+    )
+    assert busier != body
+    last = LastRead()
+
+    def read(text: str, latency: bool = False) -> object:
+        stream = MetricsStream(latency=latency, last=last)
+        stream.feed(text.encode())
+        return stream.finish()
+
+    first = read(body)
+    # the same lines again (one outside the selection changed: vLLM's own process counters move every read)
+    again = read(body.replace("process_cpu_seconds_total", "process_cpu_seconds_totalx"))
+    assert again is first and len(reads) == 1
+    moved = read(busier)
+    assert len(reads) == 2 and moved.engines[0].running == 17.0 and first.engines[0].running == 16.0
+    assert read(busier) is moved and len(reads) == 2
+    assert moved == parse_metrics(busier, latency=False)  # what a parse without the memory reads
+
+
+def test_a_large_selection_is_not_kept_and_families_left_out_are_part_of_what_is_compared(monkeypatch) -> None:
+    from vllm_capacity.sources import vllm_parse
+    from vllm_capacity.sources.vllm_parse import LastRead, MetricsStream
+
+    reads = []
+    real = vllm_parse._read
+    monkeypatch.setattr(vllm_parse, "_read", lambda selected: reads.append(1) or real(selected))
+    body = fixture_text("v1-0.32.0-cpu-saturated.prom")
+    # the same selected lines, and a family left out for a line over the scanner's bound: another read
+    over = body + 'vllm:spec_decode_num_drafts_total{engine="0",model_name="' + "x" * 9000 + '"} 1.0\n'
+    last = LastRead()
+
+    def read(text: str) -> object:
+        stream = MetricsStream(latency=False, last=last)
+        stream.feed(text.encode())
+        return stream.finish()
+
+    monkeypatch.setattr(vllm_parse, "LAST_READ_CHARS", 100)  # less than these lines: nothing kept
+    read(body)
+    read(body)
+    assert len(reads) == 2
+    monkeypatch.setattr(vllm_parse, "LAST_READ_CHARS", 1 << 20)
+    plain = read(body)
+    left_out = read(over)
+    assert len(reads) == 4
+    assert not plain.over_limit and left_out.over_limit == (("vllm:spec_decode_num_drafts", left_out.over_limit[0][1]),)
+    assert read(over) is left_out and read(body) is not plain and len(reads) == 5

@@ -97,8 +97,7 @@ class Agent:
         self.settings = settings
         self.client = client
         self.interval = interval
-        self.clock = clock
-        self.monotonic = monotonic
+        self.clock, self.monotonic = clock, monotonic
         self.logger = structlog.get_logger("vllm_capacity")
         # the agent itself is a source too: source_up{source="agent"} is 0 while its last cycle crashed
         self.sources = SourceBook((SOURCE_VLLM, SOURCE_MODELS, SOURCE_AGENT), monotonic)
@@ -309,22 +308,24 @@ class Agent:
     async def run(self, stop: asyncio.Event) -> None:
         """Cycle every ``interval`` until ``stop`` is set. A cycle that overruns starts the next one at once; a cycle
         in flight when ``stop`` is set is cancelled, so that the sidecar stops at once whatever ``--timeout`` is."""
-        stopping = asyncio.ensure_future(stop.wait())
+        reading, stopping = asyncio.ensure_future(self._read_until(stop)), asyncio.ensure_future(stop.wait())
         try:
-            while not stop.is_set():
-                started = self.monotonic()
-                cycle = asyncio.ensure_future(self.cycle())
-                await asyncio.wait({cycle, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                if not cycle.done():  # stopping: abandon the reads in flight
-                    cycle.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await cycle
-                    return
-                if (err := cycle.exception()) is not None:
-                    if not isinstance(err, Exception):
-                        raise err
-                    self._crashed(err)  # a bug must not kill the sidecar: count it, log it once, keep serving
-                delay = max(0.0, self.interval - (self.monotonic() - started))
-                await asyncio.wait({stopping}, timeout=delay)  # no cancel, no shield: one timer
+            await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if reading.done():
+                reading.result()  # what ended the reads, stop aside: not an Exception (those are counted)
         finally:
             stopping.cancel()
+            if not reading.done():  # stopping: abandon the reads in flight
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reading
+
+    async def _read_until(self, stop: asyncio.Event) -> None:
+        """The reads, in one task: a read pays for no task, wait or waiter of its own, only its timer."""
+        while not stop.is_set():
+            started = self.monotonic()
+            try:
+                await self.cycle()
+            except Exception as err:  # a bug must not kill the sidecar: count it, log it once, keep serving
+                self._crashed(err)
+            await asyncio.sleep(max(0.0, self.interval - (self.monotonic() - started)))

@@ -8,6 +8,7 @@ the release named (``version >= BOUNDARY``).
 
 from __future__ import annotations
 
+import functools
 import re
 
 
@@ -29,6 +30,7 @@ HYBRID_GROUPS = (0, 9, 1)  # V1 sizes hybrid models in KV-cache groups of a unif
 V1_BY_DEFAULT = (0, 8, 0)  # V0 is the default engine before (V1 was opt-in); from 0.8 V1, with V0 a fallback until 0.10
 
 
+@functools.lru_cache(maxsize=64)  # the agent asks for the server's version every read
 def parse_version(text: str) -> tuple[int, int, int]:
     m = re.match(r"^v?(\d+)\.(\d+)(?:\.(\d+))?", text.strip())
     if not m:
