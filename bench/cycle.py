@@ -37,6 +37,7 @@ import sys
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -330,37 +331,57 @@ async def _floor(url: str, seconds: float) -> float:
     return float(out)
 
 
-async def bench_process(url: str, rows: list[dict[str, float]], seconds: float) -> list[str]:
+#: rounds of the serve process's measurement: each a full parse, the floor and the agent, one after the other
+PROCESS_ROUNDS = 5
+
+
+async def _agent_per_read(session: Any, proc: asyncio.subprocess.Process, agent: str, seconds: float) -> float:
+    """The ``serve`` process's CPU per read over ``seconds``, scraped once a second as Prometheus would."""
+    c0, w0 = _cpu_seconds(proc.pid), time.monotonic()
+    while time.monotonic() - w0 < seconds:
+        async with session.get(agent + "/metrics") as resp:
+            await resp.read()
+        await asyncio.sleep(1.0)
+    cpu, wall = _cpu_seconds(proc.pid) - c0, time.monotonic() - w0
+    return cpu / (wall / INTERVAL)
+
+
+async def bench_process(url: str, seconds: float) -> list[str]:
     """The whole ``serve`` process's CPU per read of vLLM, as a sidecar spends it: a read every 100 ms and one scrape
     of its /metrics a second, at 1 and at 64 engines; against the full parse of the same text, and against the floor
-    of the same run (a process that only wakes and GETs the same payload at the same interval: :func:`read_floor`)."""
-    import aiohttp
+    (a process that only wakes and GETs the same payload at the same interval: :func:`read_floor`).
 
-    full = {int(r["engines"]): r["full"] for r in rows}
+    The machine is shared: the same code measured 0.14 to 0.19 of a full parse in one hour, the floor 0.09 to 0.12.
+    So the three are measured in :data:`PROCESS_ROUNDS` rounds, one after the other in each (a fresh agent each
+    round), and each round's read is divided by that round's full parse; the median round is shown, with the
+    range."""
+    import aiohttp
+    from prometheus_client.parser import text_string_to_metric_families
+
     out = []
+    span = max(seconds * 2.5, 5.0)
     for engines in (1, 64):
-        floor = await _floor(f"{url}/e{engines}/metrics", max(seconds * 5, 10.0))
-        proc, agent = await _start_agent(f"{url}/e{engines}")
-        async with aiohttp.ClientSession() as session:
-            await asyncio.sleep(2.0)  # warm: the first reads, the first render of each format
-            span = max(seconds * 5, 10.0)
-            c0, w0 = _cpu_seconds(proc.pid), time.monotonic()
-            while time.monotonic() - w0 < span:
-                async with session.get(agent + "/metrics") as resp:
-                    await resp.read()
-                await asyncio.sleep(1.0)
-            cpu, wall = _cpu_seconds(proc.pid) - c0, time.monotonic() - w0
+        text = payload(engines)
+        ratios, reads, floors, status = [], [], [], {}
+        for _ in range(PROCESS_ROUNDS):
+            full = cpu_per_call(lambda text=text: list(text_string_to_metric_families(text)), seconds / 2)
+            floors.append(await _floor(f"{url}/e{engines}/metrics", span) / full)
+            proc, agent = await _start_agent(f"{url}/e{engines}")
+            async with aiohttp.ClientSession() as session:
+                await asyncio.sleep(2.0)  # warm: the first reads, the first render of each format
+                reads.append(await _agent_per_read(session, proc, agent, span))
+            ratios.append(reads[-1] / full)
             status = _proc_status(proc.pid)
-        proc.terminate()
-        await proc.wait()
-        per_read = cpu / (wall / INTERVAL)
+            proc.terminate()
+            await proc.wait()
         target = 0.15 if engines == 1 else 0.04
+        ratio, floor = statistics.median(ratios), statistics.median(floors)
         out.append(
             f"- the `serve` process, {engines} engine{'s' if engines > 1 else ''}, a read every "
-            f"{INTERVAL * 1000:.0f} ms and a scrape a second: {per_read * 1e3:.2f} ms CPU per read, "
-            f"{per_read / full[engines]:.3f} of a full parse (target <= {target}), RSS {status['rss']:.1f} MiB; "
-            f"the floor (wake and GET only) {floor * 1e3:.2f} ms, the agent's work above it "
-            f"{(per_read - floor) / full[engines]:.3f} of a full parse"
+            f"{INTERVAL * 1000:.0f} ms and a scrape a second: {statistics.median(reads) * 1e3:.2f} ms CPU per read, "
+            f"{ratio:.3f} of a full parse (target <= {target}; the median of {PROCESS_ROUNDS} rounds, "
+            f"{min(ratios):.3f} to {max(ratios):.3f}), RSS {status['rss']:.1f} MiB; the floor (wake and GET only) "
+            f"{floor:.3f} of a full parse, the agent's work above it {ratio - floor:.3f}"
         )
     return out
 
@@ -469,7 +490,7 @@ def write_docs(lines: list[str]) -> None:
 async def run(args: argparse.Namespace) -> list[str]:
     with payload_server() as url:
         rows = await bench_cycle(url, args.seconds)
-        process = await bench_process(url, rows, args.seconds)
+        process = await bench_process(url, args.seconds)
         lines = [*cycle_table(rows), "", *bench_startup(), *process, *await bench_load(url, args.seconds)]
     return lines
 
