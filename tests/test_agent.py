@@ -849,3 +849,40 @@ async def test_exporter_metrics_can_be_left_out(fake_vllm: FakeVllm) -> None:
         assert ("vllm_capacity_process_resident_memory_bytes" in text) is process_metrics
         assert "vllm_capacity_up 1.0" in text
     await vllm.aclose()
+
+
+async def test_vllm_is_never_asked_to_compress_its_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    """prometheus-client's own exposition (vLLM's /metrics until PR #15657, March 2025, put the instrumentator's
+    route in front of it: ``Mount("/metrics", make_asgi_app())``) gzips the body when the client accepts gzip, at level
+    9, on vLLM's API server, every read: on a sidecar's loopback that is vLLM's CPU spent for nothing (and the
+    agent's, to inflate it). Served here by the library's own server, from a registry that yields the families of a
+    real 0.32 capture."""
+    import gzip
+
+    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client.parser import text_string_to_metric_families
+
+    class Capture:
+        def collect(self):  # type: ignore[no-untyped-def]
+            return text_string_to_metric_families(fixture_text("v1-0.32.0-cpu-saturated.prom"))
+
+    registry = CollectorRegistry()
+    registry.register(Capture())  # type: ignore[arg-type]
+    compressed = []
+    real_compress = gzip.compress
+    monkeypatch.setattr(gzip, "compress", lambda data, *a, **k: compressed.append(len(data)) or real_compress(data))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
+    client = VllmClient(f"http://127.0.0.1:{port}", timeout=10)
+    try:
+        metrics = await client.fetch_metrics(latency=False)
+    finally:
+        await client.aclose()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+    assert metrics.engines[0].cache_config is not None
+    assert metrics.engines[0].cache_config.kv_cache_size_tokens == 4096  # read in full
+    assert compressed == []  # and the server compressed nothing

@@ -90,8 +90,10 @@ class VllmClient:
                 connector=aiohttp.TCPConnector(
                     limit=1, ssl=ssl.create_default_context() if https else False, enable_cleanup_closed=False
                 ),
-                headers={"User-Agent": f"vllm-capacity/{__version__}"},
-                auto_decompress=True,
+                # never "gzip": a server that honours it (prometheus-client's own exposition: vLLM's /metrics before PR
+                # #15657, March 2025) compresses every read at level 9 on its API server, for a loopback sidecar
+                headers={"User-Agent": f"vllm-capacity/{__version__}", "Accept-Encoding": "identity"},
+                auto_decompress=True,  # a server that compresses anyway is still read
             )
         return self._session
 
