@@ -160,25 +160,30 @@ def what_if(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Memory
     return lines
 
 
+def _token_shape(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: int) -> str:
+    """What a token's bytes are made of: the compressed latents' block, the MLA latent (and indexer), or K and V."""
+    if geometry.compressed is not None:
+        return f"a {format_bytes(plan.page_bytes)} block per {plan.block_size} tokens of the compressed latents"
+    if "mla" in geometry.layer_kinds:
+        if geometry.indexer_bytes:
+            return (
+                f"{plan.kv_layers_per_rank} layers x (latent {geometry.head_dim} x {dtype_bytes} B + indexer "
+                f"{geometry.indexer_bytes} B)"
+            )
+        latent_layers = geometry.layer_kinds.count("mla") if plan.groups else plan.kv_layers_per_rank
+        return f"{latent_layers} layers x latent {geometry.head_dim} x {dtype_bytes} B"
+    growing = sum(g.layers for g in plan.groups if g.kind == "full") if plan.groups else plan.kv_layers_per_rank
+    draft = plan.draft_pages
+    shape = (
+        f"K and V x {growing - (draft.layers if draft else 0)} layers x {kv_heads} KV heads x {geometry.head_dim} "
+        f"x {dtype_bytes} B"
+    )
+    return shape + (f" + the drafter's {format_bytes(draft.bytes_per_token)} in {draft.layers} layers" if draft else "")
+
+
 def _layout_lines(plan: KvPlan, geometry: Geometry, kv_heads: int, dtype_bytes: int) -> list[str]:
     """How the KV cache is cut up: one group of every layer, or vLLM's hybrid groups."""
-    if geometry.compressed is not None:
-        shape = f"a {format_bytes(plan.page_bytes)} block per {plan.block_size} tokens of the compressed latents"
-    elif "mla" in geometry.layer_kinds:
-        latent_layers = geometry.layer_kinds.count("mla") if plan.groups else plan.kv_layers_per_rank
-        shape = f"{latent_layers} layers x latent {geometry.head_dim} x {dtype_bytes} B"
-        if geometry.indexer_bytes:
-            shape = f"{plan.kv_layers_per_rank} layers x (latent {geometry.head_dim} x {dtype_bytes} B + indexer "
-            shape += f"{geometry.indexer_bytes} B)"
-    else:
-        growing = sum(g.layers for g in plan.groups if g.kind == "full") if plan.groups else plan.kv_layers_per_rank
-        draft = plan.draft_pages
-        shape = (
-            f"K and V x {growing - (draft.layers if draft else 0)} layers x {kv_heads} KV heads x {geometry.head_dim} "
-            f"x {dtype_bytes} B"
-        )
-        if draft:
-            shape += f" + the drafter's {format_bytes(draft.bytes_per_token)} in {draft.layers} layers"
+    shape = _token_shape(plan, geometry, kv_heads, dtype_bytes)
     if not plan.groups:
         return [
             f"  bytes per token    {format_bytes(plan.kv_bytes_per_token):>14}   ({shape})",

@@ -44,7 +44,8 @@ Bucket = tuple[str, int, int]  # vLLM's uniform type: kind ("full" or "sliding")
 
 def plan_compressed(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     """vLLM's blocks, tokens and maximum concurrency for DeepSeek-V4."""
-    packed = _packed_latents(geometry, inputs)
+    _refuse_unread(geometry, inputs)
+    packed = _packed_latents(inputs)
     caches = layer_caches(geometry, packed)
     groups = packed_groups(caches)
     block = max(page for _, _, page in groups)
@@ -80,9 +81,8 @@ def plan_compressed(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     )
 
 
-def _packed_latents(geometry: Geometry, inputs: PlanInputs) -> bool:
-    """Whether the latents are packed fp8_ds_mla (else plain rows); refuses what vLLM 0.32 was not read doing."""
-    name = inputs.kv_cache_dtype.lower()
+def _refuse_unread(geometry: Geometry, inputs: PlanInputs) -> None:
+    """Refuse what vLLM 0.32 was not read doing with DeepSeek-V4 (NotModelled)."""
     refused = None
     if inputs.resolved_engine != "v1" or inputs.version < DEEPSEEK_V4:
         refused = f"is planned as vLLM {dotted(DEEPSEEK_V4)} (V1) lays it out; earlier releases were not read"
@@ -94,6 +94,11 @@ def _packed_latents(geometry: Geometry, inputs: PlanInputs) -> bool:
         refused = "with KV offloading (--kv-offloading-size): its CPU tier of packed groups is not modelled"
     if refused:
         raise NotModelled(f"{geometry.architecture}: DeepSeek-V4's compressed attention {refused}")
+
+
+def _packed_latents(inputs: PlanInputs) -> bool:
+    """Whether the latents are packed fp8_ds_mla (else plain rows); a dtype the backends do not store is invalid."""
+    name = inputs.kv_cache_dtype.lower()
     if name not in PACKED and name not in PLAIN:
         raise ValueError(
             f"--kv-cache-dtype {inputs.kv_cache_dtype}: DeepSeek-V4's backends store auto, fp8 or fp8_ds_mla "
