@@ -871,11 +871,8 @@ async def test_vllm_is_never_asked_to_compress_its_metrics(monkeypatch: pytest.M
     compressed = []
     real_compress = gzip.compress
     monkeypatch.setattr(gzip, "compress", lambda data, *a, **k: compressed.append(len(data)) or real_compress(data))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server, thread = start_http_server(port, addr="127.0.0.1", registry=registry)
-    client = VllmClient(f"http://127.0.0.1:{port}", timeout=10)
+    server, thread = start_http_server(0, addr="127.0.0.1", registry=registry)  # a port of the kernel's choosing
+    client = VllmClient(f"http://127.0.0.1:{server.server_port}", timeout=10)
     try:
         metrics = await client.fetch_metrics(latency=False)
     finally:

@@ -154,7 +154,7 @@ class LastRead:
     """The last read's selected lines and what they read as. An idle server serves the same selected lines read after
     read (its gauges still, its counters unmoved), and :func:`_read` is a function of the lines and of the families
     left out: the same lines give the same record, which is returned again instead of read again (at one engine a
-    tenth of a read's CPU). A selection over :data:`LAST_READ_CHARS` is not kept. One per source (a client)."""
+    tenth of a read's CPU). A selection over :data:`LAST_READ_CHARS` is not kept. One per client and read kind."""
 
     def __init__(self) -> None:
         self._last: tuple[list[str], dict[str, str], VllmMetrics] | None = None
