@@ -261,6 +261,11 @@ def _load_round(url: str) -> dict:
 
 
 NEARLY_FULL = 0.95  # the shipped alert's threshold: at most 9 of the 199 usable blocks free
+# Load rounds at most, until the agent has shown the cache nearly full: on a quiet machine the first round does
+# (vLLM's own /metrics, read every 50 ms, said >= 0.95 at 60 % of reads). Beside a busy loop the cache is full only
+# for moments, and those are the moments vLLM's API server, streaming 64 requests, answers /metrics seconds late: read
+# directly, 2 of 139 reads over three rounds said >= 0.95, and one run's six rounds never showed more than 0.92.
+SATURATION_ROUNDS = 12
 
 
 def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> None:
@@ -309,7 +314,7 @@ def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> Non
     sampler.start()
     rounds = []
     try:
-        for _ in range(6):  # bounded: stop as soon as saturation was seen
+        for _ in range(SATURATION_ROUNDS):  # bounded: stop as soon as saturation was seen
             rounds.append(_load_round(vllm.url))
             if (
                 seen.get("usage", 0) >= NEARLY_FULL
