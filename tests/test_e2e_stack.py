@@ -323,8 +323,10 @@ def _level_band(levels: list[float]) -> tuple[float, float]:
     narrower than 25 % either side of their median. On a quiet machine vLLM holds one level (the band is the 25 %);
     beside a busy loop it ran 1 to 64 requests at reads a second apart, and a sample of 20 of them put the mean of
     what the test saw 12 requests from the agent's own."""
-    tenths = statistics.quantiles(levels, n=10, method="inclusive") if len(levels) > 1 else levels * 9
     median = statistics.median(levels)
+    if len(levels) < 2:  # no spread to speak of
+        return 0.75 * median, 1.25 * median
+    tenths = statistics.quantiles(levels, n=10, method="inclusive")
     return min(tenths[0], 0.75 * median), max(tenths[-1], 1.25 * median)
 
 

@@ -248,13 +248,29 @@ def test_lora_requests_the_newest_series_is_read() -> None:
     assert parse_metrics(fixture_text("v1-0.32.0-cpu-idle.prom") + odd).lora.max_loras is None  # not a count
 
 
-def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew(monkeypatch) -> None:
+def _counted_reads(monkeypatch) -> list[int]:
+    """A list that grows by one at each real read of selected lines (``vllm_parse._read``)."""
     from vllm_capacity.sources import vllm_parse
-    from vllm_capacity.sources.vllm_parse import LastRead, MetricsStream
 
-    reads = []
+    reads: list[int] = []
     real = vllm_parse._read
     monkeypatch.setattr(vllm_parse, "_read", lambda selected: reads.append(len(selected)) or real(selected))
+    return reads
+
+
+def _read_through(last, text: str) -> object:
+    """``text`` streamed and read as the client reads it, through ``last`` (a LastRead)."""
+    from vllm_capacity.sources.vllm_parse import MetricsStream
+
+    stream = MetricsStream(latency=False, last=last)
+    stream.feed(text.encode())
+    return stream.finish()
+
+
+def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew(monkeypatch) -> None:
+    from vllm_capacity.sources.vllm_parse import LastRead
+
+    reads = _counted_reads(monkeypatch)
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     busier = body.replace(
         'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 16.0',
@@ -263,10 +279,8 @@ def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew
     assert busier != body
     last = LastRead()
 
-    def read(text: str, latency: bool = False) -> object:
-        stream = MetricsStream(latency=latency, last=last)
-        stream.feed(text.encode())
-        return stream.finish()
+    def read(text: str) -> object:
+        return _read_through(last, text)
 
     first = read(body)
     # the same lines again (one outside the selection changed: vLLM's own process counters move every read)
@@ -280,20 +294,16 @@ def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew
 
 def test_a_large_selection_is_not_kept_and_families_left_out_are_part_of_what_is_compared(monkeypatch) -> None:
     from vllm_capacity.sources import vllm_parse
-    from vllm_capacity.sources.vllm_parse import LastRead, MetricsStream
+    from vllm_capacity.sources.vllm_parse import LastRead
 
-    reads = []
-    real = vllm_parse._read
-    monkeypatch.setattr(vllm_parse, "_read", lambda selected: reads.append(1) or real(selected))
+    reads = _counted_reads(monkeypatch)
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     # the same selected lines, and a family left out for a line over the scanner's bound: another read
     over = body + 'vllm:spec_decode_num_drafts_total{engine="0",model_name="' + "x" * 9000 + '"} 1.0\n'
     last = LastRead()
 
     def read(text: str) -> object:
-        stream = MetricsStream(latency=False, last=last)
-        stream.feed(text.encode())
-        return stream.finish()
+        return _read_through(last, text)
 
     monkeypatch.setattr(vllm_parse, "LAST_READ_CHARS", 100)  # less than these lines: nothing kept
     read(body)
