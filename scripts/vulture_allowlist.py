@@ -12,6 +12,6 @@ _.starts  # StartupFigures.starts: how many vLLM starts the log showed; tests/te
 _.open_connections  # ConnectionGuard.open_connections: tests/test_listener.py checks the cap with it
 _.repeated  # LogRecord.repeated (log.OncePerCause): structlog's ExtraAdder puts it in the JSON line
 parse_metrics  # vllm_parse.parse_metrics (a string body): the tests' and the differential test's entry point
-select_lines_plainly  # vllm_scan.select_lines_plainly: the selection's definition, held to select_lines in tests
+select_lines_plainly  # vllm_select.select_lines_plainly: the selection's definition, held to select_lines in tests
 _.max_size  # _TlsLayer.max_size: asyncio.sslproto.SSLProtocol reads it on the instance (the read buffer size)
-parse_metrics_body  # vllm_parse.parse_metrics_body: MetricsStream over bytes in hand; the tests' entry point
+parse_metrics_body  # vllm_stream.parse_metrics_body: MetricsStream over bytes in hand; the tests' entry point

@@ -16,7 +16,7 @@ from vllm_capacity.sources.vllm_records import (
     WANTED,
     LoraRequests,
 )
-from vllm_capacity.sources.vllm_scan import select_lines
+from vllm_capacity.sources.vllm_select import select_lines
 
 
 def test_current_v1_capture() -> None:
@@ -249,18 +249,18 @@ def test_lora_requests_the_newest_series_is_read() -> None:
 
 
 def _counted_reads(monkeypatch) -> list[int]:
-    """A list that grows by one at each real read of selected lines (``vllm_parse._read``)."""
-    from vllm_capacity.sources import vllm_parse
+    """A list that grows by one at each real read of selected lines (``read_selected``) by a stream."""
+    from vllm_capacity.sources import vllm_stream
 
     reads: list[int] = []
-    real = vllm_parse._read
-    monkeypatch.setattr(vllm_parse, "_read", lambda selected: reads.append(len(selected)) or real(selected))
+    real = vllm_stream.read_selected
+    monkeypatch.setattr(vllm_stream, "read_selected", lambda selected: reads.append(len(selected)) or real(selected))
     return reads
 
 
 def _read_through(last, text: str) -> object:
     """``text`` streamed and read as the client reads it, through ``last`` (a LastRead)."""
-    from vllm_capacity.sources.vllm_parse import MetricsStream
+    from vllm_capacity.sources.vllm_stream import MetricsStream
 
     stream = MetricsStream(latency=False, last=last)
     stream.feed(text.encode())
@@ -268,9 +268,16 @@ def _read_through(last, text: str) -> object:
 
 
 def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew(monkeypatch) -> None:
-    from vllm_capacity.sources.vllm_parse import LastRead
+    """The lines found are compared before they are selected: the same lines are neither selected nor read again."""
+    from vllm_capacity.sources import vllm_stream
+    from vllm_capacity.sources.vllm_stream import LastRead
 
     reads = _counted_reads(monkeypatch)
+    selections: list[int] = []
+    select = vllm_stream.select_found
+    monkeypatch.setattr(
+        vllm_stream, "select_found", lambda found, *a: selections.append(len(found)) or select(found, *a)
+    )
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     busier = body.replace(
         'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 16.0',
@@ -285,16 +292,16 @@ def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew
     first = read(body)
     # the same lines again (one outside the selection changed: vLLM's own process counters move every read)
     again = read(body.replace("process_cpu_seconds_total", "process_cpu_seconds_totalx"))
-    assert again is first and len(reads) == 1
+    assert again is first and len(reads) == len(selections) == 1
     moved = read(busier)
     assert len(reads) == 2 and moved.engines[0].running == 17.0 and first.engines[0].running == 16.0
-    assert read(busier) is moved and len(reads) == 2
+    assert read(busier) is moved and len(reads) == len(selections) == 2
     assert moved == parse_metrics(busier, latency=False)  # what a parse without the memory reads
 
 
 def test_a_large_selection_is_not_kept_and_families_left_out_are_part_of_what_is_compared(monkeypatch) -> None:
-    from vllm_capacity.sources import vllm_parse
-    from vllm_capacity.sources.vllm_parse import LastRead
+    from vllm_capacity.sources import vllm_stream
+    from vllm_capacity.sources.vllm_stream import LastRead
 
     reads = _counted_reads(monkeypatch)
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
@@ -305,11 +312,11 @@ def test_a_large_selection_is_not_kept_and_families_left_out_are_part_of_what_is
     def read(text: str) -> object:
         return _read_through(last, text)
 
-    monkeypatch.setattr(vllm_parse, "LAST_READ_CHARS", 100)  # less than these lines: nothing kept
+    monkeypatch.setattr(vllm_stream, "LAST_READ_CHARS", 100)  # less than these lines: nothing kept
     read(body)
     read(body)
     assert len(reads) == 2
-    monkeypatch.setattr(vllm_parse, "LAST_READ_CHARS", 1 << 20)
+    monkeypatch.setattr(vllm_stream, "LAST_READ_CHARS", 1 << 20)
     plain = read(body)
     left_out = read(over)
     assert len(reads) == 4

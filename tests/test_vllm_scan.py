@@ -26,15 +26,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from support.files import fixture_text
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.vllm_parse import MetricsStream, parse_metrics, parse_metrics_body
+from vllm_capacity.sources.vllm_parse import parse_metrics
 from vllm_capacity.sources.vllm_records import LATENCY_BUCKETS, META, WANTED, VllmMetrics
-from vllm_capacity.sources.vllm_scan import (
-    MAX_LINE,
-    family_key,
-    parse_selected,
-    select_lines,
-    select_lines_plainly,
-)
+from vllm_capacity.sources.vllm_scan import parse_selected
+from vllm_capacity.sources.vllm_select import MAX_LINE, family_key, select_lines, select_lines_plainly
+from vllm_capacity.sources.vllm_stream import MetricsStream, parse_metrics_body
 
 CASES = int(os.environ.get("VLLM_CAPACITY_SCAN_CASES", "2000"))
 CAPTURES = (
@@ -319,6 +315,28 @@ def test_a_line_over_the_limit_leaves_its_family_out_not_the_scrape() -> None:
     assert select_lines(other, WANTED, META).over_limit == {}
 
 
+@pytest.mark.parametrize(
+    ("family_lines", "lines", "chars"),
+    [(40, 10**6, 10**9), (10**6, 300, 10**9), (10**6, 10**6, 20_000), (40, 300, 20_000)],
+    ids=["family lines", "all lines", "all characters", "all three"],
+)
+def test_the_bounds_fall_alike_on_lines_found_a_batch_at_a_time(
+    monkeypatch: pytest.MonkeyPatch, family_lines: int, lines: int, chars: int
+) -> None:
+    """select_lines adds the lines it finds a batch at a time, all at once when no bound is passed: with bounds that
+    8 engines pass part way through a batch, it leaves out exactly what the line-by-line definition leaves out."""
+    import vllm_capacity.sources.vllm_select as select
+    from support.payloads import data_parallel
+
+    body = data_parallel(8)
+    monkeypatch.setattr(select, "FOUND_BATCH", 7)
+    for name, bound in (("MAX_FAMILY_LINES", family_lines), ("MAX_SELECTED", lines), ("MAX_SELECTED_CHARS", chars)):
+        monkeypatch.setattr(select, name, bound)
+    plain = _selection(select_lines_plainly, body)
+    assert plain[1] and len(plain[0]) > 7  # something was left out, and something kept
+    assert _selection(select_lines, body) == _selection(select_lines, body.encode()) == plain
+
+
 def test_a_thousand_engines_read_their_capacity_and_leave_the_largest_histograms_out() -> None:
     """1,024 data-parallel engines (35 MiB, over the 32,768 lines all families may select with the latency
     histograms): the capacity families of every engine are read, the largest latency families are left out and
@@ -425,27 +443,32 @@ def test_series_no_longer_served_are_forgotten() -> None:
     served in turn held ~20 MiB of them. Series no longer served are dropped within two generations now, and the
     series still served stay read (the second generation moves them back)."""
     import vllm_capacity.sources.vllm_scan as scan
+    import vllm_capacity.sources.vllm_select as select
 
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     for i in range(300):
         parse_metrics(body.replace("tiny-llama", f"model-{i}"))
     assert len(scan._SERIES) > 1000  # what the churn left, before it is forgotten
-    for _ in range(2 * scan.SERIES_GENERATION):
+    for _ in range(2 * max(scan.SERIES_GENERATION, select.FOUND_GENERATION)):
         metrics = parse_metrics(body)
     served = len(select_lines(body, WANTED, META))
     assert len(scan._SERIES) <= served
     assert len(scan._LINES) <= served  # the lines read whole go the same way
+    found = select._scanner(tuple(WANTED), tuple(META))
+    assert len(found.memory) <= len(found.findall(body))  # and what each line found was
     assert metrics.engines[0].model_name == "tiny-llama"
 
 
 def test_remembered_lines_stay_bounded_and_read_as_the_parser_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
     """A selected line read once is remembered whole (a HELP, a TYPE, a value that did not move come back every
     read); a line whose value changes every read is a new entry each time. The memory stays bounded
-    (MAX_LINES a generation, MAX_COMMENTS comments) and every read is still the parser's."""
+    (MAX_LINES a generation, and MAX_FOUND for what each line found was) and every read is still the parser's."""
     import vllm_capacity.sources.vllm_scan as scan
+    import vllm_capacity.sources.vllm_select as select
 
     monkeypatch.setattr(scan, "MAX_LINES", 64)  # the bounds' logic, at a size a test runs through quickly
-    monkeypatch.setattr(scan, "MAX_COMMENTS", 16)
+    monkeypatch.setattr(select, "MAX_FOUND", 64)
+    found = select._scanner(tuple(WANTED), tuple(META)).memory
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     running = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", body, re.M)
     assert running is not None
@@ -454,7 +477,10 @@ def test_remembered_lines_stay_bounded_and_read_as_the_parser_reads_them(monkeyp
         lines = select_lines(moved, WANTED, META)
         assert scan.parse_selected(lines) == list(text_string_to_metric_families("\n".join(lines) + "\n"))
         assert len(scan._LINES.current) <= scan.MAX_LINES and len(scan._LINES.previous) <= scan.MAX_LINES
+        assert len(found.current) <= select.MAX_FOUND and len(found.previous) <= select.MAX_FOUND
     assert parse_metrics(moved).engines[0].running == 3 * scan.MAX_LINES - 1
-    for i in range(2 * scan.MAX_COMMENTS):
-        select_lines(f"# HELP vllm:num_requests_running {i}\n", WANTED, META)
-        assert len(scan._COMMENTS) <= scan.MAX_COMMENTS
+    for i in range(2 * select.MAX_FOUND):
+        assert select_lines(f"# HELP vllm:num_requests_running {i}\n", WANTED, META) == [
+            f"# HELP vllm:num_requests_running {i}"
+        ]
+        assert len(found.current) <= select.MAX_FOUND and len(found.previous) <= select.MAX_FOUND

@@ -1,8 +1,8 @@
 """Parse vLLM's ``/metrics`` text into plain data, for every metric-name generation (legacy V0 to current V1).
 
 Pure: text in, :class:`VllmMetrics` out. The grammar is prometheus-client's own text parser, applied to the lines of
-the families the agent reads (:mod:`vllm_capacity.sources.vllm_scan` finds them and reads the canonical ones itself,
-with the parser's exact result).
+the families the agent reads (:mod:`vllm_capacity.sources.vllm_select` finds them,
+:mod:`vllm_capacity.sources.vllm_scan` reads the canonical ones itself, with the parser's exact result).
 
 What each name and label means, per vLLM release: :mod:`vllm_capacity.sources.vllm_records`.
 """
@@ -14,7 +14,6 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
@@ -52,7 +51,8 @@ from vllm_capacity.sources.vllm_records import (
     VllmMetrics,
     label_float,
 )
-from vllm_capacity.sources.vllm_scan import Selection, parse_selected, select_lines
+from vllm_capacity.sources.vllm_scan import parse_selected
+from vllm_capacity.sources.vllm_select import Selection, select_lines
 
 _WANTED_SET = frozenset(WANTED)
 #: The per-engine values: every wanted family but the cache config, the process start and the sleep state (read
@@ -104,24 +104,13 @@ def parse_metrics(text: str, *, latency: bool = True) -> VllmMetrics:
     return _parse(text, latency)
 
 
-def parse_metrics_body(body: bytes | bytearray, *, latency: bool = True) -> VllmMetrics:
-    """:func:`parse_metrics` of the body's bytes, as :class:`MetricsStream` reads them off the network: a megabyte at
-    a time, ASCII segments (vLLM's) never copied into a string and any other decoded alone (one emoji in a 31 MiB
-    body decoded all of it: 203 MiB)."""
-    stream = MetricsStream(latency=latency)
-    view = memoryview(body)
-    for at in range(0, len(body), 1 << 20):
-        stream.feed(view[at : at + (1 << 20)])
-    return stream.finish()
-
-
 def _parse(text: str, latency: bool) -> VllmMetrics:
     _check_body(text)
     names, meta = (WANTED, META) if latency else (WANTED_WITHOUT_LATENCY, PRESENCE_ONLY)
-    return _read(select_lines(text, names, meta))
+    return read_selected(select_lines(text, names, meta))
 
 
-def _read(selected: Selection) -> VllmMetrics:
+def read_selected(selected: Selection) -> VllmMetrics:
     """The families of the selected lines, parsed and reduced to what the derivations need."""
     try:
         families = parse_selected(selected)
@@ -146,103 +135,7 @@ def _read(selected: Selection) -> VllmMetrics:
     )
 
 
-#: Most characters of selected lines a :class:`LastRead` keeps (one engine selects ~3 KiB, 64 engines 118 KiB).
-LAST_READ_CHARS = 128 * 1024
-
-
-class LastRead:
-    """The last read's selected lines and what they read as. An idle server serves the same selected lines read after
-    read (its gauges still, its counters unmoved), and :func:`_read` is a function of the lines and of the families
-    left out: the same lines give the same record, which is returned again instead of read again (at one engine a
-    tenth of a read's CPU). A selection over :data:`LAST_READ_CHARS` is not kept. One per client and read kind."""
-
-    def __init__(self) -> None:
-        self._last: tuple[list[str], dict[str, str], VllmMetrics] | None = None
-
-    def read(self, selected: Selection) -> VllmMetrics:
-        last = self._last
-        if last is not None and last[1] == selected.over_limit and last[0] == selected:
-            return last[2]
-        metrics = _read(selected)
-        self._last = (list(selected), dict(selected.over_limit), metrics) if selected.chars <= LAST_READ_CHARS else None
-        return metrics
-
-
-class MetricsStream:
-    """:func:`parse_metrics_body` of a body read as it arrives: :meth:`feed` each chunk, then :meth:`finish`. The body
-    is never held whole: its lines are selected a segment (about a megabyte of whole lines) at a time and dropped,
-    so a 34 MiB /metrics (1,024 data-parallel engines) costs its selected lines, not its size. The same checks, in
-    the same order, and the same result as a parse of the whole body (the tests hold it to that). With ``last``, the
-    lines are read through it (:class:`LastRead`)."""
-
-    def __init__(self, *, latency: bool = True, segment: int = 1 << 20, last: LastRead | None = None) -> None:
-        self._last = last
-        self._names: tuple[str, ...] = WANTED if latency else WANTED_WITHOUT_LATENCY
-        self._meta: tuple[str, ...] = META if latency else PRESENCE_ONLY
-        self.selected = Selection(self._names, self._meta)
-        self.size = 0  # bytes fed
-        self._segment = segment
-        self._buffer = bytearray()  # what is not scanned yet: less than a segment, and the unfinished last line
-        self._head: str | None = None  # the body's first 200 characters after leading whitespace, once seen
-        self._vllm = False  # "vllm:" seen
-        self._bad_utf8: UnicodeDecodeError | None = None
-
-    def feed(self, chunk: bytes | bytearray | memoryview) -> None:
-        self.size += len(chunk)
-        self._buffer += chunk
-        if len(self._buffer) >= self._segment:
-            self._scan_whole_lines()
-
-    def finish(self) -> VllmMetrics:
-        self._scan_whole_lines()
-        rest = bytes(self._buffer)  # an unfinished last line: its text counts for the checks, it is never read
-        self._buffer = bytearray()
-        if rest:
-            self._scan(rest, select=False)
-        if self._bad_utf8 is not None:
-            raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics body is not UTF-8 text: {self._bad_utf8}")
-        if self._head is None:
-            raise SourceError(Reason.EMPTY_BODY, "vLLM /metrics returned an empty body")
-        _check_head(self._head)
-        if rest:
-            raise SourceError(Reason.TRUNCATED, "vLLM /metrics body does not end with a newline: truncated")
-        if not self._vllm:
-            raise SourceError(
-                Reason.NOT_VLLM, "the /metrics body has no vllm: metric at all: is --vllm-url a vLLM server?"
-            )
-        return _read(self.selected) if self._last is None else self._last.read(self.selected)
-
-    def _scan_whole_lines(self) -> None:
-        end = self._buffer.rfind(b"\n") + 1
-        if end:
-            segment = bytes(self._buffer[:end])
-            del self._buffer[:end]
-            self._scan(segment, select=True)
-
-    def _scan(self, segment: bytes, *, select: bool) -> None:
-        if self._bad_utf8 is not None:
-            return
-        text: str | bytes
-        if segment.isascii():
-            text = segment
-        else:
-            try:
-                text = segment.decode("utf-8")
-            except UnicodeDecodeError as err:
-                self._bad_utf8 = err
-                return
-        if self._head is None:
-            leading: re.Pattern[Any] = _LEADING_SPACE if isinstance(text, str) else _LEADING_SPACE_BYTES
-            start = leading.match(text).end()  # type: ignore[union-attr]  # \s* always matches
-            if start < len(text):
-                head = text[start : start + 200]
-                self._head = head if isinstance(head, str) else head.decode("ascii")
-        self._vllm = self._vllm or (("vllm:" if isinstance(text, str) else b"vllm:") in text)  # type: ignore[operator]
-        if select:
-            select_lines(text, self._names, self._meta, self.selected)
-
-
-def _check_head(head_text: str) -> None:
+def check_head(head_text: str) -> None:
     if head_text.lower().startswith(("<!doctype", "<html", "<?xml", "{")):
         raise SourceError(
             Reason.NOT_METRICS, f"vLLM /metrics returned a document, not metrics text: {head_text[:60]!r}"
@@ -251,18 +144,18 @@ def _check_head(head_text: str) -> None:
 
 def _check_body(text: str) -> None:
     """Refuse what is not a whole vLLM exposition before parsing it, each with its reason (as MetricsStream does)."""
-    start = _LEADING_SPACE.match(text).end()  # type: ignore[union-attr]  # \s* always matches
+    start = LEADING_SPACE.match(text).end()  # type: ignore[union-attr]  # \s* always matches
     if start == len(text):
         raise SourceError(Reason.EMPTY_BODY, "vLLM /metrics returned an empty body")
-    _check_head(text[start : start + 200])
+    check_head(text[start : start + 200])
     if not text.endswith("\n"):
         raise SourceError(Reason.TRUNCATED, "vLLM /metrics body does not end with a newline: truncated")
     if "vllm:" not in text:
         raise SourceError(Reason.NOT_VLLM, "the /metrics body has no vllm: metric at all: is --vllm-url a vLLM server?")
 
 
-_LEADING_SPACE_BYTES = re.compile(rb"[ \t\n\r\x0b\x0c\x1c-\x1f]*")  # what str.strip strips, in ASCII
-_LEADING_SPACE = re.compile(r"\s*")
+LEADING_SPACE_BYTES = re.compile(rb"[ \t\n\r\x0b\x0c\x1c-\x1f]*")  # what str.strip strips, in ASCII
+LEADING_SPACE = re.compile(r"\s*")
 EngineSlot = tuple[str, str]  # (model_name, engine)
 # cache_config_info's labels -> what they say: the same labels come back every scrape (bounded: cleared when full)
 _CACHE_CONFIGS: dict[frozenset[tuple[str, str]], tuple[list[str], CacheConfig]] = {}

@@ -235,5 +235,5 @@ class VllmMetrics:
     implausible: tuple[str, ...] = ()
     #: LoRA's slots and adapters (None: vLLM serves without --enable-lora, or a release before the family)
     lora: LoraRequests | None = None
-    #: Families left out of this read for passing the scan's bounds (vllm_scan), each with why: (family, why).
+    #: Families left out of this read for passing the selection's bounds (vllm_select), each with why: (family, why).
     over_limit: tuple[tuple[str, str], ...] = ()
