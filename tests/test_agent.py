@@ -355,6 +355,50 @@ async def test_disagreeing_bytes_per_token_is_logged_once(fake_vllm: FakeVllm) -
     await vllm.aclose()
 
 
+async def test_alike_reads_keep_their_engines_and_a_change_derives_again(
+    fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle server's reads are alike (the same lines, facts and what was learned): its engine is derived once and
+    kept, the very record. A change in what the engine's derivation reads (a value; a queue, from which the sustained
+    level is learned) derives it again, and a saturated server whose level holds is alike again. Read after read the
+    engines are those of an agent that derives every read."""
+    from vllm_capacity import derive
+
+    derived: list[str] = []
+    real = derive.derive_engine
+    monkeypatch.setattr(derive, "derive_engine", lambda *args: derived.append(args[0].engine) or real(*args))
+    clock = FakeClock()
+    keeping, plain = (
+        Agent(VllmClient(fake_vllm.url, timeout=10), AgentSettings(interval=0.1), monotonic=clock) for _ in range(2)
+    )
+    plain.derived.engines = lambda metrics, facts, history: tuple(derive.derive_all(metrics, facts, history))  # type: ignore[method-assign]
+    idle, saturated = fake_vllm.metrics, fixture_text("v1-0.32.0-cpu-saturated.prom")  # 0 and 16 running
+    running_3 = with_value(idle, "vllm:num_requests_running", "3.0")
+    running_17 = with_value(saturated, "vllm:num_requests_running", "17.0")
+    # (the body, whether the engine is derived again). The first read reads the latency histograms too (due at once,
+    # then not again while the clock stands): the second, the first without them, is another record. Under a queue
+    # the sustained level is a mean: 16 held reads 16 again, 17 moves it a step every read (16.25, then 16.4).
+    steps = [(idle, True), (idle, True), (idle, False), (running_3, True), (running_3, False), (saturated, True),
+             (saturated, False), (saturated, False), (running_17, True), (running_17, True)]  # fmt: skip
+    before = None
+    for body, again in steps:
+        fake_vllm.metrics = body
+        count = len(derived)
+        await keeping.cycle()
+        await plain.cycle()
+        assert len(derived) == count + again
+        (engine,) = keeping.snapshot.engines
+        assert (engine is before) is not again
+        assert keeping.snapshot.engines == plain.snapshot.engines
+        before = engine
+    assert engine.sustained is not None and (engine.sustained.level, engine.sustained.observed) == (
+        pytest.approx(16.4),
+        True,
+    )
+    await keeping.client.aclose()
+    await plain.client.aclose()
+
+
 async def test_v1_0_8_capacity_comes_from_the_log(fake_vllm: FakeVllm, tmp_path) -> None:
     """vLLM 0.8.x reports num_gpu_blocks="None": the startup log's 'GPU KV cache size' fills the gap."""
     from vllm_capacity.sources.vllm_log import LogFollower
@@ -373,6 +417,30 @@ async def test_v1_0_8_capacity_comes_from_the_log(fake_vllm: FakeVllm, tmp_path)
     assert e.capacity_tokens == 452000
     assert e.max_concurrency == 13.79
     assert e.used_tokens == 0.125 * 452000
+    await vllm.aclose()
+
+
+async def test_a_figure_the_log_gives_later_reaches_an_unchanged_read(fake_vllm: FakeVllm, tmp_path) -> None:
+    """The start-up figures are filled in place as the log is read: an engine whose /metrics did not move (the same
+    record, read after read) is derived again when they change, never kept from before them."""
+    from vllm_capacity.sources.vllm_log import LogFollower
+
+    fake_vllm.metrics = fixture_text("v1-0.8.5-legacy.prom")  # num_gpu_blocks="None": the capacity is the log's
+    fake_vllm.models = '{"data":[{"id":"Qwen/Qwen2.5-7B-Instruct","max_model_len":32768}]}'
+    log = tmp_path / "vllm.log"
+    log.write_text(
+        "(EngineCore_0 pid=7) INFO 04-30 10:00:00 [kv_cache_utils.py:637] Maximum concurrency for 32,768 tokens "
+        "per request: 13.79x\n"
+    )  # the engine's figures begin: the record the next line fills in
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    agent = Agent(vllm, AgentSettings(interval=0.1), vllm_log=LogFollower(log), monotonic=FakeClock())
+    for _ in range(3):  # the first read with the latency histograms, then two alike
+        (e,) = (await agent.cycle()).engines
+        assert e.capacity_tokens is None and e.max_concurrency == 13.79
+    with log.open("a") as f:
+        f.write("(EngineCore_0 pid=7) INFO 04-30 10:00:01 [kv_cache_utils.py:634] GPU KV cache size: 452,000 tokens\n")
+    (e,) = (await agent.cycle()).engines
+    assert e.capacity_tokens == 452000
     await vllm.aclose()
 
 

@@ -26,6 +26,7 @@ from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.latency import DEFAULT_HALF_LIFE, Objective
 from vllm_capacity.live.counters import SOURCE_MODELS, Counters, ModelsReader
+from vllm_capacity.live.derived import Derived
 from vllm_capacity.live.gpus import GpuReader
 from vllm_capacity.live.latency import LatencyLearner
 from vllm_capacity.live.startup import StartupLogReader
@@ -43,7 +44,6 @@ if TYPE_CHECKING:  # given by cli.py with --nvml auto or on; never imported with
 
 SOURCE_VLLM = "vllm"
 SOURCE_AGENT = "agent"  # the agent itself: the source label of a crashed cycle's internal error
-DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
 T = TypeVar("T")
 
 
@@ -104,8 +104,7 @@ class Agent:
         # vLLM's start-up log, when given (--vllm-log): its memory figures; else none of them
         self.startup_log = StartupLogReader(vllm_log, self.sources, monotonic) if vllm_log is not None else None
         self.figures = self.startup_log.figures if self.startup_log is not None else StartupFigures()
-        self._disagreements_logged: set[tuple[str, str]] = set()
-        self._plans_logged: set[tuple[str, str]] = set()
+        self.derived = Derived(self.logger)  # the engines, derived again where what they read changed
         # the GPUs through NVML, when asked (--nvml auto or on)
         self.gpus = (
             GpuReader(nvml, self.sources, interval=interval, required=settings.nvml_required, vllm_pids=vllm_pids,
@@ -163,33 +162,6 @@ class Agent:
         except Exception as err:  # a parse no rule covers: named and counted, never a crashed cycle
             return internal(err, "reading vLLM's /metrics"), self.monotonic() - t0
 
-    def _check_agreement(self, engines: tuple[EngineCapacity, ...]) -> None:
-        for e in engines:
-            if e.layout is not None and e.layout.mismatch and first_time(self._plans_logged, (e.model_name, e.engine)):
-                self.logger.warning(
-                    "plan_disagrees",
-                    engine=f"{e.model_name}/{e.engine}",
-                    vllm_tokens=e.capacity_tokens,
-                    planned_tokens=e.layout.planned_tokens,
-                    assumed=e.layout.assumed,
-                    hint="--model-config, --tp/--pp or the assumed settings may not match the server (--vllm-log "
-                    "gives the scheduler's max_num_batched_tokens), or a speculative drafter shares the pool",
-                )
-            model, logged = e.kv_bytes_per_token_model_config, e.kv_bytes_per_token_startup_log
-            if model is None or logged is None or abs(model - logged) <= DISAGREEMENT * model:
-                continue
-            key = (e.model_name, e.engine)
-            if key not in self._disagreements_logged:
-                self._disagreements_logged.add(key)
-                self.logger.warning(
-                    "bytes_per_token_disagree",
-                    engine=f"{e.model_name}/{e.engine}",
-                    model_config=round(model, 1),
-                    startup_log=round(logged, 1),
-                    hint="--tp/--pp or the model config may not match the server, or a drafter the agent did not plan "
-                    "(a separate draft model, or no --vllm-log to name it) shares the pool",
-                )
-
     async def cycle(self) -> Snapshot:
         self.sources.ok(SOURCE_AGENT, 0.0)  # until this cycle crashes (_crashed)
         # the sources are read side by side: a slow or hung one never delays the others
@@ -213,8 +185,7 @@ class Agent:
             self.sustained.forget()
         self.sustained.learn(metrics, self.counters.preempted)
         history = derive.EngineHistory(carried, self.latency.views, self.counters.preempted, self.sustained.views)
-        engines = tuple(derive.derive_all(metrics, self._facts(), history))
-        self._check_agreement(engines)
+        engines = self.derived.engines(metrics, self._facts(), history)
         self.counters.last = metrics
         self.snapshot = self._snapshot(
             up=True,
@@ -244,7 +215,7 @@ class Agent:
         return derive.ServerFacts(
             max_model_len=self.models.max_model_len,
             fallback_max_model_len=self.settings.max_model_len,
-            startup=self.figures.engines,
+            startup=self.startup_log.engines if self.startup_log is not None else {},
             geometry=self.settings.geometry,
             tp=self.settings.tp,
             pp=self.settings.pp,

@@ -30,6 +30,7 @@ from vllm_capacity.derive.engine import (
     EngineInputs,
     derive_all,
     derive_engine,
+    engine_inputs,
     max_model_len_from_cache_config,
 )
 from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServerFacts
@@ -81,6 +82,7 @@ __all__ = [
     "cpu_capacity_tokens",
     "derive_all",
     "derive_engine",
+    "engine_inputs",
     "free_tokens",
     "headroom",
     "kv_bytes_per_token",

@@ -271,6 +271,13 @@ def derive_all(
     metrics: VllmMetrics, facts: ServerFacts = NO_FACTS, history: EngineHistory = NO_HISTORY
 ) -> list[EngineCapacity]:
     """Derive every engine of a scrape, with what the agent knows of the server and learned of each engine."""
+    return [derive_engine(m, inputs, facts) for m, inputs in engine_inputs(metrics, facts, history)]
+
+
+def engine_inputs(
+    metrics: VllmMetrics, facts: ServerFacts = NO_FACTS, history: EngineHistory = NO_HISTORY
+) -> list[tuple[EngineMetrics, EngineInputs]]:
+    """Each engine of a scrape with its resolved inputs: with ``facts``, all that :func:`derive_engine` reads."""
     rules = sizing_rules(metrics.schema, facts.version)  # once a scrape, not once an engine
     out = []
     for m in metrics.engines:
@@ -288,7 +295,7 @@ def derive_all(
             sustained=history.sustained.get(key, NO_SUSTAINED),
             lora=lora_slots(metrics.lora, m, len(metrics.engines), metrics.schema),
         )
-        out.append(derive_engine(m, inputs, facts))
+        out.append((m, inputs))
     return out
 
 

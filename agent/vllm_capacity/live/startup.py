@@ -5,12 +5,13 @@ describe the process."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 
 from vllm_capacity.live.status import SourceBook, internal
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
+from vllm_capacity.sources.vllm_log import EngineFigures, LogFollower, StartupFigures
 
 SOURCE_LOG = "vllm_log"
 
@@ -24,12 +25,24 @@ class StartupLogReader:
     ) -> None:
         self.follower, self.sources, self.monotonic = follower, sources, monotonic
         self.figures = StartupFigures()
+        self._fed = 0  # lines fed to the figures so far
+        self._engines: tuple[int, dict[str, EngineFigures]] = (0, {})  # a copy of theirs, and the lines it holds
         self._long_lines_logged = False
         sources.add(SOURCE_LOG)
+
+    @property
+    def engines(self) -> dict[str, EngineFigures]:
+        """Each engine's figures as they stand: a copy, taken again only once a line was fed. The figures are filled
+        in place line by line; what the derivations read must not change under them (an engine derived from the
+        same inputs is kept: :mod:`vllm_capacity.live.derived`)."""
+        if self._engines[0] != self._fed:
+            self._engines = (self._fed, {name: dataclasses.replace(f) for name, f in self.figures.engines.items()})
+        return self._engines[1]
 
     def _read_and_feed(self) -> None:
         for line in self.follower.read_lines():
             self.figures.feed(line)
+            self._fed += 1
 
     async def read(self) -> None:
         t0 = self.monotonic()

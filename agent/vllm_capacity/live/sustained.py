@@ -20,10 +20,13 @@ class SustainedLearner:
 
     def __init__(self, half_life: float = DEFAULT_HALF_LIFE, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.half_life, self.monotonic = half_life, monotonic
+        self._learned: dict[EngineKey, derive.Sustained] = {}  # with the weight and the time of the last pressed read
         self._views: dict[EngineKey, derive.Sustained] = {}
 
     @property
     def views(self) -> Mapping[EngineKey, derive.Sustained]:
+        """What the derivations read of each engine's: the level and whether a queue was observed, the same record
+        while they hold (a level read again stays exactly that level), so that an unchanged engine derives alike."""
         return self._views
 
     def learn(self, metrics: VllmMetrics, preempted: frozenset[EngineKey]) -> None:
@@ -38,11 +41,16 @@ class SustainedLearner:
                 continue
             queue = m.waiting_for_capacity if m.waiting_for_capacity is not None else m.waiting
             pressed = (queue is not None and queue > 0) or key in preempted
-            known = self._views.get(key, derive.NO_SUSTAINED)
-            self._views[key] = derive.learn_sustained(known, m.running, pressed, now, self.half_life)
-        for gone in set(self._views) - present:
-            del self._views[gone]
+            known = self._learned.get(key, derive.NO_SUSTAINED)
+            learned = self._learned[key] = derive.learn_sustained(known, m.running, pressed, now, self.half_life)
+            view = self._views.get(key)
+            if view is None or (view.level, view.observed) != (learned.level, learned.observed):
+                self._views[key] = derive.Sustained(level=learned.level, observed=learned.observed)
+        for gone in set(self._learned) - present:
+            del self._learned[gone]
+            self._views.pop(gone, None)
 
     def forget(self) -> None:
         """vLLM restarted: its settings (and so what it sustains) may have changed."""
+        self._learned.clear()
         self._views.clear()

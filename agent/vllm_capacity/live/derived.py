@@ -1,0 +1,74 @@
+"""Each read's engines, derived again only where what an engine's derivation reads has changed, and checked against
+the plan and the model's config.json when they are new.
+
+An idle server's reads are alike: the same lines (``LastRead`` gives the same record), the same facts and history,
+and :func:`~vllm_capacity.derive.derive_engine` is a function of its engine's metrics, inputs and the facts: the same
+ones give the same engine, which is kept instead of derived again (at one engine a twentieth of a read's CPU).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_capacity import derive
+from vllm_capacity.derive import EngineCapacity, EngineInputs, ServerFacts
+from vllm_capacity.derive.facts import EngineKey
+from vllm_capacity.live.status import first_time
+from vllm_capacity.sources.vllm_records import EngineMetrics, VllmMetrics
+
+DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
+
+
+class Derived:
+    """The last read's engines, each with what it was derived from; warnings logged once per engine."""
+
+    def __init__(self, logger: Any) -> None:
+        self.logger = logger
+        self._last: dict[EngineKey, tuple[EngineMetrics, EngineInputs, ServerFacts, EngineCapacity]] = {}
+        self._disagreements_logged: set[EngineKey] = set()
+        self._plans_logged: set[EngineKey] = set()
+
+    def engines(
+        self, metrics: VllmMetrics, facts: ServerFacts, history: derive.EngineHistory
+    ) -> tuple[EngineCapacity, ...]:
+        """``derive_all(metrics, facts, history)``, an engine derived again only when its metrics (the same record),
+        inputs or the facts differ from the last read's."""
+        out, last, kept = [], self._last, {}
+        for m, inputs in derive.engine_inputs(metrics, facts, history):
+            key = (m.model_name, m.engine)
+            known = last.get(key)
+            if known is not None and known[0] is m and known[1] == inputs and known[2] == facts:
+                engine = known[3]
+            else:
+                engine = derive.derive_engine(m, inputs, facts)
+                self._check(engine)
+            kept[key] = (m, inputs, facts, engine)
+            out.append(engine)
+        self._last = kept
+        return tuple(out)
+
+    def _check(self, e: EngineCapacity) -> None:
+        key = (e.model_name, e.engine)
+        if e.layout is not None and e.layout.mismatch and first_time(self._plans_logged, key):
+            self.logger.warning(
+                "plan_disagrees",
+                engine=f"{e.model_name}/{e.engine}",
+                vllm_tokens=e.capacity_tokens,
+                planned_tokens=e.layout.planned_tokens,
+                assumed=e.layout.assumed,
+                hint="--model-config, --tp/--pp or the assumed settings may not match the server (--vllm-log "
+                "gives the scheduler's max_num_batched_tokens), or a speculative drafter shares the pool",
+            )
+        model, logged = e.kv_bytes_per_token_model_config, e.kv_bytes_per_token_startup_log
+        if model is None or logged is None or abs(model - logged) <= DISAGREEMENT * model:
+            return
+        if key not in self._disagreements_logged:
+            self._disagreements_logged.add(key)
+            self.logger.warning(
+                "bytes_per_token_disagree",
+                engine=f"{e.model_name}/{e.engine}",
+                model_config=round(model, 1),
+                startup_log=round(logged, 1),
+                hint="--tp/--pp or the model config may not match the server, or a drafter the agent did not plan "
+                "(a separate draft model, or no --vllm-log to name it) shares the pool",
+            )
