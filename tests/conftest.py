@@ -4,7 +4,7 @@ lives in tests/support/."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiohttp import web
@@ -17,6 +17,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden", action="store_true", help="rewrite tests/fixtures/e2e-output.txt from the current output"
     )
+
+
+#: what passing tests measured, printed at the end of the run (a passing test's output is not shown): a wait on a real
+#: server is sized from these figures, run after run. Collected in the process that runs the test: the serial runs
+#: (the real servers) show them, the workers of a parallel run keep theirs.
+_FIGURES: list[str] = []
+
+
+@pytest.fixture
+def record_figure(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    """Records a figure (a line of text) under the test's name, for the run's closing summary."""
+    return lambda line: _FIGURES.append(f"{request.node.name}: {line}")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _FIGURES:
+        terminalreporter.section("figures the tests measured")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)
 
 
 @pytest.fixture

@@ -387,7 +387,7 @@ def _saturation_truth(prom: str, reads: list[Read], started: float) -> None:
     assert needed == 1, needed
 
 
-def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
+def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack, record_figure) -> None:
     vllm, hook, prom = stack["vllm"], stack["hook"], stack["prom"]
     started = time.time()
 
@@ -416,6 +416,7 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     watcher.start()
     # bursts of 96 long requests, round after round, from a process as low in priority as vLLM itself: 64 run,
     # ~28 fit at their full 900 tokens, the rest wait for capacity or are preempted
+    load_started = time.monotonic()
     load = subprocess.Popen(
         [
             *("nice", "-n", "10", sys.executable, str(ROOT / "scripts" / "vllm-cpu" / "load.py"), vllm.url),
@@ -439,6 +440,10 @@ def test_pages_on_kv_pressure_resolves_and_pages_when_vllm_dies(stack) -> None:
     print(
         f"\nVLLMKVCacheSaturated paged {took:.1f} s after the agent first saw the cache saturated "
         f"(for: {FOR}, scrape and evaluation every 1 s)"
+    )
+    record_figure(
+        f"VLLMKVCacheSaturated paged {paged_at - load_started:.0f} s after the load began (the wait allows 480 s), "
+        f"{took:.0f} s after the agent first saw the cache saturated; {len(rounds)} load rounds"
     )
     assert path == "/pager"  # critical is routed to the pager by the shipped Alertmanager configuration
     assert alert["labels"]["model_name"] == lab.MODEL_NAME and alert["labels"]["severity"] == "critical"

@@ -268,7 +268,7 @@ NEARLY_FULL = 0.95  # the shipped alert's threshold: at most 9 of the 199 usable
 SATURATION_ROUNDS = 12
 
 
-def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> None:
+def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess, record_figure) -> None:
     """Many parallel long requests on a 200-block cache: used tokens rise, usage reaches (nearly) 1, requests wait,
     preemptions appear, and the agent shows all of it."""
     before = agent.metrics()
@@ -328,6 +328,7 @@ def test_saturation_under_load(vllm: lab.VllmServer, agent: AgentProcess) -> Non
     assert not any(r["errors"] for r in rounds), rounds
     assert all(r["requests"] == lab.SATURATION_PARALLEL for r in rounds), rounds
     print(f"\nload rounds: {rounds}\nagent maxima: {seen}")
+    record_figure(f"saturation shown after {len(rounds)} of {SATURATION_ROUNDS} load rounds")
     assert seen["used"] > CAPACITY / 2
     # vLLM's usage is 1 - free / (blocks - 1); a 100 ms sampler can miss the instant the last block is taken,
     # and preemptions (below) are the proof that the cache ran out
