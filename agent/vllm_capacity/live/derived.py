@@ -24,7 +24,8 @@ class Derived:
 
     def __init__(self, logger: Any) -> None:
         self.logger = logger
-        self._last: dict[EngineKey, tuple[EngineMetrics, EngineInputs, ServerFacts, EngineCapacity]] = {}
+        self._last: dict[EngineKey, tuple[EngineMetrics, EngineInputs, EngineCapacity]] = {}
+        self._facts: ServerFacts | None = None  # what the last read's engines were derived with
         self._disagreements_logged: set[EngineKey] = set()
         self._plans_logged: set[EngineKey] = set()
 
@@ -33,18 +34,19 @@ class Derived:
     ) -> tuple[EngineCapacity, ...]:
         """``derive_all(metrics, facts, history)``, an engine derived again only when its metrics (the same record),
         inputs or the facts differ from the last read's."""
-        out, last, kept = [], self._last, {}
+        out, kept = [], {}
+        last = self._last if facts == self._facts else {}  # the facts compared once a read, not once an engine
         for m, inputs in derive.engine_inputs(metrics, facts, history):
             key = (m.model_name, m.engine)
             known = last.get(key)
-            if known is not None and known[0] is m and known[1] == inputs and known[2] == facts:
-                engine = known[3]
+            if known is not None and known[0] is m and known[1] == inputs:
+                engine = known[2]
             else:
                 engine = derive.derive_engine(m, inputs, facts)
                 self._check(engine)
-            kept[key] = (m, inputs, facts, engine)
+            kept[key] = (m, inputs, engine)
             out.append(engine)
-        self._last = kept
+        self._last, self._facts = kept, facts
         return tuple(out)
 
     def _check(self, e: EngineCapacity) -> None:
