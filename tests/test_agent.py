@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import socket
 from collections.abc import AsyncIterator
@@ -618,17 +619,17 @@ async def test_scrapers_of_one_snapshot_share_one_render_per_format(
     """Ten scrapers at once cost one render per exposition format; a new snapshot is rendered afresh."""
     import asyncio
 
-    from vllm_capacity.exposition import EngineCollector
+    from vllm_capacity.exposition import HealthCollector
 
     renders = 0
-    collect = EngineCollector.collect
+    collect = HealthCollector.collect  # in every render (the engines' part may be kept from the last snapshot's)
 
-    def counted(self: EngineCollector):  # type: ignore[no-untyped-def]
+    def counted(self: HealthCollector):  # type: ignore[no-untyped-def]
         nonlocal renders
         renders += 1
         yield from collect(self)
 
-    monkeypatch.setattr(EngineCollector, "collect", counted)
+    monkeypatch.setattr(HealthCollector, "collect", counted)
     async for h in _harness(fake_vllm.url):
         await h.agent.cycle()
         openmetrics = {"Accept": "application/openmetrics-text; version=1.0.0"}
@@ -878,7 +879,11 @@ async def test_a_small_snapshot_renders_on_the_loop_a_large_one_in_the_worker_th
     from prometheus_client import CollectorRegistry
     from prometheus_client.core import GaugeMetricFamily
 
+    from support.payloads import data_parallel
+    from vllm_capacity.derive import derive_all
     from vllm_capacity.exposition import INLINE_RENDER_ENGINES, RenderCache
+    from vllm_capacity.snapshot import Snapshot
+    from vllm_capacity.sources.vllm_parse import parse_metrics
 
     threads: list[str] = []
     failing = [True]
@@ -891,19 +896,75 @@ async def test_a_small_snapshot_renders_on_the_loop_a_large_one_in_the_worker_th
                 raise RuntimeError("a collector's bug")
             return [GaugeMetricFamily("vllm_capacity_test", "a test gauge", value=1.0)]
 
+    def snapshot(engines: int) -> Snapshot:
+        return Snapshot(up=True, engines=tuple(derive_all(parse_metrics(data_parallel(engines)))))
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Recorder())
-    served = SimpleNamespace(snapshot=SimpleNamespace(engines=(None,)))
-    renders = RenderCache(served, registry)
+    served = SimpleNamespace(snapshot=snapshot(1))
+    renders = RenderCache(served, registry)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError):
         await renders.body(None)
     body, _ = await renders.body(None)  # tried again, not served from the failure
     assert b"vllm_capacity_test 1.0" in body and (await renders.body(None))[0] is body
-    served.snapshot = SimpleNamespace(engines=(None,) * (INLINE_RENDER_ENGINES + 1))
+    served.snapshot = snapshot(INLINE_RENDER_ENGINES + 1)
     await renders.body(None)
     renders.close()
     main = threading.current_thread().name
     assert threads[:2] == [main, main] and len(threads) == 3 and threads[2].startswith("vllm-capacity-render")
+
+
+async def test_the_engines_part_is_kept_while_the_engines_are_and_the_whole_stays_the_registrys(
+    h: Harness, fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scrape of an idle vLLM's snapshot encodes only the GPUs and the agent's health: the engines' part of the
+    exposition is kept while the engines are the same records. In every format, the body served is byte for byte what
+    the whole registry renders at that moment: after an idle read (the part kept), after vLLM's values moved, after
+    its version changed (shown in vllm_info), and while vLLM is down (``up`` 0, no engine)."""
+    from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
+
+    from vllm_capacity.exposition import EngineCollector, build_registry, choose_format
+
+    encoded: list[int] = []
+    add = EngineCollector.add
+
+    def counted(self: EngineCollector, f: object, snap: object) -> None:
+        encoded.append(1)
+        add(self, f, snap)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(EngineCollector, "add", counted)
+    whole = build_registry(h.agent, process_metrics=False)
+
+    async def served_is_whole(expect_encoded: int) -> None:
+        for accept in (None, OPENMETRICS):
+            encoded.clear()
+            resp = await h.http.get("/metrics", headers={"Accept": accept} if accept else {})
+            body = await resp.read()
+            assert len(encoded) == expect_encoded, accept
+            encoder, _ = choose_format(accept)
+            encoded.clear()
+            rest = [line for line in encoder(whole).decode().splitlines() if "_process_" not in line]
+            assert [line for line in body.decode().splitlines() if "_process_" not in line] == rest, accept
+
+    await h.agent.cycle()  # the first read has the latency histograms; the next ones have not
+    await h.agent.cycle()
+    await served_is_whole(expect_encoded=1)
+    engines = h.agent.snapshot.engines
+    await h.agent.cycle()  # idle: the same lines, the same engines
+    assert h.agent.snapshot.engines is engines
+    await served_is_whole(expect_encoded=0)
+    fake_vllm.metrics = with_value(fake_vllm.metrics, "vllm:num_requests_running", "3.0")
+    await h.agent.cycle()
+    assert h.agent.snapshot.engines is not engines
+    await served_is_whole(expect_encoded=1)
+    h.agent.models.version = "0.99.0"  # shown in vllm_info, beside the same engines
+    h.agent.snapshot = dataclasses.replace(h.agent.snapshot, version="0.99.0")
+    await served_is_whole(expect_encoded=1)
+    assert 'version="0.99.0"' in await h.scrape()
+    fake_vllm.status = 500
+    await h.agent.cycle()
+    await served_is_whole(expect_encoded=1)
+    assert "vllm_capacity_up 0.0" in await h.scrape()
 
 
 async def test_exporter_metrics_can_be_left_out(fake_vllm: FakeVllm) -> None:

@@ -8,6 +8,7 @@ The only module that builds metric families. It uses its own registry (never the
 from __future__ import annotations
 
 import asyncio
+import functools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from vllm_capacity.snapshot import Snapshot
 ENGINE_SPECS = tuple(s for s in SPECS if s.engine_values or s.engine_rows)
 GPU_SPECS = tuple(s for s in SPECS if s.gpu_value)
 N = f"{NAMESPACE}_"
+OPENMETRICS_EOF = b"# EOF\n"  # the end of an OpenMetrics document
 
 Family = CounterMetricFamily | GaugeMetricFamily | InfoMetricFamily
 
@@ -40,8 +42,9 @@ class Served(Protocol):
     def http_errors(self) -> Mapping[str, int]: ...
 
 
-class _Families:
-    """Families keyed by catalogue name, created on first use, yielded in catalogue order, empty ones left out."""
+class _Families(Collector):
+    """Families keyed by catalogue name, created on first use, yielded in catalogue order, empty ones left out; a
+    collector of them, for an encoder."""
 
     def __init__(self) -> None:
         self._families: dict[str, Family] = {}
@@ -67,8 +70,13 @@ class _Families:
             family.add_metric(labels, value)
 
     def __iter__(self) -> Iterator[Metric]:
-        order = {name: i for i, name in enumerate(BY_NAME)}
-        return iter(sorted(self._families.values(), key=lambda f: order[_spec_name(f)]))
+        return iter(sorted(self._families.values(), key=lambda f: _ORDER[_spec_name(f)]))
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self)
+
+
+_ORDER = {name: i for i, name in enumerate(BY_NAME)}
 
 
 def _spec_name(family: Metric) -> str:
@@ -174,16 +182,18 @@ class HealthCollector(_SnapshotCollector):
         f.add(N + "last_update_timestamp_seconds", [], snap.timestamp)
 
 
-def build_registry(served: Served, *, process_metrics: bool = True) -> CollectorRegistry:
+def build_registry(served: Served, *, process_metrics: bool = True, engines: bool = True) -> CollectorRegistry:
+    """The agent's exposition in one registry; without ``engines``, all but the engines' part (what
+    :class:`RenderCache` encodes after the part it keeps)."""
     registry = CollectorRegistry(auto_describe=False)
-    for collector in (EngineCollector, GpuCollector, HealthCollector):  # in catalogue order
+    for collector in (EngineCollector, GpuCollector, HealthCollector)[0 if engines else 1 :]:  # in catalogue order
         registry.register(collector(served))
     if process_metrics:
         ProcessCollector(namespace=NAMESPACE, registry=registry)
     return registry
 
 
-def choose_format(accept: str | None) -> tuple[Callable[[CollectorRegistry], bytes], str]:
+def choose_format(accept: str | None) -> tuple[Callable[[Collector], bytes], str]:
     """The encoder for the client's Accept header: OpenMetrics when asked for, else the classic text format (also
     for an Accept header prometheus-client cannot read, such as an OpenMetrics version that is not a number)."""
     try:
@@ -205,12 +215,20 @@ INLINE_RENDER_ENGINES = 4
 class RenderCache:
     """Each snapshot rendered once per exposition format, in a worker thread when it is large: N scrapers of one
     snapshot cost one render, and the event loop (``/healthz``, the vLLM reads) never waits on a long encoding. What is
-    served is as fresh as the latest snapshot; the process metrics beside it too (one interval at most)."""
+    served is as fresh as the latest snapshot; the process metrics beside it too (one interval at most).
+
+    The engines' part (the catalogue's first: ``up`` and every per-engine series) is encoded from the snapshot and
+    kept, per format, while the next snapshots have the same engines (the same records: an idle vLLM's reads derive
+    none again, live/derived.py) and the same server facts it shows; then a scrape encodes only ``registry``, the rest
+    (:func:`build_registry` with ``engines=False``: the GPUs, the agent's health, its process). At one engine the
+    engines' part is two thirds of a render."""
 
     def __init__(self, served: Served, registry: CollectorRegistry) -> None:
         self._served, self._registry = served, registry
+        self._engines = EngineCollector(served)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-render")
         self._cached: dict[str, tuple[Snapshot, asyncio.Future[bytes]]] = {}
+        self._parts: dict[str, tuple[tuple[object, ...], bytes]] = {}  # the engines' part, by format
 
     async def body(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_format(accept)
@@ -218,14 +236,15 @@ class RenderCache:
         entry = self._cached.get(content_type)
         if entry is None or entry[0] is not snapshot:
             loop = asyncio.get_running_loop()
+            render = functools.partial(self._render, encoder, content_type, snapshot)
             if len(snapshot.engines) <= INLINE_RENDER_ENGINES:
                 rendered: asyncio.Future[bytes] = loop.create_future()
                 try:
-                    rendered.set_result(encoder(self._registry))
+                    rendered.set_result(render())
                 except Exception as err:
                     rendered.set_exception(err)
             else:
-                rendered = loop.run_in_executor(self._executor, encoder, self._registry)
+                rendered = loop.run_in_executor(self._executor, render)
             entry = self._cached[content_type] = (snapshot, rendered)
         try:
             # shielded: a scraper that hangs up does not cancel the render the others wait for
@@ -234,6 +253,20 @@ class RenderCache:
             if self._cached.get(content_type) is entry:
                 del self._cached[content_type]  # a failed render is not kept: the next scrape tries again
             raise
+
+    def _render(self, encoder: Callable[[Collector], bytes], content_type: str, snapshot: Snapshot) -> bytes:
+        """The engines' part of ``snapshot`` (kept, or encoded and kept), then the rest. The parts' concatenation is
+        the whole: the encoders write family after family, and OpenMetrics' one end marker is the rest's."""
+        shown = (snapshot.engines, snapshot.up, snapshot.schema, snapshot.version, snapshot.itl_metric)
+        kept = self._parts.get(content_type)
+        if kept is not None and kept[0][0] is shown[0] and kept[0][1:] == shown[1:]:
+            part = kept[1]
+        else:
+            families = _Families()
+            self._engines.add(families, snapshot)
+            part = encoder(families).removesuffix(OPENMETRICS_EOF)
+            self._parts[content_type] = (shown, part)
+        return part + encoder(self._registry)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

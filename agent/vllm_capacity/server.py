@@ -46,7 +46,7 @@ def _landing_page(agent: Agent, metrics_path: str) -> str:
 def make_app(
     agent: Agent, *, process_metrics: bool = True, access: Access | None = None, metrics_path: str = "/metrics"
 ) -> web.Application:
-    renders = RenderCache(agent, build_registry(agent, process_metrics=process_metrics))
+    renders = RenderCache(agent, build_registry(agent, process_metrics=process_metrics, engines=False))
     access = access if access is not None else Access()
 
     @web.middleware

@@ -8,6 +8,7 @@ ones give the same engine, which is kept instead of derived again (at one engine
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 from vllm_capacity import derive
@@ -25,6 +26,7 @@ class Derived:
     def __init__(self, logger: Any) -> None:
         self.logger = logger
         self._last: dict[EngineKey, tuple[EngineMetrics, EngineInputs, EngineCapacity]] = {}
+        self._engines: tuple[EngineCapacity, ...] = ()  # the last read's, as returned
         self._facts: ServerFacts | None = None  # what the last read's engines were derived with
         self._disagreements_logged: set[EngineKey] = set()
         self._plans_logged: set[EngineKey] = set()
@@ -33,7 +35,8 @@ class Derived:
         self, metrics: VllmMetrics, facts: ServerFacts, history: derive.EngineHistory
     ) -> tuple[EngineCapacity, ...]:
         """``derive_all(metrics, facts, history)``, an engine derived again only when its metrics (the same record),
-        inputs or the facts differ from the last read's."""
+        inputs or the facts differ from the last read's; the last read's tuple itself when every engine is its
+        (exposition keeps what it encoded of them while they are the same tuple: exposition.RenderCache)."""
         out, kept = [], {}
         last = self._last if facts == self._facts else {}  # the facts compared once a read, not once an engine
         for m, inputs in derive.engine_inputs(metrics, facts, history):
@@ -47,7 +50,9 @@ class Derived:
             kept[key] = (m, inputs, engine)
             out.append(engine)
         self._last, self._facts = kept, facts
-        return tuple(out)
+        if len(out) != len(self._engines) or not all(map(operator.is_, out, self._engines)):
+            self._engines = tuple(out)
+        return self._engines
 
     def _check(self, e: EngineCapacity) -> None:
         key = (e.model_name, e.engine)
