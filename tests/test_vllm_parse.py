@@ -322,3 +322,76 @@ def test_a_large_selection_is_not_kept_and_families_left_out_are_part_of_what_is
     assert len(reads) == 4
     assert not plain.over_limit and left_out.over_limit == (("vllm:spec_decode_num_drafts", left_out.over_limit[0][1]),)
     assert read(over) is left_out and read(body) is not plain and len(reads) == 5
+
+
+def test_the_span_of_vllms_families_is_searched_again_only_when_it_changed() -> None:
+    """An idle vLLM's body changes every read only around its own families: its process series first, its HTTP
+    server's last. The lines found in the span between (the first line naming ``vllm:`` to the last) are the last
+    body's when the span is byte for byte the same, and the span is searched again when anything in it changed, a
+    byte for a byte included. Whatever the body, the lines found are those of the whole body searched at once."""
+    import random
+
+    from vllm_capacity.sources.vllm_records import PRESENCE_ONLY, WANTED_WITHOUT_LATENCY
+    from vllm_capacity.sources.vllm_select import found_lines
+    from vllm_capacity.sources.vllm_stream import LastRead
+
+    searched: list[bool] = []  # each read: whether a search covered the body's first "vllm:"
+
+    def found(last: LastRead, body: bytes) -> list[str | bytes]:
+        spans: list[tuple[int, int]] = []
+
+        def find(start: int, end: int) -> list[str | bytes]:
+            spans.append((start, end))
+            return found_lines(body, WANTED_WITHOUT_LATENCY, PRESENCE_ONLY, start, end)
+
+        got = last.found(body, find)
+        assert got == found_lines(body, WANTED_WITHOUT_LATENCY, PRESENCE_ONLY)  # the whole body's, always
+        searched.append(any(start <= body.find(b"vllm:") < end for start, end in spans))
+        return got
+
+    def span_searched() -> bool:
+        return searched.pop()
+
+    body = fixture_text("v1-0.32.0-cpu-saturated.prom")
+    running = 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 16.0'
+    idle = [
+        body,
+        body.replace("process_cpu_seconds_total 47.97", "process_cpu_seconds_total 48.1"),  # first, outside the span
+        body.replace('http_requests_total{handler="/v1/models"', 'http_requests_total{handler="/metrics"'),  # last
+    ]
+    last = LastRead()
+    found(last, body.encode())
+    assert span_searched()
+    assert len(set(idle)) == len(idle)
+    for text in idle:
+        found(last, text.encode())
+        assert not span_searched(), "an idle body's span is the last one's"
+    for text in (body.replace(running, running[:-4] + "17.0"), body.replace("vllm:", "vllm:x", 1)):
+        found(last, text.encode())  # one byte changed in the span, or its length
+        assert span_searched()
+        found(last, text.encode())
+        assert not span_searched()
+
+    # bodies of every shape: vllm: on the first line only, on the last only, nowhere, inside foreign families' HELP
+    # text and label values, wanted lines outside the span, whitespace before a name, the same span twice
+    lines = body.splitlines()
+    extra = [
+        "# HELP foreign_total says vllm:num_requests_running",
+        'foreign_info{text="vllm:num_requests_running 3"} 1',
+        "  vllm:num_requests_running 4",
+        "process_start_time_seconds 1.5e9",
+        "# TYPE vllm:num_requests_running gauge",
+    ]
+    rng = random.Random(2026)
+    last = LastRead()
+    for _ in range(300):
+        if rng.random() < 0.3:
+            text = "\n".join(rng.sample(extra, rng.randint(0, len(extra)))) + "\n"
+        else:
+            start = rng.randint(0, len(lines) - 1)
+            part = lines[start : start + rng.randint(1, 80)]
+            part.insert(rng.randint(0, len(part)), rng.choice(extra))
+            text = "\n".join(part) + "\n"
+        for _ in range(rng.randint(1, 2)):
+            found(last, text.encode())
+        searched.clear()

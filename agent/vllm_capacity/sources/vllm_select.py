@@ -196,11 +196,15 @@ def select_lines(
     return _select(scanner, scanner.lines(text), sample_names, meta_names, selected)
 
 
-def found_lines(text: str | bytes, sample_names: Sequence[str], meta_names: Sequence[str]) -> list[str | bytes]:
+def found_lines(
+    text: str | bytes, sample_names: Sequence[str], meta_names: Sequence[str], start: int = 0, end: int | None = None
+) -> list[str | bytes]:
     """The lines of ``text`` that :func:`select_lines` looks at, as they are in it, in order (a line is a whole line
     without its newline; ``text`` starts at a line's start): the selection is a function of them. For a segment of a
-    body (the whole lines are in memory already)."""
-    return _scanner(tuple(sample_names), tuple(meta_names)).findall(text)
+    body (the whole lines are in memory already). With ``start`` and ``end`` (a line's start, a line's end or the
+    text's), those of the lines in between, found without copying them: the lines of consecutive spans are those of
+    the text they make up."""
+    return _scanner(tuple(sample_names), tuple(meta_names)).findall(text, start, end)
 
 
 def select_found(
@@ -256,10 +260,14 @@ class _Scanner:
         for match in self.patterns[isinstance(text, bytes)].finditer(text):
             yield match[1]
 
-    def findall(self, text: str | bytes) -> list[str | bytes]:
-        """The lines found, listed in one call."""
-        found = self._first(text)
-        found += self.patterns[isinstance(text, bytes)].findall(text)
+    def findall(self, text: str | bytes, start: int = 0, end: int | None = None) -> list[str | bytes]:
+        """The lines found between ``start`` and ``end`` (the text's end), listed in one call (after the first line, a
+        line is found from the newline before it)."""
+        end = len(text) if end is None else end
+        if start >= end:
+            return []
+        found = self._first(text) if start == 0 else []
+        found += self.patterns[isinstance(text, bytes)].findall(text, max(start - 1, 0), end)
         return found
 
     def known(self, found: Iterable[str | bytes]) -> Iterator[list[tuple[str, str]]]:

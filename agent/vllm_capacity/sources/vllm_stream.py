@@ -6,7 +6,9 @@ selected and read again.
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 from vllm_capacity.sources import Reason, SourceError
@@ -41,6 +43,28 @@ class LastRead:
 
     def __init__(self) -> None:
         self._last: tuple[list[str | bytes], VllmMetrics] | None = None
+        # the last body's span of vLLM's own families (a view of it: never a copy) and the lines found in it
+        self._span: tuple[memoryview, list[str | bytes]] | None = None
+
+    def found(self, body: bytes, find: Callable[[int, int], list[str | bytes]]) -> list[str | bytes]:
+        """``find(0, len(body))``, the lines found in a whole body, given ``find(start, end)``, the lines found in a
+        span of whole lines. The span from the first line that names ``vllm:`` to the last one is looked at again only
+        when it differs from the last body's: an idle vLLM's differs byte for byte only around it, in its process
+        series (first) and its HTTP server's (last), which count the very reads. Any span of whole lines would give
+        the same lines; this one is the part of an idle server's body that stays the same."""
+        named = body.find(b"vllm:")
+        if named < 0:
+            self._span = None
+            return find(0, len(body))
+        start = body.rfind(b"\n", 0, named) + 1
+        end = body.find(b"\n", body.rfind(b"vllm:")) + 1 or len(body)
+        span = self._span
+        if span is not None and len(span[0]) == end - start and body.startswith(span[0], start):  # memcmp, no copy
+            middle = span[1]
+        else:
+            middle = find(start, end)
+            self._span = (memoryview(body)[start:end], middle)
+        return [*find(0, start), *middle, *find(end, len(body))]
 
     def recall(self, found: list[str | bytes]) -> VllmMetrics | None:
         last = self._last
@@ -75,6 +99,7 @@ class MetricsStream:
         self._head: str | None = None  # the body's first 200 characters after leading whitespace, once seen
         self._vllm = False  # "vllm:" seen
         self._bad_utf8: UnicodeDecodeError | None = None
+        self._scanned = False  # a segment of whole lines was scanned
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> None:
         self.size += len(chunk)
@@ -84,7 +109,7 @@ class MetricsStream:
             self._scan_whole_lines()
 
     def finish(self) -> VllmMetrics:
-        self._scan_whole_lines()
+        self._scan_whole_lines(whole=not self._scanned)
         rest = self._take()  # an unfinished last line: its text counts for the checks, it is never read
         if rest:
             self._scan(rest, select=False)
@@ -114,15 +139,17 @@ class MetricsStream:
         self._pending, self._pending_size = [], 0
         return pending
 
-    def _scan_whole_lines(self) -> None:
+    def _scan_whole_lines(self, *, whole: bool = False) -> None:
+        """Scan the whole lines pending; ``whole``: they are all the body's (none was scanned before)."""
         pending = self._take()
         end = pending.rfind(b"\n") + 1
         if end < len(pending):  # an unfinished last line waits for the rest of it
             self._pending, self._pending_size = [pending[end:]], len(pending) - end
         if end:
-            self._scan(pending if end == len(pending) else pending[:end], select=True)
+            self._scanned = True
+            self._scan(pending if end == len(pending) else pending[:end], select=True, whole=whole)
 
-    def _scan(self, segment: bytes, *, select: bool) -> None:
+    def _scan(self, segment: bytes, *, select: bool, whole: bool = False) -> None:
         if self._bad_utf8 is not None:
             return
         text: str | bytes
@@ -146,7 +173,10 @@ class MetricsStream:
         if self._found is None:
             select_lines(text, self._names, self._meta, self.selected)
             return
-        found = found_lines(text, self._names, self._meta)
+        if whole and self._last is not None and isinstance(text, bytes):
+            found = self._last.found(text, functools.partial(found_lines, text, self._names, self._meta))
+        else:
+            found = found_lines(text, self._names, self._meta)
         self._found += found
         self._found_chars += sum(map(len, found))
         if self._found_chars > LAST_READ_CHARS:  # many lines: selected a segment at a time from here, never kept
