@@ -1012,3 +1012,47 @@ async def test_vllm_is_never_asked_to_compress_its_metrics(monkeypatch: pytest.M
     assert metrics.engines[0].cache_config is not None
     assert metrics.engines[0].cache_config.kv_cache_size_tokens == 4096  # read in full
     assert compressed == []  # and the server compressed nothing
+
+
+def test_the_same_record_again_carries_and_teaches_what_an_equal_copy_would() -> None:
+    """An idle server's read is the last record itself (LastRead), and the counters and the sustained learner then
+    skip what it cannot change. Fed a sequence of reads (pressed, calm, preempting, restarted, each several times), the
+    record itself and an equal copy of it every time give the same restarts, carried totals, preemptions and learned
+    state."""
+    import copy
+
+    from vllm_capacity.live.counters import Counters
+    from vllm_capacity.live.sustained import SustainedLearner
+    from vllm_capacity.sources.vllm_parse import parse_metrics
+
+    preempting = with_value(SATURATED, "vllm:num_preemptions_total", "90.0")
+    steps = [SATURATED, without_queue(SATURATED), without_queue(preempting), preempting, SATURATED]
+    clock = FakeClock()
+    runs = {alike: (Counters(), SustainedLearner(60.0, clock)) for alike in (True, False)}
+    seen: dict[bool, list[object]] = {True: [], False: []}
+    for text in steps:
+        record = parse_metrics(text, latency=False)
+        for _ in range(3):
+            clock.advance(1.0)
+            for alike, (counters, sustained) in runs.items():
+                metrics = record if alike else copy.deepcopy(record)
+                restarted = counters.restarted(metrics)
+                carried = counters.carry(metrics, restarted)
+                sustained.learn(metrics, counters.preempted)
+                counters.last = metrics
+                seen[alike].append((restarted, dict(carried), counters.preempted, dict(sustained._learned)))
+    assert seen[True] == seen[False]
+    assert any(restarted for restarted, *_ in seen[True])  # the sequence holds a restart, a preemption, a level
+    assert any(preempted for *_, preempted, _ in seen[True])
+    assert any(learned[("tiny-llama", "0")].observed for *_, learned in seen[True])
+    # what the agent's sequence cannot give, the API still holds: the same record told restarted, or preempted
+    key = ("tiny-llama", "0")
+    calm = parse_metrics(without_queue(SATURATED), latency=False)
+    for alike, (counters, sustained) in runs.items():
+        again = calm if alike else copy.deepcopy(calm)
+        counters.carry(calm, False)
+        seen[alike] = [counters.carry(again, True)]
+        sustained.learn(calm, frozenset())
+        sustained.learn(again, frozenset({key}))
+        seen[alike].append(dict(sustained._learned))
+    assert seen[True] == seen[False]

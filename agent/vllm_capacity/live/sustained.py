@@ -22,6 +22,7 @@ class SustainedLearner:
         self.half_life, self.monotonic = half_life, monotonic
         self._learned: dict[EngineKey, derive.Sustained] = {}  # with the weight and the time of the last pressed read
         self._views: dict[EngineKey, derive.Sustained] = {}
+        self._calm: VllmMetrics | None = None  # the last read learned from, when none of its engines was pressed
 
     @property
     def views(self) -> Mapping[EngineKey, derive.Sustained]:
@@ -31,9 +32,13 @@ class SustainedLearner:
 
     def learn(self, metrics: VllmMetrics, preempted: frozenset[EngineKey]) -> None:
         """One read: every engine's running requests, pressed (a queue for capacity, or a preemption since the last
-        read) or calm. An engine asleep teaches nothing; one that went away takes what it taught with it."""
+        read) or calm. An engine asleep teaches nothing; one that went away takes what it taught with it. The same
+        calm read again (an idle server's record, nothing preempted) teaches nothing more: a calm read only raises the
+        lower bound, to what the read before already raised it."""
+        if metrics is self._calm and not preempted:
+            return
         now = self.monotonic()
-        present = set()
+        present, calm = set(), True
         for m in metrics.engines:
             key = (m.model_name, m.engine)
             present.add(key)
@@ -41,6 +46,7 @@ class SustainedLearner:
                 continue
             queue = m.waiting_for_capacity if m.waiting_for_capacity is not None else m.waiting
             pressed = (queue is not None and queue > 0) or key in preempted
+            calm = calm and not pressed
             known = self._learned.get(key, derive.NO_SUSTAINED)
             learned = self._learned[key] = derive.learn_sustained(known, m.running, pressed, now, self.half_life)
             view = self._views.get(key)
@@ -49,8 +55,10 @@ class SustainedLearner:
         for gone in set(self._learned) - present:
             del self._learned[gone]
             self._views.pop(gone, None)
+        self._calm = metrics if calm else None
 
     def forget(self) -> None:
         """vLLM restarted: its settings (and so what it sustains) may have changed."""
         self._learned.clear()
         self._views.clear()
+        self._calm = None
