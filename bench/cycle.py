@@ -52,14 +52,23 @@ SCRAPERS = 10
 # --- the payload server, in its own process so that its CPU is not counted as the agent's -------------------------
 
 
+#: a line of the payload's that a real vLLM changes every read, idle or not (its API server's own CPU counter)
+MOVING = b"process_cpu_seconds_total 47.97\n"
+
+
 def serve_payloads(churn: float) -> None:
     """``/e<N>/metrics`` and ``/e<N>/v1/models`` for each engine count; with churn, the model's name changes every
-    ``churn`` seconds (a soak: series come and go). Prints the port it listens on."""
+    ``churn`` seconds (a soak: series come and go). Prints the port it listens on.
+
+    As a real idle vLLM's, no two bodies are the same: its process CPU counter moves every read (:data:`MOVING`),
+    so no measurement is of an agent that finds the very bytes of its last read."""
     from aiohttp import web
 
     bodies = {n: payload(n).encode() for n in ENGINES}
+    assert all(MOVING in body for body in bodies.values())
     near_cap = {"unwanted": _near_cap(wanted=False), "wanted": _near_cap(wanted=True)}
     t0 = time.monotonic()
+    served = [0]
 
     def model() -> str:
         return f"model-{int((time.monotonic() - t0) / churn) % 5}" if churn else "tiny-llama"
@@ -67,7 +76,9 @@ def serve_payloads(churn: float) -> None:
     async def metrics(request: web.Request) -> web.Response:
         n = int(request.match_info["n"])
         body = bodies[n] if not churn else payload(n, model()).encode()
-        return web.Response(body=body, content_type="text/plain")
+        served[0] += 1
+        return web.Response(body=body.replace(MOVING, b"process_cpu_seconds_total %d.01\n" % served[0], 1),
+                            content_type="text/plain")  # fmt: skip
 
     async def models(_: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": model(), "max_model_len": 1024}]})
