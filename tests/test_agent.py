@@ -967,6 +967,22 @@ async def test_the_engines_part_is_kept_while_the_engines_are_and_the_whole_stay
     assert "vllm_capacity_up 0.0" in await h.scrape()
 
 
+async def test_a_scraper_naming_ever_new_format_versions_cannot_grow_what_renders_keep(h: Harness) -> None:
+    """The content type a render is kept under names the format's version, which the scraper chooses: a scraper
+    asking for OpenMetrics 1.0.0, 1.0.1, 1.0.2, ... made one more body kept per request (megabytes each at a thousand
+    engines). Past MAX_FORMATS formats, what was kept is forgotten; every answer is still whole."""
+    from vllm_capacity.exposition import MAX_FORMATS, RenderCache, build_registry
+
+    await h.agent.cycle()
+    renders = RenderCache(h.agent, build_registry(h.agent, engines=False))
+    for patch in range(3 * MAX_FORMATS):
+        body, content_type = await renders.body(f"application/openmetrics-text; version=1.0.{patch}")
+        assert f"version=1.0.{patch}" in content_type
+        assert body.endswith(b"# EOF\n") and b"vllm_capacity_up 1.0" in body and body.count(b"# EOF") == 1
+        assert 0 < len(renders._cached) <= MAX_FORMATS and 0 < len(renders._parts) <= MAX_FORMATS
+    renders.close()
+
+
 async def test_exporter_metrics_can_be_left_out(fake_vllm: FakeVllm) -> None:
     """--web.disable-exporter-metrics: the sidecar's own process_* series are left out, the rest is served."""
     vllm = VllmClient(fake_vllm.url, timeout=10.0)

@@ -12,7 +12,7 @@ import functools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -210,6 +210,9 @@ def render(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]
 #: A snapshot of up to this many engines is rendered on the event loop (one engine's render is ~0.2 ms, less than the
 #: hand-off to the worker thread and back costs a sidecar woken from idle); a larger one in the worker thread.
 INLINE_RENDER_ENGINES = 4
+#: Formats a render cache keeps at once: the content type names the format's version and escaping, which a scraper
+#: chooses (``version=1.0.1``, ``1.0.2``, ...), so what is kept per format is forgotten past a handful
+MAX_FORMATS = 8
 
 
 class RenderCache:
@@ -245,6 +248,7 @@ class RenderCache:
                     rendered.set_exception(err)
             else:
                 rendered = loop.run_in_executor(self._executor, render)
+            _make_room(self._cached, content_type)
             entry = self._cached[content_type] = (snapshot, rendered)
         try:
             # shielded: a scraper that hangs up does not cancel the render the others wait for
@@ -265,8 +269,15 @@ class RenderCache:
             families = _Families()
             self._engines.add(families, snapshot)
             part = encoder(families).removesuffix(OPENMETRICS_EOF)
+            _make_room(self._parts, content_type)
             self._parts[content_type] = (shown, part)
         return part + encoder(self._registry)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _make_room(kept: dict[str, Any], key: str) -> None:
+    """Forget every format kept when ``key`` would be one more than :data:`MAX_FORMATS`."""
+    if key not in kept and len(kept) >= MAX_FORMATS:
+        kept.clear()
