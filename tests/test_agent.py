@@ -1072,3 +1072,49 @@ def test_the_same_record_again_carries_and_teaches_what_an_equal_copy_would() ->
         sustained.learn(again, frozenset({key}))
         seen[alike].append(dict(sustained._learned))
     assert seen[True] == seen[False]
+
+
+async def test_the_facts_kept_between_reads_are_those_built_afresh(fake_vllm: FakeVllm, tmp_path) -> None:
+    """The server's facts are built again only when what they are built from changed: after each change of any of
+    it (the start-up log's lines, /v1/models, /version, each figure the log gives), the facts a read gets are those
+    built afresh."""
+    from vllm_capacity.sources.vllm import ModelsInfo
+    from vllm_capacity.sources.vllm_log import LogFollower
+
+    log = tmp_path / "vllm.log"
+    log.write_text("")
+    vllm = VllmClient(fake_vllm.url, timeout=10.0)
+    agent = Agent(vllm, AgentSettings(interval=0.1), vllm_log=LogFollower(log))
+    assert agent.startup_log is not None
+    await agent.cycle()
+
+    def fresh() -> object:
+        kept = agent._facts_of
+        agent._facts_of = None
+        try:
+            return agent._facts()
+        finally:
+            agent._facts_of = kept
+
+    async def fed(lines: str) -> None:
+        with log.open("a") as f:
+            f.write(lines)
+        await agent.startup_log.read()  # type: ignore[union-attr]
+
+    figures = agent.figures
+    changes = [
+        lambda: fed((VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log").read_text()),
+        lambda: setattr(agent.models, "models", ModelsInfo({"tiny-llama": 2048})),
+        lambda: setattr(agent.models, "version", "0.99.0"),
+        lambda: setattr(figures, "max_num_seqs", 7),
+        lambda: setattr(figures, "max_num_batched_tokens", 4099),
+        lambda: setattr(figures, "speculation", ("ngram", 3)),
+    ]
+    for change in changes:
+        before = agent._facts()
+        result = change()
+        if result is not None:
+            await result
+        assert agent._facts() == fresh() != before
+    assert agent._facts() is agent._facts()  # and unchanged, the same record
+    await vllm.aclose()

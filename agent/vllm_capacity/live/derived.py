@@ -38,7 +38,7 @@ class Derived:
         inputs or the facts differ from the last read's; the last read's tuple itself when every engine is its
         (exposition keeps what it encoded of them while they are the same tuple: exposition.RenderCache)."""
         out, kept = [], {}
-        last = self._last if facts == self._facts else {}  # the facts compared once a read, not once an engine
+        last = self._last if facts is self._facts or facts == self._facts else {}  # once a read, not once an engine
         for m, inputs in derive.engine_inputs(metrics, facts, history):
             key = (m.model_name, m.engine)
             known = last.get(key)
