@@ -1118,3 +1118,44 @@ async def test_the_facts_kept_between_reads_are_those_built_afresh(fake_vllm: Fa
         assert agent._facts() == fresh() != before
     assert agent._facts() is agent._facts()  # and unchanged, the same record
     await vllm.aclose()
+
+
+def test_an_idle_read_derives_what_the_whole_derivation_gives() -> None:
+    """The same record with the same facts and an equal history is not looked at engine by engine: the last engines
+    are returned. The learners change their mappings in place, so the history is compared with a copy of the last
+    one: every change of any part of it (carried totals, latency views, preemptions, sustained levels), made in place,
+    and of the facts, gives what ``derive_all`` gives."""
+    from vllm_capacity import derive
+    from vllm_capacity.live.derived import Derived
+    from vllm_capacity.sources.vllm_parse import parse_metrics
+
+    key = ("tiny-llama", "0")
+    metrics = parse_metrics(SATURATED, latency=False)
+    carried: dict[tuple[str, str], float] = {key: 82.0}
+    latency: dict[tuple[str, str], derive.LatencyView] = {}
+    sustained: dict[tuple[str, str], derive.Sustained] = {}
+    derived, facts = Derived(structlog.get_logger()), derive.ServerFacts()
+    history = derive.EngineHistory(carried, latency, frozenset(), sustained)
+    steps = [
+        lambda: None,
+        lambda: carried.update({key: 90.0}),
+        lambda: latency.update({key: derive.LatencyView(slo_max_concurrency=3, context_p90_tokens=600.0)}),
+        lambda: sustained.update({key: derive.Sustained(level=5.0, observed=True)}),
+        lambda: sustained.update({key: derive.Sustained(level=6.0, observed=True)}),
+        lambda: None,
+    ]
+    results = []
+    for step in steps:
+        step()
+        for _ in range(2):
+            got = derived.engines(metrics, facts, history)
+            assert got == tuple(derive.derive_all(metrics, facts, history))
+            results.append(got)
+    history = derive.EngineHistory(carried, latency, frozenset({key}), sustained)  # preempted
+    assert derived.engines(metrics, facts, history) == tuple(derive.derive_all(metrics, facts, history))
+    facts = derive.ServerFacts(max_model_len={"tiny-llama": 2048})
+    assert derived.engines(metrics, facts, history) == tuple(derive.derive_all(metrics, facts, history))
+    metrics = parse_metrics(with_value(SATURATED, "vllm:num_requests_running", "3.0"), latency=False)
+    assert derived.engines(metrics, facts, history) == tuple(derive.derive_all(metrics, facts, history))
+    assert results[0] is results[1] and len({id(r) for r in results}) < len(results)  # the idle reads kept
+    assert len({r[0].sustained for r in results if r[0].sustained}) == 2 and results[2][0].preemptions_total == 90.0

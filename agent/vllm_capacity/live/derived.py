@@ -28,6 +28,8 @@ class Derived:
         self._last: dict[EngineKey, tuple[EngineMetrics, EngineInputs, EngineCapacity]] = {}
         self._engines: tuple[EngineCapacity, ...] = ()  # the last read's, as returned
         self._facts: ServerFacts | None = None  # what the last read's engines were derived with
+        # the last read's record and a copy of its history (the learners' mappings change in place)
+        self._read: tuple[VllmMetrics, derive.EngineHistory] | None = None
         self._disagreements_logged: set[EngineKey] = set()
         self._plans_logged: set[EngineKey] = set()
 
@@ -36,7 +38,12 @@ class Derived:
     ) -> tuple[EngineCapacity, ...]:
         """``derive_all(metrics, facts, history)``, an engine derived again only when its metrics (the same record),
         inputs or the facts differ from the last read's; the last read's tuple itself when every engine is its
-        (exposition keeps what it encoded of them while they are the same tuple: exposition.RenderCache)."""
+        (exposition keeps what it encoded of them while they are the same tuple: exposition.RenderCache). The same
+        record, the same facts and an equal history (an idle server's read) are not looked at engine by engine."""
+        read = self._read
+        if read is not None and read[0] is metrics and facts is self._facts and read[1] == history:
+            return self._engines
+        self._read = (metrics, _copy(history))
         out, kept = [], {}
         last = self._last if facts is self._facts or facts == self._facts else {}  # once a read, not once an engine
         for m, inputs in derive.engine_inputs(metrics, facts, history):
@@ -79,3 +86,9 @@ class Derived:
                 hint="--tp/--pp or the model config may not match the server, or a drafter the agent did not plan "
                 "(a separate draft model, or no --vllm-log to name it) shares the pool",
             )
+
+
+def _copy(history: derive.EngineHistory) -> derive.EngineHistory:
+    """``history`` as it is now: its mappings copied (their records never change; the mappings do)."""
+    return derive.EngineHistory(dict(history.preemptions), dict(history.latency), history.preempted,
+                                dict(history.sustained))  # fmt: skip
