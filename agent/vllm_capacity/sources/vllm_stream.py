@@ -85,7 +85,7 @@ class MetricsStream:
         self._last = last
         self._names: tuple[str, ...] = WANTED if latency else WANTED_WITHOUT_LATENCY
         self._meta: tuple[str, ...] = META if latency else PRESENCE_ONLY
-        self.selected = Selection(self._names, self._meta)
+        self.selected: Selection | None = None  # a body of many found lines' selection, a segment at a time
         # the lines found, while they are few (LAST_READ_CHARS): selected at the end, or not at all when they are the
         # last read's; None once they passed it (then each segment is selected as it is scanned)
         self._found: list[str | bytes] | None = []
@@ -125,10 +125,11 @@ class MetricsStream:
                 Reason.NOT_VLLM, "the /metrics body has no vllm: metric at all: is --vllm-url a vLLM server?"
             )
         if self._found is None:
+            assert self.selected is not None  # the found lines were selected as they passed the bound
             return read_selected(self.selected)
         metrics = self._last.recall(self._found) if self._last is not None else None
         if metrics is None:
-            metrics = read_selected(select_found(self._found, self._names, self._meta, self.selected))
+            metrics = read_selected(select_found(self._found, self._names, self._meta))
             if self._last is not None:
                 self._last.keep(self._found, metrics)
         return metrics
@@ -171,7 +172,7 @@ class MetricsStream:
         if not select:
             return
         if self._found is None:
-            select_lines(text, self._names, self._meta, self.selected)
+            self.selected = select_lines(text, self._names, self._meta, self.selected)
             return
         if whole and self._last is not None and isinstance(text, bytes):
             found = self._last.found(text, functools.partial(found_lines, text, self._names, self._meta))
@@ -180,5 +181,5 @@ class MetricsStream:
         self._found += found
         self._found_chars += sum(map(len, found))
         if self._found_chars > LAST_READ_CHARS:  # many lines: selected a segment at a time from here, never kept
-            select_found(self._found, self._names, self._meta, self.selected)
+            self.selected = select_found(self._found, self._names, self._meta, self.selected)
             self._found = None
