@@ -53,7 +53,10 @@ class Derived:
                 engine = known[2]
             else:
                 engine = derive.derive_engine(m, inputs, facts)
-                self._check(engine)
+                if known is not None and engine == known[2]:
+                    engine = known[2]  # derived alike (a latency read of an idle server): the record exposition kept
+                else:
+                    self._check(engine)
             kept[key] = (m, inputs, engine)
             out.append(engine)
         self._last, self._facts = kept, facts
