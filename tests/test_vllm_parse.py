@@ -324,18 +324,19 @@ def test_a_large_selection_is_not_kept_and_families_left_out_are_part_of_what_is
     assert read(over) is left_out and read(body) is not plain and len(reads) == 5
 
 
-def test_the_span_of_vllms_families_is_searched_again_only_when_it_changed() -> None:
+def test_each_part_of_a_body_is_searched_again_only_when_it_changed() -> None:
     """An idle vLLM's body changes every read only around its own families: its process series first, its HTTP
-    server's last. The lines found in the span between (the first line naming ``vllm:`` to the last) are the last
-    body's when the span is byte for byte the same, and the span is searched again when anything in it changed, a
-    byte for a byte included. Whatever the body, the lines found are those of the whole body searched at once."""
+    server's last. The body is cut in three (before the first line naming ``vllm:``, vLLM's families, after the last
+    one) and the lines found in a part are the last body's when the part is byte for byte the same: only the parts
+    that changed are searched again, a byte for a byte included. Whatever the body, the lines found are those of the
+    whole body searched at once."""
     import random
 
     from vllm_capacity.sources.vllm_records import PRESENCE_ONLY, WANTED_WITHOUT_LATENCY
     from vllm_capacity.sources.vllm_select import found_lines
     from vllm_capacity.sources.vllm_stream import LastRead
 
-    searched: list[bool] = []  # each read: whether a search covered the body's first "vllm:"
+    searched: list[str] = []  # each read: which parts were searched ("first", "vllm", "last")
 
     def found(last: LastRead, body: bytes) -> list[str | bytes]:
         spans: list[tuple[int, int]] = []
@@ -346,31 +347,29 @@ def test_the_span_of_vllms_families_is_searched_again_only_when_it_changed() -> 
 
         got = last.found(body, find)
         assert got == found_lines(body, WANTED_WITHOUT_LATENCY, PRESENCE_ONLY)  # the whole body's, always
-        searched.append(any(start <= body.find(b"vllm:") < end for start, end in spans))
+        first, final = body.find(b"vllm:"), body.rfind(b"vllm:")
+        parts = {"first" if end <= first else "last" if start > final else "vllm" for start, end in spans}
+        searched.append(",".join(sorted(parts)))
         return got
-
-    def span_searched() -> bool:
-        return searched.pop()
 
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     running = 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 16.0'
-    idle = [
-        body,
-        body.replace("process_cpu_seconds_total 47.97", "process_cpu_seconds_total 48.1"),  # first, outside the span
-        body.replace('http_requests_total{handler="/v1/models"', 'http_requests_total{handler="/metrics"'),  # last
-    ]
+    first = body.replace("process_cpu_seconds_total 47.97", "process_cpu_seconds_total 148.1")
+    last_moved = body.replace('http_requests_total{handler="/v1/models"', 'http_requests_total{handler="/metrics"')
+    one_byte = body.replace(running, running[:-4] + "17.0")
+    longer = body.replace("vllm:", "vllm:x", 1)
     last = LastRead()
-    found(last, body.encode())
-    assert span_searched()
-    assert len(set(idle)) == len(idle)
-    for text in idle:
+    for text, parts in [
+        (body, "first,last,vllm"),
+        (body, ""),  # the same body: nothing searched
+        (first, "first"),  # an idle vLLM's process series
+        (last_moved, "first,last"),  # its HTTP server's (and the process series back)
+        (one_byte, "last,vllm"),  # one byte in its families (and the HTTP series back)
+        (one_byte, ""),
+        (longer, "vllm"),  # a part's length
+    ]:
         found(last, text.encode())
-        assert not span_searched(), "an idle body's span is the last one's"
-    for text in (body.replace(running, running[:-4] + "17.0"), body.replace("vllm:", "vllm:x", 1)):
-        found(last, text.encode())  # one byte changed in the span, or its length
-        assert span_searched()
-        found(last, text.encode())
-        assert not span_searched()
+        assert searched.pop() == parts, text[:0] + parts
 
     # bodies of every shape: vllm: on the first line only, on the last only, nowhere, inside foreign families' HELP
     # text and label values, wanted lines outside the span, whitespace before a name, the same span twice

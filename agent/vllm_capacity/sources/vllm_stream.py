@@ -43,28 +43,32 @@ class LastRead:
 
     def __init__(self) -> None:
         self._last: tuple[list[str | bytes], VllmMetrics] | None = None
-        # the last body's span of vLLM's own families (a view of it: never a copy) and the lines found in it
-        self._span: tuple[memoryview, list[str | bytes]] | None = None
+        # the last body's three parts (views of it: never a copy), each with the lines found in it
+        self._parts: list[tuple[memoryview, list[str | bytes]] | None] = [None, None, None]
 
     def found(self, body: bytes, find: Callable[[int, int], list[str | bytes]]) -> list[str | bytes]:
         """``find(0, len(body))``, the lines found in a whole body, given ``find(start, end)``, the lines found in a
-        span of whole lines. The span from the first line that names ``vllm:`` to the last one is looked at again only
-        when it differs from the last body's: an idle vLLM's differs byte for byte only around it, in its process
-        series (first) and its HTTP server's (last), which count the very reads. Any span of whole lines would give
-        the same lines; this one is the part of an idle server's body that stays the same."""
+        span of whole lines. The body is cut in three: what comes before the first line that names ``vllm:``, vLLM's
+        own families up to the last line that names it, and what follows; a part is looked at again only when it
+        differs from the last body's same part. An idle vLLM's body differs only around its families: its process
+        series (first) move every read, its HTTP server's (last) with each request. Any cut at line ends gives the
+        same lines, so the result is always the whole body's; this one keeps apart what stays the same."""
         named = body.find(b"vllm:")
-        if named < 0:
-            self._span = None
-            return find(0, len(body))
-        start = body.rfind(b"\n", 0, named) + 1
-        end = body.find(b"\n", body.rfind(b"vllm:")) + 1 or len(body)
-        span = self._span
-        if span is not None and len(span[0]) == end - start and body.startswith(span[0], start):  # memcmp, no copy
-            middle = span[1]
+        if named < 0:  # no family of vLLM's: all of it is the first part
+            start = end = len(body)
         else:
-            middle = find(start, end)
-            self._span = (memoryview(body)[start:end], middle)
-        return [*find(0, start), *middle, *find(end, len(body))]
+            start = body.rfind(b"\n", 0, named) + 1
+            end = body.find(b"\n", body.rfind(b"vllm:")) + 1 or len(body)
+        found: list[str | bytes] = []
+        for i, (at, to) in enumerate(((0, start), (start, end), (end, len(body)))):
+            kept = self._parts[i]
+            if kept is not None and len(kept[0]) == to - at and body.startswith(kept[0], at):  # memcmp, no copy
+                part = kept[1]
+            else:
+                part = find(at, to)
+                self._parts[i] = (memoryview(body)[at:to], part)
+            found += part
+        return found
 
     def recall(self, found: list[str | bytes]) -> VllmMetrics | None:
         last = self._last
