@@ -37,9 +37,10 @@ class Derived:
         self, metrics: VllmMetrics, facts: ServerFacts, history: derive.EngineHistory
     ) -> tuple[EngineCapacity, ...]:
         """``derive_all(metrics, facts, history)``, an engine derived again only when its metrics (the same record),
-        inputs or the facts differ from the last read's; the last read's tuple itself when every engine is its
-        (exposition keeps what it encoded of them while they are the same tuple: exposition.RenderCache). The same
-        record, the same facts and an equal history (an idle server's read) are not looked at engine by engine."""
+        inputs or the facts differ from the last read's; the last read's tuple itself when every engine is the last
+        read's (exposition keeps what it encoded of them while they are the same tuple: exposition.RenderCache).
+        The same record, the same facts and an equal history (an idle server's read) are not looked at engine by
+        engine."""
         read = self._read
         if read is not None and read[0] is metrics and facts is self._facts and read[1] == history:
             return self._engines
@@ -53,8 +54,8 @@ class Derived:
                 engine = known[2]
             else:
                 engine = derive.derive_engine(m, inputs, facts)
-                if known is not None and engine == known[2]:
-                    engine = known[2]  # derived alike (a latency read of an idle server): the record exposition kept
+                if known is not None and _switched(known[0], m) and engine == known[2]:
+                    engine = known[2]  # derived alike: the record exposition kept
                 else:
                     self._check(engine)
             kept[key] = (m, inputs, engine)
@@ -89,6 +90,13 @@ class Derived:
                 hint="--tp/--pp or the model config may not match the server, or a drafter the agent did not plan "
                 "(a separate draft model, or no --vllm-log to name it) shares the pool",
             )
+
+
+def _switched(before: EngineMetrics, now: EngineMetrics) -> bool:
+    """Whether one of the two reads has the latency histograms and the other not: another record of an idle server's
+    same values (every few seconds, and the read after), which is worth comparing by value. A busy server's next
+    read moves its values: comparing its engines would cost an eighth of deriving them, for nothing."""
+    return bool(before.latency) is not bool(now.latency)
 
 
 def _copy(history: derive.EngineHistory) -> derive.EngineHistory:
