@@ -241,6 +241,9 @@ def test_the_sustained_concurrency_is_what_vllm_holds_under_pressure() -> None:
     s = derive.learn_sustained(s, 12, pressed=True, now=110, half_life=100)
     assert s.level == pytest.approx((6 * 0.5 + 12) / 1.5)  # the read of 100 s ago weighs half
     assert derive.learn_sustained(s, None, pressed=True, now=120, half_life=100) == s
+    # nothing running under pressure is an instant, not a level: it teaches nothing, first read or later
+    assert derive.learn_sustained(s, 0, pressed=True, now=130, half_life=100) == s
+    assert derive.learn_sustained(derive.NO_SUSTAINED, 0, pressed=True, now=0, half_life=100) == derive.NO_SUSTAINED
 
 
 def test_how_full_the_steps_were_against_the_token_budget() -> None:

@@ -275,7 +275,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "basis=p90_context: capacity / (p90 prompt + p90 generation tokens of finished requests); "
         "basis=sustained: the running requests vLLM holds while requests wait for capacity or are preempted, a mean "
         "over the agent's reads halving every --latency-half-life (any limit: KV cache, --max-num-seqs, token "
-        "budget, CPU), or the most seen running until then (sustained_queue_observed 0).",
+        "budget, CPU; a read with none running is left out), or the most seen running until then "
+        "(sustained_queue_observed 0).",
         by=(
             (BASIS_MAX_MODEL_LEN, lambda e: e.max_concurrency),
             (BASIS_OBSERVED, lambda e: e.max_concurrency_observed),

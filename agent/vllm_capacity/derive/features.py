@@ -42,8 +42,11 @@ NO_SUSTAINED = Sustained()
 
 def learn_sustained(known: Sustained, running: float | None, pressed: bool, now: float, half_life: float) -> Sustained:
     """``known`` after one more read: ``pressed`` when requests wait for capacity or vLLM preempted since the last
-    read; then ``running`` is a level vLLM holds under pressure. A calm read can only raise the lower bound."""
-    if running is None:
+    read; then ``running`` is a level vLLM holds under pressure. A calm read can only raise the lower bound. A pressed
+    read with nothing running teaches nothing: it is an instant, not a level (the load's first requests queued before
+    vLLM's next step, or all it ran just preempted), and a level of 0 would say vLLM can serve nothing (the fleet
+    rule's replicas needed became NaN, 0 / 0, in the e2e stack)."""
+    if running is None or (pressed and running <= 0):
         return known
     if not pressed:  # only a higher lower bound, and only once something ran
         if known.observed or running <= (known.level or 0.0):
