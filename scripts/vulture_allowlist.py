@@ -15,3 +15,4 @@ parse_metrics  # vllm_parse.parse_metrics (a string body): the tests' and the di
 select_lines_plainly  # vllm_select.select_lines_plainly: the selection's definition, held to select_lines in tests
 _.max_size  # _TlsLayer.max_size: asyncio.sslproto.SSLProtocol reads it on the instance (the read buffer size)
 parse_metrics_body  # vllm_stream.parse_metrics_body: MetricsStream over bytes in hand; the tests' entry point
+build_registry  # exposition.build_registry: the whole exposition, what RenderCache is held to; tests, bench

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import re
 import socket
@@ -903,7 +904,7 @@ async def test_a_small_snapshot_renders_on_the_loop_a_large_one_in_the_worker_th
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Recorder())
-    served = SimpleNamespace(snapshot=snapshot(1))
+    served = SimpleNamespace(snapshot=snapshot(1), http_errors={})
     renders = RenderCache(served, registry)  # type: ignore[arg-type]
     with pytest.raises(RuntimeError):
         await renders.body(None)
@@ -914,6 +915,49 @@ async def test_a_small_snapshot_renders_on_the_loop_a_large_one_in_the_worker_th
     renders.close()
     main = threading.current_thread().name
     assert threads[:2] == [main, main] and len(threads) == 3 and threads[2].startswith("vllm-capacity-render")
+
+
+async def test_a_render_in_the_worker_thread_shows_the_snapshot_it_began_with_whole() -> None:
+    """A large snapshot renders in the worker thread while the loop goes on: the next read swaps in a new snapshot
+    and the listener counts a refusal. The body is still one moment's, byte for byte the whole registry's render of
+    the snapshot the render began with and the refusals counted then: not the engines of one snapshot beside the
+    health of the next (a scrape once said vLLM down beside every engine's series), and never the listener's counter
+    read from the thread while the loop adds to it."""
+    import threading
+    from collections import Counter
+    from types import SimpleNamespace
+
+    from prometheus_client import generate_latest
+
+    from support.payloads import data_parallel
+    from vllm_capacity.derive import derive_all
+    from vllm_capacity.exposition import INLINE_RENDER_ENGINES, RenderCache, build_registry
+    from vllm_capacity.snapshot import Snapshot, SourceState
+    from vllm_capacity.sources.vllm_parse import parse_metrics
+
+    began = Snapshot(
+        up=True,
+        timestamp=1.0,
+        engines=tuple(derive_all(parse_metrics(data_parallel(INLINE_RENDER_ENGINES + 1)))),
+        sources={"vllm": SourceState(True, 0.01)},
+    )
+    then = Snapshot(up=False, timestamp=2.0, sources={"vllm": SourceState(False, 4.0)}, errors={("vllm", "timeout"): 1})
+    served = SimpleNamespace(snapshot=began, http_errors=Counter({"bad_request": 2}))
+    renders = RenderCache(served, None)  # type: ignore[arg-type]
+    gate = threading.Event()
+    try:
+        renders._executor.submit(gate.wait)  # the worker thread is busy: the render waits behind it
+        rendering = asyncio.ensure_future(renders.body(None))
+        await asyncio.sleep(0.05)
+        served.snapshot, served.http_errors["connection_cap"] = then, 1  # the loop goes on meanwhile
+    finally:
+        gate.set()
+    body, _ = await rendering
+    renders.close()
+    moment = SimpleNamespace(snapshot=began, http_errors={"bad_request": 2})
+    assert body == generate_latest(build_registry(moment, process_metrics=False))  # type: ignore[arg-type]
+    assert b"vllm_capacity_up 1.0" in body and b'source_up{source="vllm"} 1.0' in body
+    assert b'kind="bad_request"} 2.0' in body and b"connection_cap" not in body
 
 
 async def test_the_engines_part_is_kept_while_the_engines_are_and_the_whole_stays_the_registrys(
@@ -973,10 +1017,10 @@ async def test_a_scraper_naming_ever_new_format_versions_cannot_grow_what_render
     """The content type a render is kept under names the format's version, which the scraper chooses: a scraper
     asking for OpenMetrics 1.0.0, 1.0.1, 1.0.2, ... made one more body kept per request (megabytes each at a thousand
     engines). Past MAX_FORMATS formats, what was kept is forgotten; every answer is still whole."""
-    from vllm_capacity.exposition import MAX_FORMATS, RenderCache, build_registry
+    from vllm_capacity.exposition import MAX_FORMATS, RenderCache, process_registry
 
     await h.agent.cycle()
-    renders = RenderCache(h.agent, build_registry(h.agent, engines=False))
+    renders = RenderCache(h.agent, process_registry())
     for patch in range(3 * MAX_FORMATS):
         body, content_type = await renders.body(f"application/openmetrics-text; version=1.0.{patch}")
         assert f"version=1.0.{patch}" in content_type

@@ -182,14 +182,21 @@ class HealthCollector(_SnapshotCollector):
         f.add(N + "last_update_timestamp_seconds", [], snap.timestamp)
 
 
-def build_registry(served: Served, *, process_metrics: bool = True, engines: bool = True) -> CollectorRegistry:
-    """The agent's exposition in one registry; without ``engines``, all but the engines' part (what
-    :class:`RenderCache` encodes after the part it keeps)."""
+def build_registry(served: Served, *, process_metrics: bool = True) -> CollectorRegistry:
+    """The agent's exposition in one registry: the snapshot's collectors in catalogue order, then its process."""
     registry = CollectorRegistry(auto_describe=False)
-    for collector in (EngineCollector, GpuCollector, HealthCollector)[0 if engines else 1 :]:  # in catalogue order
+    for collector in (EngineCollector, GpuCollector, HealthCollector):  # in catalogue order
         registry.register(collector(served))
     if process_metrics:
         ProcessCollector(namespace=NAMESPACE, registry=registry)
+    return registry
+
+
+def process_registry() -> CollectorRegistry:
+    """The agent's own process metrics alone (``vllm_capacity_process_*``): what :class:`RenderCache` encodes after
+    a snapshot's series."""
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(namespace=NAMESPACE, registry=registry)
     return registry
 
 
@@ -215,19 +222,43 @@ INLINE_RENDER_ENGINES = 4
 MAX_FORMATS = 8
 
 
+class _Moment:
+    """What a render shows (a :class:`Served` that stands still): one snapshot, and what the listener had refused when
+    the render began, copied on the event loop (the listener counts on it while a large render runs in the worker
+    thread)."""
+
+    def __init__(self, snapshot: Snapshot, http_errors: Mapping[str, int]) -> None:
+        self.snapshot, self.http_errors = snapshot, http_errors
+
+
+class _Rest(Collector):
+    """A render's series after the engines' part: the GPUs and the agent's health of the same moment, then the
+    collectors of ``after`` (the agent's process)."""
+
+    def __init__(self, moment: _Moment, after: CollectorRegistry | None) -> None:
+        self._moment, self._after = moment, after
+
+    def collect(self) -> Iterator[Metric]:
+        for collector in (GpuCollector(self._moment), HealthCollector(self._moment)):  # in catalogue order
+            yield from collector.collect()
+        if self._after is not None:
+            yield from self._after.collect()
+
+
 class RenderCache:
     """Each snapshot rendered once per exposition format, in a worker thread when it is large: N scrapers of one
     snapshot cost one render, and the event loop (``/healthz``, the vLLM reads) never waits on a long encoding. What is
-    served is as fresh as the latest snapshot; the process metrics beside it too (one interval at most).
+    served is as fresh as the latest snapshot; the process metrics beside it too (one interval at most). A render
+    shows one snapshot whole, whichever thread encodes it and whatever the loop swaps in meanwhile.
 
     The engines' part (the catalogue's first: ``up`` and every per-engine series) is encoded from the snapshot and
     kept, per format, while the next snapshots have the same engines (the same records: an idle vLLM's reads derive
-    none again, live/derived.py) and the same server facts it shows; then a scrape encodes only ``registry``, the rest
-    (:func:`build_registry` with ``engines=False``: the GPUs, the agent's health, its process). At one engine the
-    engines' part is two thirds of a render."""
+    none again, live/derived.py) and the same server facts it shows; then a scrape encodes only the rest: the GPUs,
+    the agent's health, and ``after`` (:func:`process_registry`, or None without the process metrics). At one engine
+    the engines' part is two thirds of a render."""
 
-    def __init__(self, served: Served, registry: CollectorRegistry) -> None:
-        self._served, self._registry = served, registry
+    def __init__(self, served: Served, after: CollectorRegistry | None) -> None:
+        self._served, self._after = served, after
         self._engines = EngineCollector(served)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-render")
         self._cached: dict[str, tuple[Snapshot, asyncio.Future[bytes]]] = {}
@@ -239,7 +270,8 @@ class RenderCache:
         entry = self._cached.get(content_type)
         if entry is None or entry[0] is not snapshot:
             loop = asyncio.get_running_loop()
-            render = functools.partial(self._render, encoder, content_type, snapshot)
+            moment = _Moment(snapshot, dict(self._served.http_errors))
+            render = functools.partial(self._render, encoder, content_type, moment)
             if len(snapshot.engines) <= INLINE_RENDER_ENGINES:
                 rendered: asyncio.Future[bytes] = loop.create_future()
                 try:
@@ -258,9 +290,11 @@ class RenderCache:
                 del self._cached[content_type]  # a failed render is not kept: the next scrape tries again
             raise
 
-    def _render(self, encoder: Callable[[Collector], bytes], content_type: str, snapshot: Snapshot) -> bytes:
-        """The engines' part of ``snapshot`` (kept, or encoded and kept), then the rest. The parts' concatenation is
-        the whole: the encoders write family after family, and OpenMetrics' one end marker is the rest's."""
+    def _render(self, encoder: Callable[[Collector], bytes], content_type: str, moment: _Moment) -> bytes:
+        """The engines' part of the moment's snapshot (kept, or encoded and kept), then the rest. The parts'
+        concatenation is the whole: the encoders write family after family, and OpenMetrics' one end marker is the
+        rest's."""
+        snapshot = moment.snapshot
         shown = (snapshot.engines, snapshot.up, snapshot.schema, snapshot.version, snapshot.itl_metric)
         kept = self._parts.get(content_type)
         if kept is not None and kept[0][0] is shown[0] and kept[0][1:] == shown[1:]:
@@ -271,7 +305,7 @@ class RenderCache:
             part = encoder(families).removesuffix(OPENMETRICS_EOF)
             _make_room(self._parts, content_type)
             self._parts[content_type] = (shown, part)
-        return part + encoder(self._registry)
+        return part + encoder(_Rest(moment, self._after))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from vllm_capacity import __version__
 from vllm_capacity.agent import Agent
-from vllm_capacity.exposition import RenderCache, build_registry
+from vllm_capacity.exposition import RenderCache, process_registry
 from vllm_capacity.webconfig import Authenticator, allowed_peer
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
@@ -46,7 +46,7 @@ def _landing_page(agent: Agent, metrics_path: str) -> str:
 def make_app(
     agent: Agent, *, process_metrics: bool = True, access: Access | None = None, metrics_path: str = "/metrics"
 ) -> web.Application:
-    renders = RenderCache(agent, build_registry(agent, process_metrics=process_metrics, engines=False))
+    renders = RenderCache(agent, process_registry() if process_metrics else None)
     access = access if access is not None else Access()
 
     @web.middleware
