@@ -453,13 +453,15 @@ def records(c: Config) -> list[dict]:
         ),
         # ONE series an autoscaler can use as it is (KEDA's Prometheus scaler, or HPA through prometheus-adapter):
         # the replicas the model needs for its demand (running + waiting: a queue is demand no replica meets) at
-        # the target utilization of what each replica holds; at least 1 while the model is served.
+        # the target utilization of what each replica holds; at least 1 while the model is served. None while a
+        # replica's capacity is not above 0: a demand over 0 was +Inf replicas (an autoscaler's maximum), none over
+        # 0 NaN; without the series an autoscaler holds what it has (KEDA with ignoreNullValues "false").
         record(
             "namespace_model_name:vllm_capacity_replicas_needed:ceil",
             f"clamp_min(ceil((sum by ({m}) (vllm_capacity_requests_running)"
             f" + sum by ({m}) (vllm_capacity_requests_waiting))"
             f" / on ({m}) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg"
-            f" * {c.target_utilization:g})), 1)",
+            f" * {c.target_utilization:g} > 0)), 1)",
         ),
         # The prefix cache's hit ratio beside KV usage (a cached prefix nobody uses counts as free KV cache): vLLM's
         # hit and query counters (tokens; V1 >= 0.9.2, before that gpu_prefix_cache_*), else V0's hit-rate gauge.

@@ -618,11 +618,13 @@ def test_compose_web_config_override(tmp_path: Path) -> None:
 
 
 def test_keda_scales_on_the_one_replicas_needed_series() -> None:
-    """The KEDA example asks for exactly the replicas the recording rule says (AverageValue 1), and that rule ships."""
+    """The KEDA example asks for exactly the replicas the recording rule says (AverageValue 1), and that rule ships.
+    Without the series it holds what it has: KEDA's default (ignoreNullValues true) reads no data as 0, and scaled a
+    fleet whose Prometheus lost its sidecars down to minReplicaCount."""
     scaled = yaml.safe_load((ROOT / "deploy" / "kubernetes" / "keda" / "scaledobject.yaml").read_text())
     (trigger,) = scaled["spec"]["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metricType"] == "AverageValue"
-    assert trigger["metadata"]["threshold"] == "1"
+    assert trigger["metadata"]["threshold"] == "1" and trigger["metadata"]["ignoreNullValues"] == "false"
     rules = yaml.safe_load((ROOT / "alerts" / "vllm-capacity-rules.yaml").read_text())["groups"][0]["rules"]
     recorded = {r["record"] for r in rules}
     assert "namespace_model_name:vllm_capacity_replicas_needed:ceil" in recorded

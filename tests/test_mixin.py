@@ -205,7 +205,7 @@ def test_thresholds_reach_rules_and_dashboards() -> None:
     assert "(vllm_capacity_kv_cache_usage_ratio < 0.85)" in rules["VLLMAdmissionStalled"]["expr"]
     assert ", 7200) >" in rules["VLLMKVCacheExhaustionPredicted"]["expr"]
     assert rules["VLLMKVCacheExhaustionPredicted"]["annotations"]["description"].endswith("within 120 minutes.")
-    assert rules["namespace_model_name:vllm_capacity_replicas_needed:ceil"]["expr"].endswith("* 0.7)), 1)")
+    assert rules["namespace_model_name:vllm_capacity_replicas_needed:ceil"]["expr"].endswith("* 0.7 > 0)), 1)")
     titles = [p["title"] for p in m["dashboards"]["vllm-capacity.json"]["panels"]]
     assert "KV cache exhaustion forecast (2 h ahead)" in titles
 

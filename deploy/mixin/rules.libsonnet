@@ -48,7 +48,7 @@
           },
           {
             "record": "namespace_model_name:vllm_capacity_replicas_needed:ceil",
-            "expr": std.format("clamp_min(ceil((sum by (%s, namespace, model_name) (vllm_capacity_requests_running) + sum by (%s, namespace, model_name) (vllm_capacity_requests_waiting)) / on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg * %g)), 1)", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.targetUtilization]),
+            "expr": std.format("clamp_min(ceil((sum by (%s, namespace, model_name) (vllm_capacity_requests_running) + sum by (%s, namespace, model_name) (vllm_capacity_requests_waiting)) / on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg * %g > 0)), 1)", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.targetUtilization]),
           },
           {
             "record": "namespace_model_name:vllm_capacity_prefix_cache_hit:ratio",
