@@ -17,6 +17,7 @@ from vllm_capacity.sources.vllm_records import (
     LoraRequests,
 )
 from vllm_capacity.sources.vllm_select import select_lines
+from vllm_capacity.sources.vllm_stream import MetricsStream
 
 
 def test_current_v1_capture() -> None:
@@ -260,8 +261,6 @@ def _counted_reads(monkeypatch) -> list[int]:
 
 def _read_through(last, text: str) -> object:
     """``text`` streamed and read as the client reads it, through ``last`` (a LastRead)."""
-    from vllm_capacity.sources.vllm_stream import MetricsStream
-
     stream = MetricsStream(latency=False, last=last)
     stream.feed(text.encode())
     return stream.finish()
@@ -322,6 +321,33 @@ def test_a_large_selection_is_not_kept_and_families_left_out_are_part_of_what_is
     assert len(reads) == 4
     assert not plain.over_limit and left_out.over_limit == (("vllm:spec_decode_num_drafts", left_out.over_limit[0][1]),)
     assert read(over) is left_out and read(body) is not plain and len(reads) == 5
+
+
+def test_only_the_parts_that_changed_are_checked_for_bytes_outside_ascii_and_they_are() -> None:
+    """A part of the body that is the last body's byte for byte was ASCII and is not checked again (one engine's
+    families are 46 KiB read after read); a part that changed is. Changed to UTF-8 outside ASCII (a model's name, a
+    HELP text), in any of the three parts, the body reads as a parse of its whole text does; changed to bytes that are
+    not UTF-8, it is refused, after an ASCII read through the same memory as before one."""
+    from vllm_capacity.sources import Reason
+    from vllm_capacity.sources.vllm_stream import LastRead
+
+    body = fixture_text("v1-0.32.0-cpu-saturated.prom")
+    for old, new, char in [
+        ("# HELP process_cpu_seconds_total Total", "# HELP process_cpu_seconds_total Tötal", "ö"),  # the first part
+        ('model_name="tiny-llama"', 'model_name="tiny-llamä"', "ä"),  # vLLM's families
+        ('handler="/v1/models"', 'handler="/v1/mödels"', "ö"),  # the last part
+    ]:
+        changed = body.replace(old, new)
+        assert changed != body
+        last = LastRead()
+        assert _read_through(last, body) == parse_metrics(body, latency=False)
+        assert _read_through(last, changed) == parse_metrics(changed, latency=False), new
+        assert _read_through(last, body) == parse_metrics(body, latency=False)  # ASCII again
+        stream = MetricsStream(latency=False, last=last)
+        stream.feed(changed.encode().replace(char.encode(), b"\xff"))  # not UTF-8
+        with pytest.raises(SourceError) as err:
+            stream.finish()
+        assert err.value.reason == Reason.PARSE_ERROR and "not UTF-8" in str(err.value), new
 
 
 def test_each_part_of_a_body_is_searched_again_only_when_it_changed() -> None:

@@ -46,13 +46,15 @@ class LastRead:
         # the last body's three parts (views of it: never a copy), each with the lines found in it
         self._parts: list[tuple[memoryview, list[str | bytes]] | None] = [None, None, None]
 
-    def found(self, body: bytes, find: Callable[[int, int], list[str | bytes]]) -> list[str | bytes]:
+    def found(self, body: bytes, find: Callable[[int, int], list[str | bytes]]) -> list[str | bytes] | None:
         """``find(0, len(body))``, the lines found in a whole body, given ``find(start, end)``, the lines found in a
-        span of whole lines. The body is cut in three: what comes before the first line that names ``vllm:``, vLLM's
-        own families up to the last line that names it, and what follows; a part is looked at again only when it
-        differs from the last body's same part. An idle vLLM's body differs only around its families: its process
+        span of whole lines; None when a part to search is not ASCII (then the body is read as text, not through
+        here). The body is cut in three: what comes before the first line that names ``vllm:``, vLLM's own families
+        up to the last line that names it, and what follows; a part is looked at again only when it differs from the
+        last body's same part, which was ASCII. An idle vLLM's body differs only around its families: its process
         series (first) move every read, its HTTP server's (last) with each request. Any cut at line ends gives the
-        same lines, so the result is always the whole body's; this one keeps apart what stays the same."""
+        same lines, so the result is always the whole body's; this one keeps apart what stays the same, and checks
+        only what changed for bytes outside ASCII (the 46 KiB of one engine's families are not read again)."""
         named = body.find(b"vllm:")
         if named < 0:  # no family of vLLM's: all of it is the first part
             start = end = len(body)
@@ -64,6 +66,8 @@ class LastRead:
             kept = self._parts[i]
             if kept is not None and len(kept[0]) == to - at and body.startswith(kept[0], at):  # memcmp, no copy
                 part = kept[1]
+            elif not body[at:to].isascii():
+                return None
             else:
                 part = find(at, to)
                 self._parts[i] = (memoryview(body)[at:to], part)
@@ -157,6 +161,12 @@ class MetricsStream:
     def _scan(self, segment: bytes, *, select: bool, whole: bool = False) -> None:
         if self._bad_utf8 is not None:
             return
+        if whole and select and self._last is not None:  # the whole body in one segment: through the last read
+            found = self._last.found(segment, functools.partial(found_lines, segment, self._names, self._meta))
+            if found is not None:  # ASCII: the parts searched again were checked, the others are the last body's
+                self._see(segment)
+                self._keep(found)
+                return
         text: str | bytes
         if segment.isascii():
             text = segment
@@ -166,6 +176,16 @@ class MetricsStream:
             except UnicodeDecodeError as err:
                 self._bad_utf8 = err
                 return
+        self._see(text)
+        if not select:
+            return
+        if self._found is None:
+            self.selected = select_lines(text, self._names, self._meta, self.selected)
+            return
+        self._keep(found_lines(text, self._names, self._meta))
+
+    def _see(self, text: str | bytes) -> None:
+        """What the checks read of a segment: the body's head (its first one), and whether it names ``vllm:``."""
         if self._head is None:
             leading: re.Pattern[Any] = LEADING_SPACE if isinstance(text, str) else LEADING_SPACE_BYTES
             start = leading.match(text).end()  # type: ignore[union-attr]  # \s* always matches
@@ -173,15 +193,9 @@ class MetricsStream:
                 head = text[start : start + 200]
                 self._head = head if isinstance(head, str) else head.decode("ascii")
         self._vllm = self._vllm or (("vllm:" if isinstance(text, str) else b"vllm:") in text)  # type: ignore[operator]
-        if not select:
-            return
-        if self._found is None:
-            self.selected = select_lines(text, self._names, self._meta, self.selected)
-            return
-        if whole and self._last is not None and isinstance(text, bytes):
-            found = self._last.found(text, functools.partial(found_lines, text, self._names, self._meta))
-        else:
-            found = found_lines(text, self._names, self._meta)
+
+    def _keep(self, found: list[str | bytes]) -> None:
+        assert self._found is not None
         self._found += found
         self._found_chars += sum(map(len, found))
         if self._found_chars > LAST_READ_CHARS:  # many lines: selected a segment at a time from here, never kept
