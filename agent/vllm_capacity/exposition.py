@@ -12,6 +12,7 @@ import functools
 import platform
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, ProcessCollector
@@ -222,13 +223,14 @@ INLINE_RENDER_ENGINES = 4
 MAX_FORMATS = 8
 
 
+@dataclass(frozen=True)
 class _Moment:
     """What a render shows (a :class:`Served` that stands still): one snapshot, and what the listener had refused when
     the render began, copied on the event loop (the listener counts on it while a large render runs in the worker
     thread)."""
 
-    def __init__(self, snapshot: Snapshot, http_errors: Mapping[str, int]) -> None:
-        self.snapshot, self.http_errors = snapshot, http_errors
+    snapshot: Snapshot
+    http_errors: Mapping[str, int]
 
 
 class _Rest(Collector):
