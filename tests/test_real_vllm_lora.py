@@ -142,7 +142,13 @@ def test_live_lora_slots_on_a_real_server(tmp_path: Path) -> None:
             deadline = time.monotonic() + 180
             with httpx.Client(timeout=30) as client:
                 while time.monotonic() < deadline and load.poll() is None:
-                    raw = client.get(server.url + "/metrics").text
+                    try:
+                        raw = client.get(server.url + "/metrics").text
+                    except httpx.RemoteProtocolError:
+                        # uvicorn closes a keep-alive connection idle for 5 s, and a loaded vLLM's API server once
+                        # closed this one as the next read went out ("disconnected without sending a response"):
+                        # httpx does not send a GET again (aiohttp, the agent's client, does). Once more, afresh.
+                        raw = client.get(server.url + "/metrics").text
                     polls += 1
                     deferred = [
                         v
