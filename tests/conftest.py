@@ -48,6 +48,14 @@ async def fake_vllm() -> AsyncIterator[FakeVllm]:
         if state.delay:
             await asyncio.sleep(state.delay)
         body = state.metrics_bytes if state.metrics_bytes is not None else state.metrics.encode()
+        if state.drip:
+            resp = web.StreamResponse(status=200, headers={"Content-Type": state.content_type})
+            await resp.prepare(request)
+            for at in range(0, len(body), -(-len(body) // 20)):
+                await asyncio.sleep(state.drip)
+                await resp.write(body[at : at + -(-len(body) // 20)])
+            await resp.write_eof()
+            return resp
         if state.truncate_to is not None:
             resp = web.StreamResponse(status=200, headers={"Content-Type": state.content_type})
             resp.content_length = len(body)

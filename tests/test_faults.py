@@ -100,6 +100,10 @@ FAULTS = (
     Fault("held", "no final newline", body(SATURATED.rstrip("\n")), "truncated"),
     Fault("held", "the connection closed mid-body", lambda f: setattr(f, "truncate_to", 1000), "truncated"),
     Fault("held", "slower than --timeout", lambda f: setattr(f, "delay", 2.0), "timeout", client={"timeout": 0.5}),
+    # the deadline is the whole exchange's, the body's last byte included, not the headers'
+    Fault(
+        "held", "a body slower than --timeout", lambda f: setattr(f, "drip", 0.1), "timeout", client={"timeout": 0.4}
+    ),
     Fault(
         "9",
         "over --max-body-size",
@@ -194,7 +198,8 @@ async def test_fault(agent_http: tuple[Agent, TestClient], fake_vllm: FakeVllm, 
 
     CLOCK.advance(60)  # past the state log's rate limit: the recovery is logged at once
     fake_vllm.metrics, fake_vllm.status, fake_vllm.content_type = healthy
-    fake_vllm.metrics, fake_vllm.delay, fake_vllm.truncate_to, fake_vllm.metrics_bytes = SATURATED, 0.0, None, None
+    fake_vllm.metrics, fake_vllm.delay, fake_vllm.drip = SATURATED, 0.0, 0.0
+    fake_vllm.truncate_to, fake_vllm.metrics_bytes = None, None
     with structlog.testing.capture_logs() as logs:
         await agent.cycle()
     text = await _scrape(http)

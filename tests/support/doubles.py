@@ -31,6 +31,7 @@ class FakeVllm:
     content_type: str = "text/plain; version=0.0.4; charset=utf-8"
     delay: float = 0.0
     truncate_to: int | None = None  # send a Content-Length for the whole body but only this many bytes
+    drip: float = 0.0  # seconds between the body's 20 pieces: the status and headers at once, the body slowly
     metrics_bytes: bytes | None = None  # sent instead of ``metrics`` when set (a body that is not UTF-8)
     requests: list[str] = field(default_factory=list)
     authorization: dict[str, str | None] = field(default_factory=dict)  # path -> the last Authorization header

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import math
 import ssl
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -87,7 +88,10 @@ class VllmClient:
             https = self.base_url.startswith("https://")
             self._session = aiohttp.ClientSession(
                 self._session_url + "/",
-                timeout=aiohttp.ClientTimeout(),  # none of aiohttp's: each exchange has one deadline (_exchange)
+                # one deadline for each whole exchange: the connection, the request, the headers and the last byte
+                # of the body (aiohttp's "total"; never rounded up to a whole second, as it does from 5 s). The same
+                # deadline as asyncio.timeout around the exchange, without its ~50 Python calls a read (a sixth more)
+                timeout=aiohttp.ClientTimeout(total=self.timeout, ceil_threshold=math.inf),
                 connector=aiohttp.TCPConnector(
                     limit=1, ssl=ssl.create_default_context() if https else False, enable_cleanup_closed=False
                 ),
@@ -95,6 +99,7 @@ class VllmClient:
                 # #15657, March 2025) compresses every read at level 9 on its API server, for a loopback sidecar
                 headers={"User-Agent": f"vllm-capacity/{__version__}", "Accept-Encoding": "identity"},
                 auto_decompress=True,  # a server that compresses anyway is still read
+                read_bufsize=1 << 20,  # a large body is read on while less than 2 MiB of it waits unread
             )
         return self._session
 
@@ -130,35 +135,34 @@ class VllmClient:
     ) -> tuple[bytearray, str]:
         url = self.display_url + path
         try:
-            async with asyncio.timeout(self.timeout):
-                async with self._client().get(
-                    path.lstrip("/"), headers={"Accept": accept, **self._basic, **headers}, allow_redirects=False
-                ) as resp:
-                    if resp.status in (401, 403):
-                        if "Authorization" in headers:
-                            hint = "check --api-key-file"
-                        elif self._basic:
-                            hint = "check the credentials in --vllm-url"
-                        else:
-                            hint = "vLLM asks for authentication here, and the API key is sent to /v1/* only"
-                        raise SourceError(Reason.UNAUTHORIZED, f"{url} answered {resp.status}: {hint}")
-                    if resp.status >= 400:
-                        kind = Reason.HTTP_5XX if resp.status >= 500 else Reason.HTTP_4XX
-                        raise SourceError(kind, f"{url} answered HTTP {resp.status} {resp.reason or ''}".rstrip())
-                    declared = resp.headers.get("Content-Length")
-                    if declared and declared.isdigit() and int(declared) > cap:
-                        raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body is {declared} bytes, over the {cap} cap")
-                    # one growing buffer (a large one grows in place): never the chunks and their join side by side
-                    body, size = bytearray(), 0
-                    async for chunk in resp.content.iter_chunked(1 << 20):
-                        size += len(chunk)
-                        if size > cap:
-                            raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body exceeds the {cap}-byte cap")
-                        if sink is None:
-                            body += chunk
-                        else:
-                            sink(chunk)
-                    content_type = resp.headers.get("Content-Type", "")
+            async with self._client().get(  # within the session's deadline (_client)
+                path.lstrip("/"), headers={"Accept": accept, **self._basic, **headers}, allow_redirects=False
+            ) as resp:
+                if resp.status in (401, 403):
+                    if "Authorization" in headers:
+                        hint = "check --api-key-file"
+                    elif self._basic:
+                        hint = "check the credentials in --vllm-url"
+                    else:
+                        hint = "vLLM asks for authentication here, and the API key is sent to /v1/* only"
+                    raise SourceError(Reason.UNAUTHORIZED, f"{url} answered {resp.status}: {hint}")
+                if resp.status >= 400:
+                    kind = Reason.HTTP_5XX if resp.status >= 500 else Reason.HTTP_4XX
+                    raise SourceError(kind, f"{url} answered HTTP {resp.status} {resp.reason or ''}".rstrip())
+                declared = resp.headers.get("Content-Length")
+                if declared and declared.isdigit() and int(declared) > cap:
+                    raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body is {declared} bytes, over the {cap} cap")
+                # one growing buffer (a large one grows in place): never the chunks and their join side by side
+                body, size = bytearray(), 0
+                while chunk := await resp.content.readany():  # what has arrived, as it came: no join
+                    size += len(chunk)
+                    if size > cap:
+                        raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body exceeds the {cap}-byte cap")
+                    if sink is None:
+                        body += chunk
+                    else:
+                        sink(chunk)
+                content_type = resp.headers.get("Content-Type", "")
         except TimeoutError as err:
             raise SourceError(Reason.TIMEOUT, f"{url} did not answer in full within {self.timeout:g}s") from err
         except aiohttp.ClientConnectorError as err:
