@@ -51,9 +51,10 @@ async def fake_vllm() -> AsyncIterator[FakeVllm]:
         if state.drip:
             resp = web.StreamResponse(status=200, headers={"Content-Type": state.content_type})
             await resp.prepare(request)
-            for at in range(0, len(body), -(-len(body) // 20)):
+            piece = -(-len(body) // 20)  # 20 pieces, the last the shortest
+            for at in range(0, len(body), piece):
                 await asyncio.sleep(state.drip)
-                await resp.write(body[at : at + -(-len(body) // 20)])
+                await resp.write(body[at : at + piece])
             await resp.write_eof()
             return resp
         if state.truncate_to is not None:
