@@ -5,7 +5,7 @@ vllm/v1/metrics/loggers.py)."""
 import pytest
 
 from support.files import fixture_text
-from vllm_capacity.sources import SourceError
+from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_parse import parse_metrics
 from vllm_capacity.sources.vllm_records import (
     META,
@@ -17,7 +17,7 @@ from vllm_capacity.sources.vllm_records import (
     LoraRequests,
 )
 from vllm_capacity.sources.vllm_select import select_lines
-from vllm_capacity.sources.vllm_stream import MetricsStream
+from vllm_capacity.sources.vllm_stream import LastRead, MetricsStream
 
 
 def test_current_v1_capture() -> None:
@@ -269,7 +269,6 @@ def _read_through(last, text: str) -> object:
 def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew(monkeypatch) -> None:
     """The lines found are compared before they are selected: the same lines are neither selected nor read again."""
     from vllm_capacity.sources import vllm_stream
-    from vllm_capacity.sources.vllm_stream import LastRead
 
     reads = _counted_reads(monkeypatch)
     selections: list[int] = []
@@ -300,7 +299,6 @@ def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew
 
 def test_a_large_selection_is_not_kept_and_families_left_out_are_part_of_what_is_compared(monkeypatch) -> None:
     from vllm_capacity.sources import vllm_stream
-    from vllm_capacity.sources.vllm_stream import LastRead
 
     reads = _counted_reads(monkeypatch)
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
@@ -328,8 +326,6 @@ def test_only_the_parts_that_changed_are_checked_for_bytes_outside_ascii_and_the
     families are 46 KiB read after read); a part that changed is. Changed to UTF-8 outside ASCII (a model's name, a
     HELP text), in any of the three parts, the body reads as a parse of its whole text does; changed to bytes that are
     not UTF-8, it is refused, after an ASCII read through the same memory as before one."""
-    from vllm_capacity.sources import Reason
-    from vllm_capacity.sources.vllm_stream import LastRead
 
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     for old, new, char in [
@@ -360,7 +356,6 @@ def test_each_part_of_a_body_is_searched_again_only_when_it_changed() -> None:
 
     from vllm_capacity.sources.vllm_records import PRESENCE_ONLY, WANTED_WITHOUT_LATENCY
     from vllm_capacity.sources.vllm_select import found_lines
-    from vllm_capacity.sources.vllm_stream import LastRead
 
     searched: list[str] = []  # each read: which parts were searched ("first", "vllm", "last")
 
