@@ -47,6 +47,7 @@ class Config:
     kv_cache_high_ratio: float = 0.90  # KV blocks held by live requests
     kv_cache_saturated_ratio: float = 0.95
     preemptions_per_second: float = 0.1  # sustained rate of requests preempted for lack of KV cache
+    requests_shed_for: str = "5m"  # requests rejected at vLLM's queue caps this long pages
     exhaustion_horizon_seconds: int = 3600  # predict the cache full within this horizon...
     exhaustion_lookback: str = "30m"  # ...from the growth over this window
     exhaustion_min_ratio: float = 0.5  # and only once it is at least this full
@@ -206,6 +207,18 @@ def alerts(c: Config) -> list[dict]:
             "warning",
             "vLLM keeps preempting requests for lack of KV cache.",
             f"{who} preempts {{{{ $value | printf `%.2f` }}}} requests per second: their work is recomputed.",
+        ),
+        alert(
+            c,
+            "VLLMRequestsShed",
+            # vLLM's frontend answers 503 at its queue caps (--max-num-queued-reqs, --max-num-queued-tokens): those
+            # requests never wait, so no queue or saturation alert sees them (vllm:admission_rejections_total)
+            f"sum by ({target}, model_name, reason) (rate(vllm_capacity_requests_rejected_total[5m])) > 0",
+            c.requests_shed_for,
+            "critical",
+            "vLLM turns requests away at a queue cap: users get HTTP 503.",
+            "{{ $labels.model_name }} on {{ $labels.namespace }}/{{ $labels.pod }} rejects {{ $value | printf `%.2f` }} "
+            "requests per second at its {{ $labels.reason }} cap: demand it never queued.",
         ),
         alert(
             c,
@@ -452,14 +465,26 @@ def records(c: Config) -> list[dict]:
             f' or max by ({m}, pod, engine) (vllm_capacity_max_concurrency{{basis="max_model_len"}})))',
         ),
         # ONE series an autoscaler can use as it is (KEDA's Prometheus scaler, or HPA through prometheus-adapter):
-        # the replicas the model needs for its demand (running + waiting: a queue is demand no replica meets) at
+        # the replicas the model needs for its demand (running + waiting: a queue is demand no replica meets; plus
+        # the demand shed at the queue caps, where it is known) at
         # the target utilization of what each replica holds; at least 1 while the model is served. None while a
         # replica's capacity is not above 0: a demand over 0 was +Inf replicas (an autoscaler's maximum), none over
         # 0 NaN; without the series an autoscaler holds what it has (KEDA with ignoreNullValues "false").
+        # Demand shed at vLLM's queue caps (HTTP 503, never waiting) as the concurrency it would have held: the
+        # rejections a second x the mean time a request takes (Little's law, from vLLM's own e2e latency histogram,
+        # scraped from vLLM itself); absent where vLLM sheds nothing or is not scraped
+        record(
+            "namespace_model_name:vllm_capacity_requests_shed_concurrency:rate",
+            f"sum by ({m}) (rate(vllm_capacity_requests_rejected_total[5m]))"
+            f" * on ({m}) (sum by ({m}) (rate(vllm:e2e_request_latency_seconds_sum[5m]))"
+            f" / sum by ({m}) (rate(vllm:e2e_request_latency_seconds_count[5m])))",
+        ),
         record(
             "namespace_model_name:vllm_capacity_replicas_needed:ceil",
-            f"clamp_min(ceil((sum by ({m}) (vllm_capacity_requests_running)"
+            f"clamp_min(ceil(((sum by ({m}) (vllm_capacity_requests_running)"
             f" + sum by ({m}) (vllm_capacity_requests_waiting))"
+            f" + on ({m}) namespace_model_name:vllm_capacity_requests_shed_concurrency:rate"
+            f" or (sum by ({m}) (vllm_capacity_requests_running) + sum by ({m}) (vllm_capacity_requests_waiting)))"
             f" / on ({m}) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg"
             f" * {c.target_utilization:g} > 0)), 1)",
         ),

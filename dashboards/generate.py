@@ -434,6 +434,19 @@ def capacity_dashboard(c) -> Dashboard:
                 right_axis=("preemptions/s", "reqps"),  # a rate, not a count: its own axis
             )
         )
+        .with_panel(
+            series(
+                "Requests shed at a queue cap",
+                "reqps",
+                query(
+                    f"sum by (reason) (rate(vllm_capacity_requests_rejected_total{{{sel}}}[{RATE}]))",
+                    "rejected ({{reason}})",
+                ),
+                description="Requests vLLM's frontend answered 503 at --max-num-queued-reqs or "
+                "--max-num-queued-tokens (vllm:admission_rejections_total): demand that never waited, so the "
+                "waiting panel does not show it.",
+            )
+        )
     )
     d = (
         d.with_row(Row("Latency against concurrency"))

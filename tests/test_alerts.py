@@ -85,6 +85,7 @@ REQUIRED = {
     "VLLMPreemptionsSustained", "VLLMRequestsQueuedForCapacity", "VLLMKVCacheExhaustionPredicted",
     "VLLMConcurrencyNearCapacity", "VLLMGPUMemoryNearFull", "VLLMGPUMemoryContention", "VLLMTTFTSLOBreach",
     "VLLMCapacityMetricsMissing", "VLLMAdmissionStalled", "VLLMGPUUnreadable", "VLLMLoRASlotsExhausted",
+    "VLLMRequestsShed",
 }  # fmt: skip
 
 
@@ -108,6 +109,7 @@ def test_every_alert_is_complete() -> None:
         "VLLMKVCacheSaturated",
         "VLLMTTFTSLOBreach",
         "VLLMAdmissionStalled",
+        "VLLMRequestsShed",
     }
 
 

@@ -169,11 +169,14 @@ def test_a_multimodal_model_needs_its_encoder_cache_to_plan_from_the_gpu(tmp_pat
     missing = _plan(tmp_path, QWEN25_VL_7B, *GPU)
     assert missing.returncode == 2
     assert "Encoder cache will be initialized with a budget of N tokens" in missing.stderr
-    given = _plan(tmp_path, QWEN25_VL_7B, *GPU, "--encoder-cache-tokens", "16384", "--format", "json")
+    old = ("--vllm-version", "0.33.0")  # the estimate-based budget: the encoder cache comes off it whole
+    given = _plan(tmp_path, QWEN25_VL_7B, *GPU, *old, "--encoder-cache-tokens", "16384", "--format", "json")
     assert given.returncode == 0, given.stderr
     budget = json.loads(given.stdout)["memory_budget"]
     assert budget["encoder_cache_bytes"] == 16384 * 3584 * 2  # tokens x the decoder's hidden size x bf16
-    none = json.loads(_plan(tmp_path, QWEN25_VL_7B, *GPU, "--encoder-cache-tokens", "0", "--format", "json").stdout)
+    none = json.loads(
+        _plan(tmp_path, QWEN25_VL_7B, *GPU, *old, "--encoder-cache-tokens", "0", "--format", "json").stdout
+    )
     assert none["memory_budget"]["kv_cache_bytes"] - budget["kv_cache_bytes"] == budget["encoder_cache_bytes"]
     # from a logged KV figure nothing is needed (given, it is named as already outside that figure); for a
     # text-only model the option is a mistake

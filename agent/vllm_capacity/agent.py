@@ -181,11 +181,19 @@ class Agent:
             self.logger.info("vllm_restarted", reason="new process start time, or a counter went down")
         await self.models.read(restarted, first=self.counters.last is None)
         carried = self.counters.carry(metrics, restarted)
+        rejections = self.counters.carry_rejections(metrics, restarted)
         self.latency.learn(metrics, read_latency)
         if restarted:
             self.sustained.forget()
         self.sustained.learn(metrics, self.counters.preempted)
-        history = derive.EngineHistory(carried, self.latency.views, self.counters.preempted, self.sustained.views)
+        history = derive.EngineHistory(
+            carried,
+            self.latency.views,
+            self.counters.preempted,
+            self.sustained.views,
+            shed_reported=frozenset(model for model, _ in rejections),
+            shedding=self.counters.shedding,
+        )
         engines = self.derived.engines(metrics, self._facts(), history)
         self.counters.last = metrics
         self.snapshot = self._snapshot(
@@ -195,6 +203,7 @@ class Agent:
             version=self.models.version,
             itl_metric=metrics.itl_metric,
             engines=engines,
+            rejections=rejections,
             **self._gpu_fields(engines, metrics),
         )
         self.ready = True

@@ -126,6 +126,8 @@ class EngineCollector(_SnapshotCollector):
                     for values, v in spec.engine_rows(e):
                         f.add(spec.name, [*key, *values], v)
             f.add(N + "vllm_info", key, _vllm_info(snap, e.cache_info))
+        for (model_name, reason), total in sorted(snap.rejections.items()):
+            f.add(N + "requests_rejected_total", [model_name, reason], total)
 
 
 def _vllm_info(snap: Snapshot, cc: Mapping[str, str]) -> dict[str, str]:

@@ -95,8 +95,10 @@ def _latency_observations(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], 
 def _limit(e: EngineCapacity) -> Iterable[tuple[tuple[str, ...], float]]:
     if e.concurrency_limit is not None:
         for limit in LIMITS:
-            if (limit != "lora_slots" or e.lora is not None) and (
-                limit != "token_budget" or e.token_budget_fill_ratio is not None
+            if (
+                (limit != "lora_slots" or e.lora is not None)
+                and (limit != "token_budget" or e.token_budget_fill_ratio is not None)
+                and (limit != "queue_cap" or e.shedding is not None)
             ):
                 yield (limit,), 1.0 if limit == e.concurrency_limit else 0.0
 
@@ -319,9 +321,10 @@ SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         (*E, "basis"),
         "Requests this engine can still take. basis=queue: requests wait for capacity now (vllm:num_requests_waiting"
-        "_by_reason, else _waiting): minus their number; basis=preemption: vLLM preempted since the last read: at "
-        "most 0; otherwise the smallest known max_concurrency (observed_context, slo, sustained once observed) "
-        "minus running, basis the one that binds.",
+        "_by_reason, else _waiting): minus their number; basis=queue_cap: vLLM's queue caps rejected requests "
+        "since the last read (vllm:admission_rejections_total): at most 0; basis=preemption: vLLM preempted since "
+        "the last read: at most 0; otherwise the smallest known max_concurrency (observed_context, slo, sustained "
+        "once observed) minus running, basis the one that binds.",
         rows=_headroom,
     ),
     _m(
@@ -336,7 +339,9 @@ SPECS: tuple[MetricSpec, ...] = (
         "concurrency_limit",
         "gauge",
         (*E, "limit"),
-        "1 for what limits concurrency now, 0 for the others: kv_cache (requests were preempted, or wait on a "
+        "1 for what limits concurrency now, 0 for the others: queue_cap (vLLM's --max-num-queued-reqs or "
+        "--max-num-queued-tokens rejected requests since the last read, vllm:admission_rejections_total; where vLLM "
+        "reports it), kv_cache (requests were preempted, or wait on a "
         "nearly full cache), max_num_seqs (running at vLLM's --max-num-seqs), lora_slots (requests for an adapter "
         "wait while --max-loras slots hold others; with --enable-lora only), token_budget (requests wait while the "
         "engine's steps are nearly as large as --max-num-batched-tokens allows; once the budget is known), slo "
@@ -421,6 +426,14 @@ SPECS: tuple[MetricSpec, ...] = (
         E,
         "Requests preempted for lack of KV cache: vllm:num_preemptions_total, carried across vLLM restarts.",
         value=lambda e: e.preemptions_total,
+    ),
+    _m(
+        "requests_rejected_total",
+        "counter",
+        ("model_name", "reason"),
+        "Requests vLLM's frontend refused (HTTP 503) at a queue cap, by reason (max_num_queued_reqs, "
+        "max_num_queued_tokens): vllm:admission_rejections_total (>=0.32, per model, no engine label), carried "
+        "across vLLM restarts. Demand that never waited: it is not in requests_waiting.",
     ),
     _m(
         "vllm_info",
@@ -513,7 +526,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "gpu_memory_budget_bytes",
         "gauge",
         G,
-        "vLLM's memory budget on this GPU: NVML total x cache_config_info gpu_memory_utilization.",
+        "vLLM's memory budget on this GPU: NVML total x cache_config_info gpu_memory_utilization, resolved as vLLM "
+        "resolves it where the label says None (0.34: 1.0 under enable_extensible_kv_cache, else 0.92).",
     ),
     _m(
         "gpu_info",

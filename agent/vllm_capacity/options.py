@@ -453,7 +453,12 @@ PLAN_OPTIONS = (
         "KV cache dtype; auto follows the model's dtype (fp8_ds_mla, nvfp4_ds_mla: DeepSeek sparse attention's "
         "packed latent; *_per_token_head: values with a scale per head and token)",
     ),
-    Option("--block-size", _positive_int, "16", "tokens per KV block (vLLM's CUDA default is 16)"),
+    Option(
+        "--block-size",
+        _positive_int,
+        None,
+        "tokens per KV block (default: vLLM's for --vllm-version: 64 from 0.34, 16 before)",
+    ),
     Option("--max-model-len", _positive_int, None, "context length to plan for (default: max_position_embeddings)"),
     Option("--vllm-version", _version, NEWEST_VERSION, "whose sizing rules to apply (e.g. 0.10.2)"),
     Option("--engine", _choice("v0", "v1"), None, "v0 or v1 (default: v0 before 0.8, else v1)"),
@@ -542,9 +547,34 @@ PLAN_OPTIONS = (
         "a multimodal model's encoder cache, from vLLM's log 'Encoder cache will be initialized with a budget of N "
         "tokens' (needed with --gpu-memory for a multimodal config.json)",
     ),
-    Option("--kv-cache-memory", _memory, None, "KV memory per GPU as vLLM logs it ('Available KV cache memory')"),
+    Option(
+        "--kv-cache-memory",
+        _memory,
+        None,
+        "KV memory per GPU as vLLM logs it: 'Extended KV cache to N blocks (X GiB)' under 0.34's extensible KV "
+        "cache, else 'Available KV cache memory'",
+    ),
     Option("--gpu-memory", _memory, None, "memory of one GPU (e.g. 80GiB), to plan from the whole budget"),
-    Option("--gpu-memory-utilization", _fraction, "0.9", "vLLM's --gpu-memory-utilization"),
+    Option(
+        "--gpu-memory-utilization",
+        _fraction,
+        None,
+        "vLLM's --gpu-memory-utilization (default: as --vllm-version resolves it unset: 1.0 under 0.34's "
+        "extensible KV cache, else 0.92; 0.9 before 0.25)",
+    ),
+    Option(
+        "--extensible-kv-cache",
+        _choice("auto", "on", "off"),
+        "auto",
+        "vLLM 0.34's --enable-extensible-kv-cache (auto: as vLLM decides it: on from 0.34 on CUDA and ROCm; vLLM "
+        "turns it off with --kv-cache-memory-bytes, --num-gpu-blocks-override, elastic EP and some KV connectors)",
+    ),
+    Option(
+        "--platform",
+        _choice("cuda", "rocm", "xpu", "tpu", "cpu"),
+        "cuda",
+        "the GPU platform: the extensible KV cache runs on cuda and rocm, with a 1 GiB or 3 GiB margin",
+    ),
     Option("--weights-memory", _memory, None, "weights per GPU (default: from --model-dir's safetensors headers)"),
     Option(
         "--activation-memory",
@@ -556,7 +586,8 @@ PLAN_OPTIONS = (
         "--cuda-graph-memory",
         _memory,
         None,
-        "CUDA graph memory per GPU, from vLLM's 'Estimated CUDA graph memory' (default: taken as 0, said)",
+        "CUDA graph memory per GPU, from vLLM's 'Graph capturing finished in N secs, took X GiB' (0.34; before, "
+        "its 'Estimated CUDA graph memory') (default: taken as 0, said)",
     ),
     Option("--format", _choice("text", "json"), "text", "text for people, json for scripts"),
 )
@@ -641,7 +672,7 @@ class PlanConfig:
     tp: int
     pp: int
     kv_cache_dtype: str
-    block_size: int
+    block_size: int | None
     max_model_len: int | None
     vllm_version: tuple[int, int, int]
     engine: str | None
@@ -661,7 +692,9 @@ class PlanConfig:
     encoder_cache_tokens: int | None
     kv_cache_memory: int | None
     gpu_memory: int | None
-    gpu_memory_utilization: float
+    gpu_memory_utilization: float | None
+    extensible_kv_cache: str
+    platform: str
     weights_memory: int | None
     activation_memory: int | None
     cuda_graph_memory: int | None

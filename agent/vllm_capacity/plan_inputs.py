@@ -24,9 +24,17 @@ from vllm_capacity.sizing import (
 from vllm_capacity.sizing.errors import NotModelled
 from vllm_capacity.sizing.inputs import resolved_engine
 from vllm_capacity.sizing.lora import Lora, lora_slots
-from vllm_capacity.sizing.memory import encoder_cache_bytes
+from vllm_capacity.sizing.memory import EXTENSIBLE_MARGIN_FLOOR, encoder_cache_bytes
 from vllm_capacity.sizing.speculative import DRAFT_CONFIG_NEEDED
-from vllm_capacity.sizing.versions import CUDA_GRAPHS_IN_BUDGET, ENCODER_CACHE_PROFILE, dotted
+from vllm_capacity.sizing.versions import (
+    CUDA_GRAPHS_IN_BUDGET,
+    ENCODER_CACHE_PROFILE,
+    EXTENSIBLE_KV_CACHE,
+    EXTENSIBLE_PLATFORMS,
+    default_block_size,
+    default_gpu_memory_utilization,
+    dotted,
+)
 from vllm_capacity.sources.model_config import load_config, model_dir_weights_bytes
 
 ONE_MEMORY_SOURCE = "give one of --kv-cache-memory (as vLLM logs it) or --gpu-memory (with its utilization)"
@@ -91,6 +99,7 @@ def assemble(values: PlanConfig) -> tuple[Geometry, PlanInputs, MemoryBudget | N
     )
     if refusal:
         raise MissingInput(f"--tp {values.tp}: vLLM refuses it for {config_path}: {refusal}")
+    extensible_kv_cache(values)  # --extensible-kv-cache on where vLLM has none: refused on either path
     budget = gpu_budget(values, geometry)
     return geometry, plan_inputs(values, geometry, budget), budget
 
@@ -117,15 +126,18 @@ def gpu_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
             raise MissingInput("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
         weights = model_dir_weights_bytes(values.model_dir_path) // (values.tp * values.pp)
     v1 = resolved_engine(values.engine, values.vllm_version) == "v1"
+    extensible = extensible_kv_cache(values)
     budget = MemoryBudget(
         values.gpu_memory,
-        values.gpu_memory_utilization,
+        gpu_memory_utilization(values),
         weights,
         _activation_bytes(values, geometry, v1),
         values.cuda_graph_memory or 0,
         lora_bytes=lora,
         encoder_cache_bytes=encoder,
-        graphs_in_budget=v1 and values.vllm_version >= CUDA_GRAPHS_IN_BUDGET,
+        graphs_in_budget=extensible or (v1 and values.vllm_version >= CUDA_GRAPHS_IN_BUDGET),
+        extensible=extensible,
+        margin_floor_bytes=EXTENSIBLE_MARGIN_FLOOR.get(values.platform, EXTENSIBLE_MARGIN_FLOOR["cuda"]),
         not_given=tuple(
             name
             for name, given in (("activations", values.activation_memory), ("CUDA graphs", values.cuda_graph_memory))
@@ -134,6 +146,30 @@ def gpu_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
     )
     budget.check()  # ImpossiblePlan when nothing is left for the KV cache
     return budget
+
+
+def extensible_kv_cache(values: PlanConfig) -> bool:
+    """Whether vLLM sizes this plan's KV cache after warm-up (0.34's extensible KV cache): as vLLM settles
+    ``enable_extensible_kv_cache`` (``VllmConfig._resolve_extensible_kv_cache``): on by default from 0.34 on CUDA
+    and ROCm; asked for where it does not exist, refused as vLLM refuses it."""
+    supported = values.vllm_version >= EXTENSIBLE_KV_CACHE and values.platform in EXTENSIBLE_PLATFORMS
+    if values.extensible_kv_cache == "on" and not supported:
+        if values.vllm_version < EXTENSIBLE_KV_CACHE:
+            raise MissingInput(
+                f"--extensible-kv-cache on: vLLM {dotted(values.vllm_version)} has no extensible KV cache (from "
+                f"{dotted(EXTENSIBLE_KV_CACHE)})"
+            )
+        raise MissingInput(
+            f"--extensible-kv-cache on: vLLM supports it only on CUDA and ROCm, not --platform {values.platform}"
+        )
+    return supported and values.extensible_kv_cache != "off"
+
+
+def gpu_memory_utilization(values: PlanConfig) -> float:
+    """--gpu-memory-utilization as given, else as the release resolves it unset for the way it sizes the cache."""
+    if values.gpu_memory_utilization is not None:
+        return values.gpu_memory_utilization
+    return default_gpu_memory_utilization(values.vllm_version, extensible=extensible_kv_cache(values))
 
 
 def _activation_bytes(values: PlanConfig, geometry: Geometry, v1: bool) -> int:
@@ -163,7 +199,7 @@ def plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | N
         tp=values.tp,
         pp=values.pp,
         kv_cache_dtype=values.kv_cache_dtype,
-        block_size=values.block_size,
+        block_size=values.block_size or default_block_size(values.vllm_version),
         version=values.vllm_version,
         engine=values.engine,
         max_num_batched_tokens=values.max_num_batched_tokens or default_max_num_batched_tokens(values.gpu_memory),

@@ -37,3 +37,5 @@ class Snapshot:
     #: each source's state and the failures counted by (source, reason), as they stood when the snapshot was taken
     sources: Mapping[str, SourceState] = field(default_factory=dict)
     errors: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: vLLM's admission rejections by (model_name, reason), carried across its restarts
+    rejections: Mapping[tuple[str, str], float] = field(default_factory=dict)

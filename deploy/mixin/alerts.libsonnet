@@ -84,6 +84,19 @@
             },
           },
           {
+            "alert": "VLLMRequestsShed",
+            "expr": std.format("sum by (%s, namespace, pod, instance, job, model_name, reason) (rate(vllm_capacity_requests_rejected_total[5m])) > 0", [$._config.clusterLabel]),
+            "for": ($._config.requestsShedFor),
+            "labels": {
+              "severity": "critical",
+            },
+            "annotations": {
+              "summary": "vLLM turns requests away at a queue cap: users get HTTP 503.",
+              "description": "{{ $labels.model_name }} on {{ $labels.namespace }}/{{ $labels.pod }} rejects {{ $value | printf `%.2f` }} requests per second at its {{ $labels.reason }} cap: demand it never queued.",
+              "runbook_url": std.format("%s#vllmrequestsshed", [$._config.runbookURL]),
+            },
+          },
+          {
             "alert": "VLLMRequestsQueuedForCapacity",
             "expr": std.format("vllm_capacity_requests_waiting_for_capacity > 0 unless on (%s, namespace, pod, instance, job, model_name, engine) (vllm_capacity_concurrency_limit{limit=\"max_num_seqs\"} == 1)", [$._config.clusterLabel]),
             "for": "10m",

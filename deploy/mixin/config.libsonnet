@@ -8,6 +8,7 @@
     "kvCacheHighRatio": 0.9,
     "kvCacheSaturatedRatio": 0.95,
     "preemptionsPerSecond": 0.1,
+    "requestsShedFor": "5m",
     "exhaustionHorizonSeconds": 3600,
     "exhaustionLookback": "30m",
     "exhaustionMinRatio": 0.5,

@@ -1118,9 +1118,49 @@
           "description": "Requests waiting (all, and those waiting for capacity) and requests preempted for lack of KV cache a second, from vLLM's own counters.",
         },
         {
+          "type": "timeseries",
+          "id": 23,
+          "targets": [
+            {
+              "expr": std.format("sum by (reason) (rate(vllm_capacity_requests_rejected_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel]),
+              "refId": "A",
+              "legendFormat": "rejected ({{reason}})",
+            },
+          ],
+          "title": "Requests shed at a queue cap",
+          "description": "Requests vLLM's frontend answered 503 at --max-num-queued-reqs or --max-num-queued-tokens (vllm:admission_rejections_total): demand that never waited, so the waiting panel does not show it.",
+          "transparent": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 12,
+            "y": 64,
+          },
+          "repeatDirection": "h",
+          "fieldConfig": {
+            "defaults": {
+              "unit": "reqps",
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "value": null,
+                    "color": "green",
+                  },
+                ],
+              },
+            },
+            "overrides": [],
+          },
+        },
+        {
           "type": "row",
           "collapsed": false,
-          "id": 23,
+          "id": 24,
           "panels": [],
           "title": "Latency against concurrency",
           "gridPos": {
@@ -1132,7 +1172,7 @@
         },
         {
           "type": "timeseries",
-          "id": 24,
+          "id": 25,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1181,7 +1221,7 @@
         },
         {
           "type": "timeseries",
-          "id": 25,
+          "id": 26,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1226,7 +1266,7 @@
         },
         {
           "type": "bargauge",
-          "id": 26,
+          "id": 27,
           "targets": [
             {
               "expr": std.format("label_replace(label_replace(label_replace(label_replace(label_replace(max by (running) (vllm_capacity_latency_by_concurrency_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",latency=\"itl\",percentile=\"p90\"}), \"bin\", \"00000$1\", \"running\", \"([0-9]{1})\"), \"bin\", \"0000$1\", \"running\", \"([0-9]{2})\"), \"bin\", \"000$1\", \"running\", \"([0-9]{3})\"), \"bin\", \"00$1\", \"running\", \"([0-9]{4})\"), \"bin\", \"0$1\", \"running\", \"([0-9]{5})\")", [$._config.clusterLabel]),
@@ -1288,7 +1328,7 @@
         },
         {
           "type": "timeseries",
-          "id": 27,
+          "id": 28,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1350,7 +1390,7 @@
         },
         {
           "type": "timeseries",
-          "id": 28,
+          "id": 29,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_draft_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1392,7 +1432,7 @@
         },
         {
           "type": "timeseries",
-          "id": 29,
+          "id": 30,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_drafts_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1433,7 +1473,7 @@
         },
         {
           "type": "timeseries",
-          "id": 30,
+          "id": 31,
           "targets": [
             {
               "expr": std.format("sum by (pod, group_kind) (vllm_capacity_kv_cache_blocks_per_request{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
@@ -1480,7 +1520,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 31,
+          "id": 32,
           "panels": [],
           "title": "GPU",
           "gridPos": {
@@ -1492,7 +1532,7 @@
         },
         {
           "type": "timeseries",
-          "id": 32,
+          "id": 33,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1539,7 +1579,7 @@
         },
         {
           "type": "timeseries",
-          "id": 33,
+          "id": 34,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_power_watts{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1584,7 +1624,7 @@
         },
         {
           "type": "timeseries",
-          "id": 34,
+          "id": 35,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_temperature_celsius{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1650,7 +1690,7 @@
         },
         {
           "type": "timeseries",
-          "id": 35,
+          "id": 36,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_throttled{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"} == 1", [$._config.clusterLabel]),
@@ -1691,7 +1731,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 36,
+          "id": 37,
           "panels": [],
           "title": "Sidecar health",
           "gridPos": {
@@ -1703,7 +1743,7 @@
         },
         {
           "type": "timeseries",
-          "id": 37,
+          "id": 38,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_up{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1749,7 +1789,7 @@
         },
         {
           "type": "timeseries",
-          "id": 38,
+          "id": 39,
           "targets": [
             {
               "expr": std.format("sum by (source, reason) (rate(vllm_capacity_source_errors_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}[$__rate_interval]))", [$._config.clusterLabel]),
@@ -1789,7 +1829,7 @@
         },
         {
           "type": "timeseries",
-          "id": 39,
+          "id": 40,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_duration_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),

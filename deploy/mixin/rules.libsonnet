@@ -47,8 +47,12 @@
             "expr": std.format("avg by (%s, namespace, model_name) (sum by (%s, namespace, model_name, pod) (min by (%s, namespace, model_name, pod, engine) (vllm_capacity_max_concurrency{basis=~\"observed_context|slo\"} or (vllm_capacity_max_concurrency{basis=\"sustained\"} and on (%s, namespace, pod, model_name, engine) (vllm_capacity_sustained_queue_observed == 1))) or max by (%s, namespace, model_name, pod, engine) (vllm_capacity_max_concurrency{basis=\"max_model_len\"})))", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel]),
           },
           {
+            "record": "namespace_model_name:vllm_capacity_requests_shed_concurrency:rate",
+            "expr": std.format("sum by (%s, namespace, model_name) (rate(vllm_capacity_requests_rejected_total[5m])) * on (%s, namespace, model_name) (sum by (%s, namespace, model_name) (rate(vllm:e2e_request_latency_seconds_sum[5m])) / sum by (%s, namespace, model_name) (rate(vllm:e2e_request_latency_seconds_count[5m])))", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel]),
+          },
+          {
             "record": "namespace_model_name:vllm_capacity_replicas_needed:ceil",
-            "expr": std.format("clamp_min(ceil((sum by (%s, namespace, model_name) (vllm_capacity_requests_running) + sum by (%s, namespace, model_name) (vllm_capacity_requests_waiting)) / on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg * %g > 0)), 1)", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.targetUtilization]),
+            "expr": std.format("clamp_min(ceil(((sum by (%s, namespace, model_name) (vllm_capacity_requests_running) + sum by (%s, namespace, model_name) (vllm_capacity_requests_waiting)) + on (%s, namespace, model_name) namespace_model_name:vllm_capacity_requests_shed_concurrency:rate or (sum by (%s, namespace, model_name) (vllm_capacity_requests_running) + sum by (%s, namespace, model_name) (vllm_capacity_requests_waiting))) / on (%s, namespace, model_name) (namespace_model_name:vllm_capacity_replica_capacity_requests:avg * %g > 0)), 1)", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.targetUtilization]),
           },
           {
             "record": "namespace_model_name:vllm_capacity_prefix_cache_hit:ratio",

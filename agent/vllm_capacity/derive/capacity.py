@@ -147,17 +147,21 @@ def headroom(
     *,
     queue: float | None = None,
     preempted: bool = False,
+    shedding: bool = False,
 ) -> tuple[float | None, str | None]:
     """Requests this engine can still take, and why (the basis). vLLM's own evidence first: while ``queue``
     requests wait for capacity the engine has none, whatever a model of it says: minus the queue, basis ``queue``;
-    after a preemption, at most zero, basis ``preemption``. A calm engine: the smallest known max concurrency (by
-    basis) minus running, and the basis that binds. (None, None) when running is unknown or nothing bounds it."""
+    while its queue caps reject requests (``shedding``), or after a preemption, at most zero, basis ``queue_cap`` or
+    ``preemption``. A calm engine: the smallest known max concurrency (by basis) minus running, and the basis that
+    binds. (None, None) when running is unknown or nothing bounds it."""
     if running is None:
         return None, None
     if queue is not None and queue > 0:
         return -queue, "queue"
     known = {basis: v for basis, v in bounds.items() if v is not None}
     model = min(known.values()) - running if known else None
+    if shedding:
+        return min(model, 0.0) if model is not None else 0.0, "queue_cap"
     if preempted:
         return min(model, 0.0) if model is not None else 0.0, "preemption"
     if model is None:
@@ -166,7 +170,7 @@ def headroom(
 
 
 # concurrency_limit's values, in the order they are tried (lora_slots only where vLLM serves LoRA)
-LIMITS = ("kv_cache", "max_num_seqs", "lora_slots", "token_budget", "slo", "none")
+LIMITS = ("queue_cap", "kv_cache", "max_num_seqs", "lora_slots", "token_budget", "slo", "none")
 BUDGET_FILL_BINDS = 0.75  # the steps' mean size, as a share of the token budget, that names it
 
 
@@ -178,6 +182,7 @@ class Bounds:
     slo_max_concurrency: int | None = None  # what the latency objectives allow
     lora_blocked: bool = False  # requests for an adapter wait while the --max-loras slots hold others
     budget_fill: float | None = None  # the steps' mean size over the last window / --max-num-batched-tokens
+    shedding: bool = False  # vLLM's queue caps rejected requests since the last read: demand shed at the door
 
 
 def concurrency_limit(
@@ -189,7 +194,9 @@ def concurrency_limit(
     usage: float | None,
     bounds: Bounds = Bounds(),
 ) -> str | None:
-    """What limits concurrency now: ``kv_cache`` (requests were preempted since the last read, or requests wait on
+    """What limits concurrency now: ``queue_cap`` (vLLM's --max-num-queued-reqs or --max-num-queued-tokens rejected
+    requests since the last read: they are not waiting, they are gone), ``kv_cache`` (requests were preempted since
+    the last read, or requests wait on
     a nearly full cache), ``max_num_seqs`` (running at vLLM's --max-num-seqs), ``lora_slots`` (requests for an
     adapter wait while vLLM's --max-loras slots hold others), ``token_budget`` (requests wait for capacity while
     the engine's steps are nearly as large as --max-num-batched-tokens allows: ``budget_fill``, their mean size
@@ -198,12 +205,8 @@ def concurrency_limit(
     request as waiting for "capacity" for any scheduling limit (a batch slot, the step's token budget), so that
     reason alone, on a cache with room, does not name the KV cache (measured on vLLM 0.32)."""
     b = bounds
-    if preempted:
-        return "kv_cache"
-    if b.max_num_seqs is not None and running is not None and running >= b.max_num_seqs:
-        return "max_num_seqs"
-    if (waiting or 0) > 0 and usage is not None and usage >= NEARLY_FULL:
-        return "kv_cache"
+    if (vllms := _vllms_evidence(b, running=running, waiting=waiting, preempted=preempted, usage=usage)) is not None:
+        return vllms
     if b.lora_blocked:
         return "lora_slots"
     queue = waiting_for_capacity if waiting_for_capacity is not None else waiting
@@ -213,6 +216,22 @@ def concurrency_limit(
         return "slo"
     if waiting is not None and waiting == 0:
         return "none"
+    return None
+
+
+def _vllms_evidence(
+    b: Bounds, *, running: float | None, waiting: float | None, preempted: bool, usage: float | None
+) -> str | None:
+    """The limits vLLM's own counters and gauges name: requests shed at the door, preempted, at --max-num-seqs, or
+    waiting on a nearly full cache."""
+    if b.shedding:
+        return "queue_cap"
+    if preempted:
+        return "kv_cache"
+    if b.max_num_seqs is not None and running is not None and running >= b.max_num_seqs:
+        return "max_num_seqs"
+    if (waiting or 0) > 0 and usage is not None and usage >= NEARLY_FULL:
+        return "kv_cache"
     return None
 
 

@@ -4,7 +4,7 @@ formulas, the features and the planned layout put together."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_capacity.derive.capacity import (
@@ -79,7 +79,8 @@ class EngineCapacity:
     concurrency_utilization_slo: float | None = None
     max_concurrency_p90_context: float | None = None
     headroom_requests: float | None = None
-    headroom_basis: str | None = None  # queue, preemption, or the max_concurrency basis that binds
+    headroom_basis: str | None = None  # queue_cap, queue, preemption, or the max_concurrency basis that binds
+    shedding: bool | None = None  # the model's queue caps rejected requests since the last read (None: not reported)
     sustained: Sustained | None = None  # the concurrency vLLM holds under pressure (None: nothing ran yet)
     concurrency_utilization_sustained: float | None = None
     token_budget_fill_ratio: float | None = None  # the steps' mean size / --max-num-batched-tokens, last window
@@ -113,6 +114,7 @@ class EngineInputs:
     preempted: bool = False
     lora: LoraSlots | None = None
     sustained: Sustained = NO_SUSTAINED
+    shedding: bool | None = None  # the model's queue caps rejected requests since the last read (None: not reported)
 
 
 def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = NO_FACTS) -> EngineCapacity:
@@ -123,9 +125,14 @@ def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = N
     used = used_tokens(m.kv_cache_usage, cap)
     overridden = cc is not None and cc.num_gpu_blocks_override is not None
     startup = inputs.startup
+    if startup is not None and cc is not None and cc.extensible_kv_cache and not startup.extensible:
+        # 0.34 sized the cache after warm-up and the log read has no post-warm-up line (yet): its "Available KV cache
+        # memory" is the estimate before warm-up, never the pool; the log's other figures (weights) stand
+        startup = replace(startup, kv_cache_memory_bytes=None)
     pool = startup.kv_pool_bytes if startup is not None else None
+    blocks_bytes = startup.kv_blocks_bytes if startup is not None else None  # what vLLM's block arithmetic divides
     if pool is None and cc is not None and not overridden:
-        pool = cc.kv_cache_memory_bytes
+        pool = blocks_bytes = cc.kv_cache_memory_bytes
     mean_ctx = mean_context_tokens(used, m.running)
     max_conc_obs = max_concurrency_at_context(cap, mean_ctx)
     layout = planned_layout(
@@ -133,7 +140,7 @@ def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = N
         facts,
         max_model_len=inputs.max_model_len,
         capacity_tokens=None if overridden else cap,  # blocks forced by an override: nothing to compare
-        pool_bytes=cc.kv_cache_memory_bytes if cc and not overridden and cc.kv_cache_memory_bytes else pool,
+        pool_bytes=cc.kv_cache_memory_bytes if cc and not overridden and cc.kv_cache_memory_bytes else blocks_bytes,
         rules=rules,
         device=startup.device if startup is not None else None,
         counting=m.spec_draft_tokens_total is not None,
@@ -204,14 +211,15 @@ def _load_fields(
         "sustained": sustained.level if sustained.observed else None,
     }
     queue = m.waiting_for_capacity if m.waiting_for_capacity is not None else m.waiting  # V0 gives no reasons
-    room, binding = headroom(m.running, bounds, queue=queue, preempted=inputs.preempted)
+    shedding = bool(inputs.shedding)
+    room, binding = headroom(m.running, bounds, queue=queue, preempted=inputs.preempted, shedding=shedding)
     limit = concurrency_limit(
         running=m.running,
         waiting=m.waiting,
         waiting_for_capacity=m.waiting_for_capacity,
         preempted=inputs.preempted,
         usage=m.kv_cache_usage,
-        bounds=Bounds(facts.max_num_seqs, slo, bool(inputs.lora and inputs.lora.blocked), fill),
+        bounds=Bounds(facts.max_num_seqs, slo, bool(inputs.lora and inputs.lora.blocked), fill, shedding),
     )
     asleep = None if m.sleep_state is None else m.sleep_state != "awake"
     if asleep:
@@ -229,6 +237,7 @@ def _load_fields(
         "sustained": sustained if sustained.level is not None else None,
         "concurrency_utilization_sustained": concurrency_utilization(m.running, sustained.level),
         "token_budget_fill_ratio": fill,
+        "shedding": inputs.shedding,
     }
 
 
@@ -294,6 +303,7 @@ def engine_inputs(
             preempted=key in history.preempted,
             sustained=history.sustained.get(key, NO_SUSTAINED),
             lora=lora_slots(metrics.lora, m, len(metrics.engines), metrics.schema),
+            shedding=m.model_name in history.shedding if m.model_name in history.shed_reported else None,
         )
         out.append((m, inputs))
     return out

@@ -39,6 +39,10 @@ class EngineHistory:
     latency: Mapping[EngineKey, LatencyView] = field(default_factory=dict)
     preempted: frozenset[EngineKey] = frozenset()  # engines that preempted since the last read
     sustained: Mapping[EngineKey, Sustained] = field(default_factory=dict)  # the concurrency each holds under pressure
+    #: models whose queue caps vLLM reports (vllm:admission_rejections_total), and those that shed requests since
+    #: the last read
+    shed_reported: frozenset[str] = frozenset()
+    shedding: frozenset[str] = frozenset()
 
 
 NO_FACTS = ServerFacts()  # the server known from its metrics alone

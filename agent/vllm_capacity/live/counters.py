@@ -25,6 +25,9 @@ class Counters:
         self._raw: dict[EngineKey, float] = {}
         self._total: dict[EngineKey, float] = {}
         self._carried: tuple[VllmMetrics, dict[EngineKey, float]] | None = None  # the last carry: its read and totals
+        self.shedding: frozenset[str] = frozenset()  # models whose queue caps rejected requests since the last read
+        self._rejected_raw: dict[tuple[str, str], float] = {}
+        self._rejected: dict[tuple[str, str], float] = {}
 
     def restarted(self, metrics: VllmMetrics) -> bool:
         """vLLM restarted since the last good read: a new process start time, or a counter went down. Not a missing
@@ -78,6 +81,21 @@ class Counters:
         self.preempted = frozenset(preempted)
         self._carried = (metrics, exported)
         return exported
+
+    def carry_rejections(self, metrics: VllmMetrics, restarted: bool) -> dict[tuple[str, str], float]:
+        """vLLM's admission rejections by (model_name, reason), carried across its restarts as the preemptions are;
+        ``shedding`` names the models whose total rose since the last read. A model or reason no longer reported
+        takes its series with it."""
+        shedding: set[str] = set()
+        totals: dict[tuple[str, str], float] = {}
+        for key, raw in metrics.admission_rejections.items():
+            before = self._rejected.get(key)
+            totals[key] = derive.accumulate_counter(before, self._rejected_raw.get(key), raw, restarted)
+            if before is not None and totals[key] > before:
+                shedding.add(key[0])
+        self._rejected, self._rejected_raw = totals, dict(metrics.admission_rejections)
+        self.shedding = frozenset(shedding)
+        return dict(totals)
 
 
 class ModelsReader:

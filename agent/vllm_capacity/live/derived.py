@@ -102,4 +102,4 @@ def _switched(before: EngineMetrics, now: EngineMetrics) -> bool:
 def _copy(history: derive.EngineHistory) -> derive.EngineHistory:
     """``history`` as it is now: its mappings copied (their records never change; the mappings do)."""
     return derive.EngineHistory(dict(history.preemptions), dict(history.latency), history.preempted,
-                                dict(history.sustained))  # fmt: skip
+                                dict(history.sustained), history.shed_reported, history.shedding)  # fmt: skip

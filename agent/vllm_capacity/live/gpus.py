@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
@@ -19,6 +19,8 @@ from vllm_capacity.sources.gpu import GpuReading
 from vllm_capacity.sources.nvml_scope import vllm_pids_in_namespace
 from vllm_capacity.sources.vllm_log import RankFigures
 from vllm_capacity.sources.vllm_records import VllmMetrics
+
+_T = TypeVar("_T")
 
 if TYPE_CHECKING:  # the reader is given one (cli.py); importing it here would load NVML's binding with --nvml off
     from vllm_capacity.sources.nvml import NvmlSource
@@ -36,7 +38,7 @@ def alike(values: Iterable[float | None], within: float = 0.02) -> bool:
     return len(known) < 2 or max(known) - min(known) <= within * max(known)
 
 
-def only(values: Iterable[float | None]) -> float | None:
+def only(values: Iterable[_T | None]) -> _T | None:
     """The one value every item agrees on, else None."""
     distinct = set(values)
     return distinct.pop() if len(distinct) == 1 else None
@@ -174,7 +176,8 @@ class GpuReader:
             return down
         weights = only(e.weights_bytes for e in engines)
         pool = only(e.kv_pool_bytes for e in engines)
-        utilization = only(e.cache_config.gpu_memory_utilization for e in metrics.engines if e.cache_config)
+        resolved = only(e.cache_config.resolved_gpu_memory_utilization for e in metrics.engines if e.cache_config)
+        utilization = resolved[0] if resolved else None
         # under pipeline parallelism the stages hold different layers: their weights and KV differ, and one rank's
         # figure would be wrong on the others' GPUs. A GPU takes its own rank's weights (the worker PID of its log
         # lines running on it), the engine's figures only where every rank loaded the same weights (tensor

@@ -7,6 +7,33 @@ from dataclasses import dataclass
 from vllm_capacity.sizing.errors import ImpossiblePlan
 from vllm_capacity.units import GiB
 
+# vLLM 0.34's extensible KV cache (vllm/v1/worker/extensible_kv_cache.py of the 0.34.0 wheel): the margin it keeps
+# below the device's headroom, KV_CACHE_MARGIN_FLOOR_BYTES (3 GiB on ROCm, 1 GiB elsewhere) or
+# KV_CACHE_MARGIN_FRACTION of the transient peak, whichever is larger
+EXTENSIBLE_MARGIN_FLOOR = {"cuda": 1 << 30, "rocm": 3 << 30}
+EXTENSIBLE_MARGIN_FRACTION = 0.75
+
+
+def extensible_kv_bytes(
+    *,
+    init_free_memory: int,
+    non_kv_used: int,
+    requested_memory: int,
+    transient_peak_bytes: int,
+    margin_floor_bytes: int,
+    torch_reserve_growth_bytes: int = 0,
+) -> int:
+    """vLLM 0.34's ``measure_kv_cache_bytes`` for a plan: what the engine holds after warm-up beside the cache
+    (``non_kv_used``: weights, LoRA slots, CUDA graphs) leaves the rest of the requested budget, capped by the
+    device's headroom (the memory free at start less that) less the margin, less the transient peak kept free.
+    The measured form, ``init_free - free - committed``, is this with ``free + committed = init_free - non_kv_used``
+    (tests/test_vllm_034.py runs vLLM's function beside it)."""
+    headroom = init_free_memory - non_kv_used
+    margin = max(margin_floor_bytes, int(transient_peak_bytes * EXTENSIBLE_MARGIN_FRACTION))
+    available = min(requested_memory - non_kv_used, headroom - margin)
+    available -= max(transient_peak_bytes, torch_reserve_growth_bytes)
+    return max(available, 0)
+
 
 @dataclass(frozen=True)
 class MemoryBudget:
@@ -24,6 +51,10 @@ class MemoryBudget:
     encoder_cache_bytes: int = 0  # the multimodal encoder outputs vLLM's memory profile holds at its peak
     graphs_in_budget: bool = True
     not_given: tuple[str, ...] = ()
+    #: vLLM 0.34's extensible KV cache: sized from the memory measured after warm-up and graph capture
+    #: (:func:`extensible_kv_bytes`), not from the estimate above
+    extensible: bool = False
+    margin_floor_bytes: int = EXTENSIBLE_MARGIN_FLOOR["cuda"]
 
     @property
     def outside_kv_bytes(self) -> dict[str, int]:
@@ -41,7 +72,27 @@ class MemoryBudget:
         return int(self.gpu_memory_bytes * self.gpu_memory_utilization)
 
     @property
+    def transient_bytes(self) -> int:
+        """What the extensible cache keeps free beside it: the activation peak (the encoder outputs of a multimodal
+        profile among them)."""
+        return self.activation_bytes + self.encoder_cache_bytes
+
+    @property
+    def margin_bytes(self) -> int:
+        """The extensible cache's margin below the device's headroom: max(floor, 0.75 x the transient peak)."""
+        return max(self.margin_floor_bytes, int(self.transient_bytes * EXTENSIBLE_MARGIN_FRACTION))
+
+    @property
     def kv_cache_bytes(self) -> int:
+        if self.extensible:
+            resident = self.weights_bytes + self.lora_bytes + self.cuda_graph_bytes
+            return extensible_kv_bytes(
+                init_free_memory=self.gpu_memory_bytes,
+                non_kv_used=resident,
+                requested_memory=self.budget_bytes,
+                transient_peak_bytes=self.transient_bytes,
+                margin_floor_bytes=self.margin_floor_bytes,
+            )
         return self.budget_bytes - sum(self.outside_kv_bytes.values())
 
     def check(self) -> None:

@@ -17,7 +17,7 @@ def dotted(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 
-NEWEST_RULES = (0, 33)  # the newest vLLM release whose sizing rules were read; plan's default --vllm-version
+NEWEST_RULES = (0, 34)  # the newest vLLM release whose sizing rules were read; plan's default --vllm-version
 NEWEST_VERSION = dotted((*NEWEST_RULES, 0))
 WHOLE_BLOCKS_PER_REQUEST = (0, 9, 1)  # V1 counts a request's whole blocks in "Maximum concurrency"; before, tokens
 TOKENS_FROM_CONCURRENCY = (0, 20, 1)  # "KV cache size" = int(max_concurrency x max_model_len); before, blocks-based
@@ -150,3 +150,29 @@ PER_TOKEN_HEAD_SCALES = (0, 32, 0)
 # compressor states, in packed groups of a block-outermost layout, ``_get_packed_kv_cache_groups``), read in 0.32.0;
 # refused before, where the grouping code differs (0.21's ``group_and_unify_kv_cache_specs``, for one).
 DEEPSEEK_V4 = (0, 32, 0)
+
+# vLLM 0.34 (the 0.34.0 wheel, read 2026-12-07): the KV cache is extensible by default on CUDA and ROCm
+# (vllm/config/vllm.py ``_resolve_extensible_kv_cache``): reserved as address space, sized after warm-up and graph
+# capture from the memory measured then (v1/worker/extensible_kv_cache.py ``measure_kv_cache_bytes``), with an
+# unset gpu_memory_utilization resolving to 1.0 (config/cache.py ``resolved_gpu_memory_utilization``); off with
+# kv_cache_memory_bytes, num_gpu_blocks_override, elastic EP, some connectors and on other platforms. The default
+# block size is 64 from the same release (``CacheConfig.DEFAULT_BLOCK_SIZE``; 16 in 0.32.0 and 0.33.0).
+EXTENSIBLE_KV_CACHE = (0, 34, 0)
+EXTENSIBLE_PLATFORMS = ("cuda", "rocm")
+BLOCK_SIZE_64 = (0, 34, 0)
+# An unset gpu_memory_utilization: 0.92 (``CacheConfig.gpu_memory_utilization``'s field default in the 0.25.0,
+# 0.32.0 and 0.33.0 sources read; 0.34's DEFAULT_GPU_MEMORY_UTILIZATION where the cache is not extensible), 0.9 in
+# the releases before 0.25 as the plan has always taken it (the release where it moved is not pinned).
+UTILIZATION_092 = (0, 25, 0)
+
+
+def default_block_size(version: tuple[int, int, int]) -> int:
+    """vLLM's block size when none is asked for: 64 from 0.34, 16 before (CUDA's; other backends choose their own)."""
+    return 64 if version >= BLOCK_SIZE_64 else 16
+
+
+def default_gpu_memory_utilization(version: tuple[int, int, int], *, extensible: bool) -> float:
+    """What an unset --gpu-memory-utilization resolves to in ``version``, by how its KV cache is sized."""
+    if extensible:
+        return 1.0
+    return 0.92 if version >= UTILIZATION_092 else 0.9

@@ -48,11 +48,25 @@ _PATTERNS: dict[str, re.Pattern[str]] = {
     ),
     "max_model_len": re.compile(rf"Using max model len {_NUM}"),
     "blocks_override": re.compile(rf"Overriding num_gpu_blocks={_NUM} with num_gpu_blocks_override={_NUM}"),
+    # vLLM 0.34's extensible KV cache (vllm/v1/worker/extensible_kv_cache.py of the 0.34.0 wheel): the cache is
+    # sized after warm-up and graph capture, so "Available KV cache memory" above is only the estimate it reserved
+    # address space for. measure_kv_cache_blocks logs what the measured memory fits ...
+    "warmup": re.compile(
+        rf"Memory after warmup: {_NUM} GiB free, {_NUM} GiB committed to the KV cache, {_NUM} GiB kept for "
+        rf"transient activations \({_NUM} GiB allocated at peak, {_NUM} GiB of torch reservation growth\); "
+        rf"{_NUM} KV cache blocks \({_NUM} GiB\) fit within the requested {_NUM} GiB"
+    ),
+    # ... extend_kv_cache the blocks committed (the minimum over ranks) and their physical bytes ...
+    "extended": re.compile(rf"Extended KV cache to {_NUM} blocks \({_NUM} ?GiB\)"),
+    # ... after a warm-up that committed more than the measured budget fits
+    "remapped": re.compile(rf"Remapping the KV cache from {_NUM} to {_NUM} blocks"),
 }
-# "GPU KV cache size: 208,625 tokens" (kv_cache_utils.py); the CPU backend logs "CPU KV cache size: ..."
-_DEVICE = re.compile(r"\b(GPU|CPU|XPU|TPU|HPU|NPU) KV cache size:")
-# Printed once per start by the API server, before any engine figure (engine cores print theirs later).
-_NEW_START = re.compile(r"non-default args:|vLLM API server version")
+# "GPU KV cache size: 208,625 tokens" (kv_cache_utils.py); the CPU backend logs "CPU KV cache size: ..."; 0.34
+# under HiSparse "GPU + host KV cache size: ..." (update_kv_cache_capacity): the tokens of both tiers
+_DEVICE = re.compile(r"\b(GPU|CPU|XPU|TPU|HPU|NPU)( \+ host)? KV cache size:")
+# Printed once per start by the API server, before any engine figure (engine cores print theirs later): "vLLM API
+# server version" up to 0.33, "vLLM server version %s, serving model %s" in 0.34 (entrypoints/common/startup.py)
+_NEW_START = re.compile(r"non-default args:|vLLM (?:API )?server version")
 # in the "non-default args: {...}" line: the --max-num-seqs the server was started with
 _MAX_NUM_SEQS = re.compile(r"'max_num_seqs': (\d+)")
 # the scheduler's resolved batch budget, whatever set it (scheduler.py): it bounds sliding and chunked layers' blocks
@@ -67,7 +81,7 @@ _SPECULATIVE = re.compile(
 # substring test (C speed, no regex), and only lines with them are decoded (LogFollower's ``keep``).
 _FIXED = (
     b"took", b"weights take", b"KV cache", b"KV Cache", b"kv_cache", b"Maximum concurrency", b"blocks: ",
-    b"peak memory", b"max model len", b"num_gpu_blocks", b"non-default args", b"API server version",
+    b"peak memory", b"max model len", b"num_gpu_blocks", b"non-default args", b"server version",
     b"max_num_batched_tokens", b"speculative_config=",
 )  # fmt: skip
 # vLLM's request logger (vllm/entrypoints/logger.py, --enable-log-requests / --enable-log-outputs) writes users'
@@ -102,6 +116,16 @@ def parse_line(line: str) -> tuple[str, dict[str, float]]:
         elif name == "blocks_override":
             found["blocks_from_memory"] = _number(groups[0])
             found["num_gpu_blocks"] = _number(groups[1])
+        elif name == "warmup":
+            found["transient_peak_gib"] = _number(groups[3])
+            found["warmup_blocks"] = _number(groups[5])
+            found["warmup_blocks_gib"] = _number(groups[6])
+            found["requested_gib"] = _number(groups[7])
+        elif name == "extended":
+            found["extended_blocks"] = _number(groups[0])
+            found["extended_gib"] = _number(groups[1])
+        elif name == "remapped":
+            found["remapped_from_blocks"] = _number(groups[0])
         else:
             found[name] = _number(groups[0])
     return engine, found
@@ -122,6 +146,36 @@ class EngineFigures:
     blocks_from_memory: int | None = None  # before --num-gpu-blocks-override replaced them
     #: where the KV cache lives, from "GPU KV cache size: ..." / "CPU KV cache size: ..." (None: not logged)
     device: str | None = None
+    #: the token figure counts a host tier too ("GPU + host KV cache size", 0.34 under HiSparse)
+    host_tier: bool = False
+    #: vLLM 0.34's extensible KV cache: sized after warm-up ("Memory after warmup" or "Extended KV cache" seen)
+    extensible: bool = False
+    warmup_blocks: int | None = None  # the blocks the memory measured after warm-up fits (the smallest rank's)
+    warmup_blocks_bytes: float | None = None  # ... and their bytes, blocks x bytes per block
+    requested_bytes: float | None = None  # the budget it fitted them in: total x resolved gpu_memory_utilization
+    transient_peak_bytes: float | None = None  # the activations' peak kept free beside the cache
+    extended_blocks: int | None = None  # the blocks committed: the final cache
+    extended_bytes: float | None = None  # ... their physical bytes on the GPU (granules included)
+    remapped_from_blocks: int | None = None  # warm-up had committed more, remapped down to extended_blocks
+
+    @property
+    def bytes_per_block(self) -> float | None:
+        """One block's bytes under the extensible cache, from the warm-up line (None elsewhere)."""
+        if self.warmup_blocks and self.warmup_blocks_bytes:
+            return self.warmup_blocks_bytes / self.warmup_blocks
+        return None
+
+    @property
+    def kv_blocks_bytes(self) -> float | None:
+        """The bytes of the KV blocks as vLLM sized them, what its own arithmetic divides by a block's bytes: the
+        extended blocks x a block's bytes (half a block more, for the rounding of the logged GiB) under the
+        extensible cache, else :attr:`kv_pool_bytes`."""
+        if not self.extensible:
+            return self.kv_pool_bytes
+        per_block = self.bytes_per_block
+        if per_block is None or self.extended_blocks is None:
+            return self.kv_pool_bytes
+        return (self.extended_blocks + 0.5) * per_block
 
     @property
     def _override_share(self) -> float:
@@ -132,14 +186,24 @@ class EngineFigures:
 
     @property
     def kv_bytes_per_token(self) -> float | None:
-        """'Available KV cache memory' / 'KV cache size' tokens (4.31 GiB / 208,625 = 21.7 KiB, say)."""
+        """'Available KV cache memory' / 'KV cache size' tokens (4.31 GiB / 208,625 = 21.7 KiB, say); under 0.34's
+        extensible cache the post-warm-up blocks' bytes over the post-warm-up tokens (never the estimate's)."""
+        if self.extensible:
+            blocks_bytes = self.kv_blocks_bytes
+            if not blocks_bytes or not self.kv_cache_tokens or self.bytes_per_block is None:
+                return None
+            return (blocks_bytes - 0.5 * self.bytes_per_block) / self.kv_cache_tokens
         if not self.kv_cache_memory_bytes or not self.kv_cache_tokens:
             return None
         return self.kv_cache_memory_bytes * self._override_share / self.kv_cache_tokens
 
     @property
     def kv_pool_bytes(self) -> float | None:
-        """The KV memory vLLM allocated: the budget, or the overridden blocks' share of it."""
+        """The KV memory vLLM allocated: the budget, or the overridden blocks' share of it; under 0.34's extensible
+        cache the physical bytes of the blocks committed after warm-up (None until that line: "Available KV cache
+        memory" is then only the estimate before warm-up)."""
+        if self.extensible:
+            return self.extended_bytes
         if self.kv_cache_memory_bytes is None:
             return None
         return self.kv_cache_memory_bytes * self._override_share
@@ -186,6 +250,16 @@ class StartupFigures:
             return
         fig = self.engines.setdefault(engine, EngineFigures())
         line = _ANSI.sub("", line)
+        self._rank(line, found)
+        if device := _DEVICE.search(line):
+            fig.device, fig.host_tier = device[1], device[2] is not None
+        if "warmup_blocks" in found or "extended_blocks" in found:
+            _extensible(fig, found)
+        else:
+            _engine_figures(fig, found)
+
+    def _rank(self, line: str, found: dict[str, float]) -> None:
+        """A worker's own weights and KV memory, by the PID of its log prefix."""
         if (worker := _WORKER.search(line[:PREFIX_CHARS])) and (
             "weights_gib" in found or "kv_cache_memory_gib" in found
         ):
@@ -194,23 +268,48 @@ class StartupFigures:
                 rank.weights_bytes = found["weights_gib"] * GiB
             if found.get("kv_cache_memory_gib"):
                 rank.kv_cache_memory_bytes = found["kv_cache_memory_gib"] * GiB
-        if device := _DEVICE.search(line):
-            fig.device = device[1]
-        for name, value in found.items():
-            if name.endswith("_gib"):
-                if value == 0:
-                    continue  # a small figure rounded to "0.0 GiB" says nothing (the CPU backend logs 2 MiB so)
-                attr = name.removesuffix("_gib") + "_bytes"
-                value_bytes = value * GiB
-                current = getattr(fig, attr)
-                # under TP every worker logs its own figure: keep the smallest, as vLLM sizes every rank to it
-                if attr == "kv_cache_memory_bytes" and current is not None:
-                    value_bytes = min(current, value_bytes)
-                setattr(fig, attr, value_bytes)
-            elif name in ("kv_cache_tokens", "num_gpu_blocks", "max_model_len", "blocks_from_memory"):
-                setattr(fig, name, int(value))
-            else:
-                setattr(fig, name, value)
+
+
+def _engine_figures(fig: EngineFigures, found: dict[str, float]) -> None:
+    for name, value in found.items():
+        if name.endswith("_gib"):
+            if value == 0:
+                continue  # a small figure rounded to "0.0 GiB" says nothing (the CPU backend logs 2 MiB so)
+            attr = name.removesuffix("_gib") + "_bytes"
+            value_bytes = value * GiB
+            current = getattr(fig, attr)
+            # under TP every worker logs its own figure: keep the smallest, as vLLM sizes every rank to it
+            if attr == "kv_cache_memory_bytes" and current is not None:
+                value_bytes = min(current, value_bytes)
+            setattr(fig, attr, value_bytes)
+        elif name in (
+            "kv_cache_tokens",
+            "num_gpu_blocks",
+            "max_model_len",
+            "blocks_from_memory",
+            "remapped_from_blocks",
+        ):
+            setattr(fig, name, int(value))
+        else:
+            setattr(fig, name, value)
+
+
+def _extensible(fig: EngineFigures, found: dict[str, float]) -> None:
+    """The figures of 0.34's post-warm-up lines: under TP every worker logs its own, and vLLM commits the smallest
+    rank's count on every rank (kv_cache_planning.finalize_extensible_kv_cache)."""
+    fig.extensible = True
+    if "warmup_blocks" in found:
+        blocks = int(found["warmup_blocks"])
+        if fig.warmup_blocks is None or blocks < fig.warmup_blocks:
+            fig.warmup_blocks, fig.warmup_blocks_bytes = blocks, found["warmup_blocks_gib"] * GiB
+            fig.requested_bytes = found["requested_gib"] * GiB
+            fig.transient_peak_bytes = found["transient_peak_gib"] * GiB
+            if found["transient_peak_gib"] and fig.activation_peak_bytes is None:
+                fig.activation_peak_bytes = found["transient_peak_gib"] * GiB
+    else:
+        fig.extended_blocks = fig.num_gpu_blocks = int(found["extended_blocks"])
+        physical = found["extended_gib"] * GiB
+        fig.extended_bytes = physical if fig.extended_bytes is None else min(fig.extended_bytes, physical)
 
 
 HEAD_BYTES = 256  # the file's first bytes that tell it from one rewritten in its place (vLLM's lines: a timestamp)

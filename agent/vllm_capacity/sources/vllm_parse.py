@@ -19,6 +19,7 @@ from prometheus_client.metrics_core import Metric
 
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_records import (
+    ADMISSION_REJECTIONS,
     CACHE_CONFIG,
     GENERATION_TOKENS,
     GPU_CACHE_USAGE,
@@ -57,7 +58,13 @@ from vllm_capacity.sources.vllm_select import Selection, select_lines
 _WANTED_SET = frozenset(WANTED)
 #: The per-engine values: every wanted family but the cache config, the process start and the sleep state (read
 #: apart) and the latency buckets.
-_PER_ENGINE = frozenset(WANTED_WITHOUT_LATENCY) - {CACHE_CONFIG, PROCESS_START, SLEEP, LORA_REQUESTS}
+_PER_ENGINE = frozenset(WANTED_WITHOUT_LATENCY) - {
+    CACHE_CONFIG,
+    PROCESS_START,
+    SLEEP,
+    LORA_REQUESTS,
+    ADMISSION_REJECTIONS,
+}
 _ONE_VALUE = _PER_ENGINE - {WAITING_BY_REASON}  # a value per engine (waiting_by_reason has one per reason)
 # What a value can be and still be right: a usage fraction in [0, 1] (a float's excess aside), counts and sizes not
 # negative and exact in a float (2^53). A value outside is vLLM's error or a corrupted body: it is left out, and the
@@ -132,6 +139,7 @@ def read_selected(selected: Selection) -> VllmMetrics:
         implausible=tuple(sorted(scan.implausible)),
         lora=LoraRequests.from_labels(scan.lora[1]) if scan.lora else None,
         over_limit=tuple(sorted(selected.over_limit.items())),
+        admission_rejections=scan.rejections,
     )
 
 
@@ -205,6 +213,7 @@ class _Scan:
     has_engine_label: bool = False
     process_start: float | None = None
     lora: tuple[float, Mapping[str, str]] | None = None  # the newest lora_requests_info series: (value, labels)
+    rejections: dict[tuple[str, str], float] = field(default_factory=dict)  # (model_name, reason) -> total
 
     def add(self, family: Metric) -> None:
         if family.name in PRESENCE_ONLY:
@@ -248,6 +257,8 @@ class _Scan:
         elif name == LORA_REQUESTS:
             if self.lora is None or value > self.lora[0]:
                 self.lora = (value, labels)
+        elif name == ADMISSION_REJECTIONS:
+            self.rejections[(labels.get("model_name", ""), labels.get("reason", ""))] = value
         elif name == WAITING_BY_REASON:
             self.waiting_by_reason.setdefault(key, {})[labels.get("reason", "")] = value
         elif name == SLEEP:

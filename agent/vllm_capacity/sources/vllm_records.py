@@ -39,6 +39,9 @@ PROCESS_START = "process_start_time_seconds"
 # V0 >= 0.6.4, V1 >= 0.8.0 with --enable-lora: labels max_lora and the comma-joined names of the adapters with running /
 # waiting requests; the value is when vLLM last recorded it (each new pair of lists is a new series, the old ones stay)
 LORA_REQUESTS = "vllm:lora_requests_info"
+#: the frontend's queue caps (--max-num-queued-reqs, --max-num-queued-tokens) answering 503: demand shed at the door,
+#: by reason; model_name only, no engine label (vllm/v1/metrics/loggers.py, from 0.32)
+ADMISSION_REJECTIONS = "vllm:admission_rejections_total"
 # V1 >= 0.11.2: 1 on the series of the engine's state: awake, weights_offloaded (sleep level 1), discard_all (2)
 SLEEP = "vllm:engine_sleep_state"
 # Inter-token latency histograms: the newer name (V0 and V1 >= 0.10.2) and the older one (removed in V1 0.15).
@@ -81,6 +84,7 @@ WANTED = (
     SPEC_DRAFT_TOKENS,
     SPEC_ACCEPTED_TOKENS,
     LORA_REQUESTS,
+    ADMISSION_REJECTIONS,
     *LATENCY_BUCKETS,
     ITERATION_TOKENS_SUM,
 )
@@ -97,6 +101,11 @@ SCHEMA_V0 = "v0"  # legacy engine: gpu_cache_usage_perc, no engine label
 SCHEMA_V1_LEGACY = "v1-legacy"  # V1 0.7.3-0.9.1: gpu_cache_usage_perc only
 SCHEMA_V1 = "v1"  # V1 0.9.2-0.23: kv_cache_usage_perc
 SCHEMA_V1_CAPACITY = "v1-capacity"  # V1 >= 0.24: kv_cache_size_tokens / kv_cache_max_concurrency in cache_config_info
+
+
+# vLLM 0.34's CacheConfig.DEFAULT_GPU_MEMORY_UTILIZATION (vllm/config/cache.py): the utilization an unset
+# gpu_memory_utilization resolves to where the KV cache is not extensible
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
 
 
 def label_int(labels: Mapping[str, str], key: str) -> int | None:
@@ -149,7 +158,25 @@ class CacheConfig:
 
     @functools.cached_property
     def gpu_memory_utilization(self) -> float | None:
+        """As set (``--gpu-memory-utilization``); from vLLM 0.34 the label says "None" unless it was set."""
         return label_float(self.labels, "gpu_memory_utilization")
+
+    @functools.cached_property
+    def extensible_kv_cache(self) -> bool | None:
+        """vLLM 0.34's ``enable_extensible_kv_cache`` as its engine settled it (None: an older release)."""
+        return {"True": True, "False": False}.get(self.labels.get("enable_extensible_kv_cache", ""))
+
+    @functools.cached_property
+    def resolved_gpu_memory_utilization(self) -> tuple[float, str] | None:
+        """The utilization vLLM sized memory with, and how it was resolved: "set" (the label's value), or, where
+        0.34 says "None", ``CacheConfig.resolved_gpu_memory_utilization`` (vllm/config/cache.py of the 0.34.0
+        wheel): 1.0 under the extensible KV cache ("extensible_default"), else DEFAULT_GPU_MEMORY_UTILIZATION 0.92
+        ("default"). None where neither the value nor the sizing mode is reported."""
+        if (value := self.gpu_memory_utilization) is not None:
+            return value, "set"
+        if self.extensible_kv_cache is None:
+            return None
+        return (1.0, "extensible_default") if self.extensible_kv_cache else (DEFAULT_GPU_MEMORY_UTILIZATION, "default")
 
     @functools.cached_property
     def num_cpu_blocks(self) -> int | None:
@@ -237,3 +264,5 @@ class VllmMetrics:
     lora: LoraRequests | None = None
     #: Families left out of this read for passing the selection's bounds (vllm_select), each with why: (family, why).
     over_limit: tuple[tuple[str, str], ...] = ()
+    #: vllm:admission_rejections_total by (model_name, reason), since vLLM started (empty: not reported)
+    admission_rejections: Mapping[tuple[str, str], float] = field(default_factory=dict)

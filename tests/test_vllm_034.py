@@ -1,0 +1,221 @@
+"""vLLM 0.34 read live at the first start after an upgrade: its extensible KV cache (sized after warm-up, an unset
+gpu_memory_utilization resolved to 1.0), its start-up lines, and demand shed at its queue caps. The server and log
+are built from 0.34.0's own format strings and labels (tests/support/vllm034.py); every release before reads as it
+did (the golden outputs, tests/test_golden.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from prometheus_client import generate_latest
+
+from support.doubles import FakeVllm
+from support.exposition import samples, value
+from support.fake_nvml import FakeGpu, FakeNvml
+from support.vllm034 import CAPACITY, EXTENDED, GiB, Start034, metrics_034
+from vllm_capacity.agent import Agent, AgentSettings
+from vllm_capacity.exposition import build_registry
+from vllm_capacity.sources.nvml import NvmlSource
+from vllm_capacity.sources.vllm import VllmClient
+from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
+from vllm_capacity.sources.vllm_records import CacheConfig
+
+MODELS = '{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":32768}]}'
+TOTAL = int(79.19 * GiB)
+GPU = {"gpu": "0", "uuid": "GPU-00340000"}
+
+
+def _figures(lines: list[str]) -> StartupFigures:
+    figures = StartupFigures()
+    for line in lines:
+        figures.feed(line)
+    return figures
+
+
+def test_the_pool_and_bytes_per_token_are_the_post_warm_up_figures() -> None:
+    start = Start034()
+    (engine,) = _figures(start.lines()).engines.values()
+    assert engine.extensible
+    assert engine.extended_blocks == engine.num_gpu_blocks == start.blocks
+    # the pool is what the GPU holds after warm-up, never the estimate "Available KV cache memory" said before it
+    # (its GiB written with two decimals)
+    held = start.blocks * start.bytes_per_block + start.physical_extra_bytes
+    assert engine.kv_pool_bytes == pytest.approx(held, abs=0.005 * GiB)
+    assert abs(engine.kv_pool_bytes - start.estimate_bytes) > GiB
+    # 128 KiB a token (Llama-3.1-8B bf16): blocks x a block's bytes over the post-warm-up tokens, within the null
+    # block vLLM holds back; the estimate over those tokens would say 132 KiB
+    assert engine.kv_bytes_per_token == pytest.approx(128 * 1024, rel=2e-4)
+    assert start.estimate_bytes / start.tokens > 1.03 * 128 * 1024
+    assert engine.kv_cache_tokens == start.tokens and engine.max_concurrency == pytest.approx(14.72)
+    assert engine.requested_bytes == pytest.approx(79.19 * GiB)
+    assert engine.weights_bytes == pytest.approx(14.99 * GiB) and engine.cuda_graph_bytes == pytest.approx(0.62 * GiB)
+    assert engine.device == "GPU" and not engine.host_tier
+
+
+def test_before_the_post_warm_up_lines_the_estimate_is_no_pool() -> None:
+    lines = Start034().lines()
+    upto = next(i for i, line in enumerate(lines) if "Memory after warmup" in line)
+    (engine,) = _figures(lines[: upto + 1]).engines.values()
+    assert engine.kv_pool_bytes is None and engine.kv_bytes_per_token is None
+    assert engine.weights_bytes == pytest.approx(14.99 * GiB)  # the figures that stand are kept
+
+
+def test_a_remap_and_a_host_tier_are_understood() -> None:
+    start = Start034(remapped_from=7700, host_tier=True)
+    (engine,) = _figures(start.lines()).engines.values()
+    assert engine.remapped_from_blocks == 7700
+    assert engine.num_gpu_blocks == start.blocks  # the final count, not warm-up's
+    assert engine.device == "GPU" and engine.host_tier
+
+
+def test_malformed_new_lines_carry_no_figure() -> None:
+    prefix = "(Worker pid=1) INFO 12-07 10:00:00 [extensible_kv_cache.py:537] "
+    lines = [
+        *Start034().lines()[:2],
+        prefix + "Extended KV cache to many blocks (58.91 GiB).",
+        prefix + EXTENDED.replace("%d", "7540").replace("%.2f", "x"),
+        prefix + "Memory after warmup: lots free",
+    ]
+    figures = _figures(lines)
+    assert all(not e.extensible and e.kv_pool_bytes is None for e in figures.engines.values())
+
+
+def test_the_capacity_line_of_every_release_reads_alike() -> None:
+    old = "(EngineCore_DP0 pid=2) INFO [kv_cache_utils.py:1147] GPU KV cache size: 208,625 tokens"
+    new = "(EngineCore_DP0 pid=2) INFO [kv_cache_utils.py:1169] " + CAPACITY % ("GPU", "208,625", "32,768", 6.37)
+    for line in (old, new):
+        (engine,) = _figures([line]).engines.values()
+        assert engine.kv_cache_tokens == 208_625 and engine.device == "GPU"
+
+
+@pytest.mark.parametrize(
+    ("labels", "resolved"),
+    [
+        ({"gpu_memory_utilization": "None", "enable_extensible_kv_cache": "True"}, (1.0, "extensible_default")),
+        ({"gpu_memory_utilization": "None", "enable_extensible_kv_cache": "False"}, (0.92, "default")),
+        ({"gpu_memory_utilization": "0.85", "enable_extensible_kv_cache": "True"}, (0.85, "set")),
+        ({"gpu_memory_utilization": "0.92"}, (0.92, "set")),  # 0.32 and 0.33 always say it
+        ({"gpu_memory_utilization": "None"}, None),  # neither the value nor the mode: unknown, not guessed
+        ({"gpu_memory_utilization": "None", "enable_extensible_kv_cache": "maybe"}, None),
+    ],
+)
+def test_gpu_memory_utilization_is_resolved_as_vllm_resolves_it(labels: dict, resolved: tuple | None) -> None:
+    config = CacheConfig({k: v for k, v in labels.items() if v != "None"})  # the parser drops "None"
+    assert config.resolved_gpu_memory_utilization == resolved
+
+
+def _render(agent: Agent) -> str:
+    return generate_latest(build_registry(agent, process_metrics=False)).decode()
+
+
+async def _agent(
+    fake_vllm: FakeVllm, tmp_path, start: Start034, lines: list[str] | None = None, **cache_config: str
+) -> Agent:
+    fake_vllm.metrics, fake_vllm.models = metrics_034(cache_config=cache_config), MODELS
+    fake_vllm.version = '{"version":"0.34.0"}'
+    log = tmp_path / "vllm.log"
+    log.write_text("\n".join(start.lines() if lines is None else lines) + "\n")
+    held = int(start.weights_bytes + start.blocks * start.bytes_per_block + 2 * GiB)
+    gpu = FakeGpu(uuid=GPU["uuid"], name="NVIDIA H100 80GB HBM3", total=TOTAL, used=held, processes=[(210, held)])
+    return Agent(
+        VllmClient(fake_vllm.url, timeout=10),
+        AgentSettings(interval=0.05),
+        nvml=NvmlSource(loader=lambda: FakeNvml([gpu])),
+        vllm_pids=lambda: {210},
+        vllm_log=LogFollower(log),
+    )
+
+
+@pytest.mark.parametrize(
+    ("cache_config", "utilization"),
+    [
+        ({}, 1.0),  # unset, extensible: 1.0 (CacheConfig.resolved_gpu_memory_utilization)
+        ({"enable_extensible_kv_cache": "False"}, 0.92),
+        ({"gpu_memory_utilization": "0.9"}, 0.9),  # set: as set
+    ],
+)
+async def test_a_034_server_reads_right_at_its_first_start(
+    fake_vllm: FakeVllm, tmp_path, cache_config: dict, utilization: float
+) -> None:
+    start = Start034()
+    agent = await _agent(fake_vllm, tmp_path, start, **cache_config)
+    await agent.cycle()
+    text = _render(agent)
+    assert value(text, "vllm_capacity_up") == 1
+    # the budget is the one vLLM resolved, not absent (main read the label "None" as no budget)
+    assert value(text, "vllm_capacity_gpu_memory_budget_bytes", **GPU) == pytest.approx(TOTAL * utilization)
+    engine = {"model_name": "tiny-llama", "engine": "0"}
+    per_token = value(text, "vllm_capacity_kv_cache_bytes_per_token", method="startup_log", **engine)
+    assert per_token == pytest.approx(128 * 1024, rel=2e-4)
+    assert value(text, "vllm_capacity_gpu_memory_bytes", component="kv_cache", **GPU) == pytest.approx(
+        start.blocks * start.bytes_per_block + start.physical_extra_bytes, abs=0.005 * GiB
+    )
+    assert value(text, "vllm_capacity_kv_cache_capacity_tokens", **engine) == 482_496
+    await agent.client.aclose()
+
+
+async def test_an_estimate_without_its_post_warm_up_lines_is_not_served_as_the_pool(
+    fake_vllm: FakeVllm, tmp_path
+) -> None:
+    """The log read stopped before warm-up's lines (a log cut, or lines vLLM changed again) while vLLM's labels
+    say the cache is extensible: "Available KV cache memory" is the estimate, so no pool and no bytes per token
+    from the log, rather than the estimate served as the pool."""
+    start = Start034()
+    lines = [line for line in start.lines() if "Memory after warmup" not in line and "Extended KV" not in line]
+    agent = await _agent(fake_vllm, tmp_path, start, lines)
+    await agent.cycle()
+    text = _render(agent)
+    engine = {"model_name": "tiny-llama", "engine": "0"}
+    assert value(text, "vllm_capacity_kv_cache_bytes_per_token", method="startup_log", **engine) is None
+    assert value(text, "vllm_capacity_gpu_memory_bytes", component="kv_cache", **GPU) is None
+    assert value(text, "vllm_capacity_gpu_memory_budget_bytes", **GPU) == pytest.approx(TOTAL)
+    await agent.client.aclose()
+
+
+async def test_requests_shed_at_a_queue_cap_are_counted_named_and_carried(fake_vllm: FakeVllm) -> None:
+    """vLLM's frontend answers 503 at --max-num-queued-reqs: those requests never wait. While its rejections rise
+    the limit is queue_cap and headroom at most 0; the counter is carried across a vLLM restart."""
+    fake_vllm.models = MODELS
+    agent = Agent(VllmClient(fake_vllm.url, timeout=10), AgentSettings(interval=0.05))
+    engine = {"model_name": "tiny-llama", "engine": "0"}
+    reads = [((0, 0), 0), ((5, 0), 5), ((5, 0), 5), ((2, 1), 8)]  # the last: a restart, its counters from 0 again
+    states = []
+    for i, (rejections, carried) in enumerate(reads):
+        body = metrics_034(rejections=rejections)
+        if i == len(reads) - 1:
+            body = body.replace("process_start_time_seconds 1.79", "process_start_time_seconds 1.80")
+        fake_vllm.metrics = body
+        await agent.cycle()
+        text = _render(agent)
+        total = sum(
+            value(text, "vllm_capacity_requests_rejected_total", model_name="tiny-llama", reason=r) or 0
+            for r in ("max_num_queued_reqs", "max_num_queued_tokens")
+        )
+        assert total == carried, (i, total)
+        room = [v for (n, _), v in samples(text).items() if n == "vllm_capacity_headroom_requests"]
+        states.append((value(text, "vllm_capacity_concurrency_limit", limit="queue_cap", **engine), room))
+    assert states[0][0] != 1  # nothing shed yet
+    assert states[1][0] == 1 and states[1][1] and max(states[1][1]) <= 0  # shedding now: no room
+    assert states[2][0] != 1  # nothing more shed since the last read
+    assert states[3][0] == 1 and max(states[3][1]) <= 0  # shed again after the restart
+    await agent.client.aclose()
+
+
+def test_the_fixture_is_the_real_capture_with_034_labels() -> None:
+    body = metrics_034()
+    assert 'enable_extensible_kv_cache="True"' in body and 'gpu_memory_utilization="None"' in body
+    assert body.count("vllm:cache_config_info{") == 1
+    assert dataclasses.asdict(Start034())["blocks"] == 7540
+
+
+def test_shedding_names_the_queue_cap_and_leaves_no_room_on_a_calm_engine() -> None:
+    from vllm_capacity.derive.capacity import Bounds, concurrency_limit, headroom
+
+    calm = {"observed_context": 40.0, "slo": None}
+    assert headroom(3.0, calm) == (37.0, "observed_context")
+    assert headroom(3.0, calm, shedding=True) == (0.0, "queue_cap")  # the model says 37: vLLM says no
+    assert headroom(3.0, calm, queue=4.0, shedding=True) == (-4.0, "queue")  # a queue is the stronger evidence
+    args = {"running": 3.0, "waiting": 0.0, "waiting_for_capacity": 0.0, "preempted": True, "usage": 0.2}
+    assert concurrency_limit(**args) == "kv_cache"
+    assert concurrency_limit(**args, bounds=Bounds(shedding=True)) == "queue_cap"
