@@ -611,7 +611,7 @@ def test_plan_text_with_the_whole_budget(tmp_path: Path) -> None:
             }
         )
     )
-    result = _main(
+    args = (
         "plan",
         "--model-config",
         str(config),
@@ -626,6 +626,7 @@ def test_plan_text_with_the_whole_budget(tmp_path: Path) -> None:
         "--max-model-len",
         "8192",
     )
+    result = _main(*args)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for expected in (
@@ -637,9 +638,13 @@ def test_plan_text_with_the_whole_budget(tmp_path: Path) -> None:
         "128.00 KiB",
         "max concurrency",
         "What would change it",
-        "gpu_memory_utilization 0.95",
+        # 0.34's extensible cache: an explicit 0.9 caps it, and unset is what vLLM advises
+        "gpu_memory_utilization unset (1.0 under the extensible KV cache)",
     ):
         assert expected in out, expected
+    older = _main(*args, "--vllm-version", "0.33.0")
+    assert older.returncode == 0, older.stderr
+    assert "gpu_memory_utilization 0.95" in older.stdout and "Margin kept free" not in older.stdout
 
 
 @pytest.mark.parametrize(

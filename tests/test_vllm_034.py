@@ -219,3 +219,87 @@ def test_shedding_names_the_queue_cap_and_leaves_no_room_on_a_calm_engine() -> N
     args = {"running": 3.0, "waiting": 0.0, "waiting_for_capacity": 0.0, "preempted": True, "usage": 0.2}
     assert concurrency_limit(**args) == "kv_cache"
     assert concurrency_limit(**args, bounds=Bounds(shedding=True)) == "queue_cap"
+
+
+LLAMA_31_8B = {  # meta-llama/Llama-3.1-8B config.json, the fields the plan reads
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "num_hidden_layers": 32, "vocab_size": 128256, "torch_dtype": "bfloat16",
+    "max_position_embeddings": 131072,
+}  # fmt: skip
+H100 = ["--gpu-memory", "79.19GiB", "--weights-memory", "14.99GiB", "--activation-memory", "1.19GiB"]
+H100 += ["--cuda-graph-memory", "0.62GiB", "--max-model-len", "32768", "--format", "json"]
+
+
+def _plan(tmp_path, *args: str) -> tuple[int, dict | str]:
+    import contextlib
+    import io
+    import json
+
+    from vllm_capacity import cli
+
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_31_8B))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(["plan", "--model-config", str(config), *args], environ={})
+    return code, json.loads(out.getvalue()) if code == 0 and "json" in args else err.getvalue()
+
+
+def test_the_plan_follows_the_release_block_size_budget_and_sizing(tmp_path) -> None:
+    code, new = _plan(tmp_path, *H100)
+    assert code == 0
+    budget = new["memory_budget"]
+    assert new["block_size"] == 64 and budget["gpu_memory_utilization"] == 1.0 and budget["extensible_kv_cache"]
+    # measure_kv_cache_bytes: min(requested - held, free - margin) - transient peak, the margin max(1 GiB, 0.75 x
+    # 1.19 GiB); the GPU all free at start: 79.19 - 14.99 - 0.62 - 1 (margin) - 1.19 = 61.39 GiB
+    assert budget["kv_cache_bytes"] == pytest.approx(61.39 * GiB, abs=2 << 20)
+    assert budget["extensible_margin_bytes"] == GiB
+    assert new["num_gpu_blocks"] == int(61.39 * GiB) // (8 << 20)
+    code, old = _plan(tmp_path, *H100, "--vllm-version", "0.33.0")
+    assert code == 0 and old["block_size"] == 16 and not old["memory_budget"]["extensible_kv_cache"]
+    # 0.33: the estimate from 0.92 (its field default) of the GPU
+    assert old["memory_budget"]["gpu_memory_utilization"] == 0.92
+    estimate = 79.19 * GiB * 0.92 - 14.99 * GiB - 1.19 * GiB - 0.62 * GiB
+    assert old["memory_budget"]["kv_cache_bytes"] == pytest.approx(estimate, abs=4)
+    code, off = _plan(tmp_path, *H100, "--extensible-kv-cache", "off")
+    assert code == 0 and off["memory_budget"]["gpu_memory_utilization"] == 0.92 and off["block_size"] == 64
+    code, rocm = _plan(tmp_path, *H100, "--platform", "rocm")
+    assert rocm["memory_budget"]["extensible_margin_bytes"] == 3 * GiB  # KV_CACHE_MARGIN_FLOOR_BYTES on ROCm
+    assert budget["kv_cache_bytes"] - rocm["memory_budget"]["kv_cache_bytes"] == pytest.approx(2 * GiB, abs=4)
+    code, xpu = _plan(tmp_path, *H100, "--platform", "xpu")
+    assert code == 0 and not xpu["memory_budget"]["extensible_kv_cache"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--extensible-kv-cache", "on", "--vllm-version", "0.33.0"], "has no extensible KV cache"),
+        (["--extensible-kv-cache", "on", "--platform", "cpu"], "only on CUDA and ROCm"),
+        (["--extensible-kv-cache", "sometimes"], "--extensible-kv-cache"),
+        (["--platform", "metal"], "--platform"),
+    ],
+)
+def test_an_extensible_cache_vllm_would_refuse_is_refused(tmp_path, args: list[str], message: str) -> None:
+    code, err = _plan(tmp_path, *H100[:-2], *args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_plan_says_how_034_sizes_it_and_which_lines_to_read(tmp_path) -> None:
+    _, plan = _plan(tmp_path, *H100[:-2], "--gpu-memory-utilization", "0.9", "--format", "json")
+    notes = " ".join(plan["notes"])
+    assert "Extensible KV cache" in notes and "vLLM warns" in notes and "leave it unset" in notes
+    _, logged = _plan(tmp_path, "--kv-cache-memory", "58.91GiB", "--max-model-len", "32768", "--format", "json")
+    assert any("'Extended KV cache to N blocks (X GiB)'" in n for n in logged["notes"])
+    # 7,540 blocks of 8 MiB: the figure 'Extended KV cache to 7540 blocks (58.91 GiB)' gives
+    assert logged["num_gpu_blocks"] == 7540
+
+
+async def test_the_report_says_the_cache_was_sized_after_warm_up(fake_vllm: FakeVllm, tmp_path) -> None:
+    from vllm_capacity.report import render_text
+
+    agent = await _agent(fake_vllm, tmp_path, Start034(remapped_from=7700))
+    await agent.cycle()
+    out = render_text(agent.snapshot, fake_vllm.url)
+    assert "sized after warm-up (vLLM 0.34's extensible KV cache, within the requested 79.19 GiB" in out
+    assert "remapped from the 7,700 blocks warm-up had committed" in out
+    await agent.client.aclose()

