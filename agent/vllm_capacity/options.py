@@ -560,7 +560,7 @@ PLAN_OPTIONS = (
         _fraction,
         None,
         "vLLM's --gpu-memory-utilization (default: as --vllm-version resolves it unset: 1.0 under 0.34's "
-        "extensible KV cache, else 0.92; 0.9 before 0.25)",
+        "extensible KV cache, else 0.92; 0.9 before 0.20)",
     ),
     Option(
         "--extensible-kv-cache",

