@@ -217,8 +217,8 @@ def alerts(c: Config) -> list[dict]:
             c.requests_shed_for,
             "critical",
             "vLLM turns requests away at a queue cap: users get HTTP 503.",
-            "{{ $labels.model_name }} on {{ $labels.namespace }}/{{ $labels.pod }} rejects {{ $value | printf `%.2f` }} "
-            "requests per second at its {{ $labels.reason }} cap: demand it never queued.",
+            "{{ $labels.model_name }} on {{ $labels.namespace }}/{{ $labels.pod }} rejects "
+            "{{ $value | printf `%.2f` }} requests per second at its {{ $labels.reason }} cap: demand it never queued.",
         ),
         alert(
             c,
@@ -497,6 +497,14 @@ def records(c: Config) -> list[dict]:
             f" or sum by ({m}) (rate(vllm:gpu_prefix_cache_hits_total[5m]))"
             f" / sum by ({m}) (rate(vllm:gpu_prefix_cache_queries_total[5m]))"
             f" or avg by ({m}) (vllm:gpu_prefix_cache_hit_rate)",
+        ),
+        # Which tier served the prompt tokens the prefix cache found (vLLM >= 0.32's
+        # vllm:prompt_tokens_cached_by_source_total: device, host, disk, p2p, external_unspecified), over every
+        # prompt token: the CPU tier's worth in hits
+        record(
+            "namespace_model_name_source:vllm_capacity_prompt_tokens_cached:ratio",
+            f"sum by ({m}, source) (rate(vllm:prompt_tokens_cached_by_source_total[5m]))"
+            f" / on ({m}) group_left sum by ({m}) (rate(vllm:prompt_tokens_total[5m]))",
         ),
         # Speculative decoding (only when vLLM runs it): the share of draft tokens the target model accepted, over
         # 5 m; vLLM's counters have these names in V0 (0.5.5-0.9.2) and V1 (0.8.4+).

@@ -325,10 +325,16 @@ def capacity_dashboard(c) -> Dashboard:
                     'namespace=~"$namespace",model_name=~"$model"}',
                     "{{namespace}}/{{model_name}}",
                 ),
+                query(
+                    "namespace_model_name_source:vllm_capacity_prompt_tokens_cached:ratio"
+                    f'{{{c.cluster_label}=~"$cluster",namespace=~"$namespace",model_name=~"$model"}}',
+                    "from {{source}} {{model_name}}",
+                ),
                 mn=0,
                 mx=1,
-                description="Prompt tokens found in the prefix cache, over 5 m. Cached prefix blocks no running "
-                "request holds count as free KV cache: vLLM evicts them when it needs the room.",
+                description="Prompt tokens found in the prefix cache, over 5 m, and by the tier that served them "
+                "(device, host, disk, p2p: vLLM >= 0.32). Cached prefix blocks no running request holds count as "
+                "free KV cache: vLLM evicts them when it needs the room.",
             )
         )
         .with_panel(

@@ -303,3 +303,49 @@ async def test_the_report_says_the_cache_was_sized_after_warm_up(fake_vllm: Fake
     assert "sized after warm-up (vLLM 0.34's extensible KV cache, within the requested 79.19 GiB" in out
     assert "remapped from the 7,700 blocks warm-up had committed" in out
     await agent.client.aclose()
+
+
+OFFLOAD_INFO = """\
+# HELP vllm:kv_offload_config_info Static configuration of the KV offload managers of this engine instance.
+# TYPE vllm:kv_offload_config_info gauge
+vllm:kv_offload_config_info{cpu_blocks_per_chunk="1",cpu_kv_cache_size_bytes="%d",cpu_kv_cache_size_tokens="%s",cpu_num_chunks="8192",engine="0",model_name="tiny-llama"} 1.0
+"""  # noqa: E501
+SIMPLE_OFFLOAD = """\
+# HELP vllm:simple_kv_offload_used_blocks Offload-pool blocks currently pinned by in-flight transfers or cache hits.
+# TYPE vllm:simple_kv_offload_used_blocks gauge
+vllm:simple_kv_offload_used_blocks{engine="0",model_name="tiny-llama"} 12.0
+# HELP vllm:simple_kv_offload_info SimpleCPUOffloadConnector deployment facts.
+# TYPE vllm:simple_kv_offload_info gauge
+vllm:simple_kv_offload_info{backend="cpu",capacity_blocks="4096",engine="0",lazy_offload="false",model_name="tiny-llama",page_cache="false"} 1.0
+"""  # noqa: E501
+
+
+def _engine(body: str):
+    from support.files import FIXTURES
+    from vllm_capacity.derive import EngineInputs, ServerFacts, derive_engine
+    from vllm_capacity.sources.model_config import load_config
+    from vllm_capacity.sources.vllm_parse import parse_metrics
+
+    (m,) = parse_metrics(body).engines
+    facts = ServerFacts(geometry=load_config(FIXTURES / "models" / "tiny-llama" / "config.json"), version="0.34.0")
+    inputs = EngineInputs(schema="v1-capacity", max_model_len=1024, rules=("v1", (0, 34, 0)))
+    return derive_engine(m, inputs, facts)
+
+
+def test_the_cpu_tier_vllm_reports_wins_over_the_plan() -> None:
+    tiered = {"kv_offloading_size": "1.0", "kv_cache_memory_bytes": str(GiB), "block_size": "16"}
+    planned = _engine(metrics_034(cache_config=tiered))
+    assert planned.cpu_capacity_tokens is not None and not planned.cpu_capacity_reported  # the plan's, from 1 GiB
+    reported = _engine(metrics_034(cache_config=tiered, extra=OFFLOAD_INFO % (GiB, "524288")))
+    assert reported.cpu_capacity_tokens == 524_288 and reported.cpu_capacity_reported
+    assert reported.cpu_capacity_tokens_planned == planned.cpu_capacity_tokens != 524_288  # they differ: vLLM's wins
+    unknown = _engine(metrics_034(cache_config=tiered, extra=OFFLOAD_INFO % (GiB, "None")))  # max_model_len unknown
+    assert unknown.cpu_capacity_tokens == planned.cpu_capacity_tokens and not unknown.cpu_capacity_reported
+    simple = _engine(metrics_034(extra=SIMPLE_OFFLOAD))
+    assert simple.cpu_capacity_tokens == 4096 * 64 and simple.cpu_used_tokens == 12 * 64  # in the engine's blocks
+
+
+def test_a_cpu_tier_series_with_bad_labels_adds_nothing() -> None:
+    for tokens in ("-5", "1e300", "many", ""):
+        e = _engine(metrics_034(extra=OFFLOAD_INFO % (GiB, tokens)))
+        assert e.cpu_capacity_tokens is None, tokens

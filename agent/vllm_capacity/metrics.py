@@ -185,11 +185,21 @@ SPECS: tuple[MetricSpec, ...] = (
         "kv_cache_cpu_capacity_tokens",
         "gauge",
         E,
-        "KV-cache capacity of the CPU tier in tokens, for prefix reuse (not concurrency): V0's swap space "
-        "(cache_config_info num_cpu_blocks x block_size); V1's native KV offloading (kv_offloading_size, vLLM 0.32's "
-        "page-aligned chunks of every rank's block bytes) when --model-config gives the bytes per block; absent for "
-        "an MLA model under TP alone, whose one or many copies vLLM does not report.",
+        "KV-cache capacity of the CPU tier in tokens, for prefix reuse (not concurrency): vLLM's own figure where it "
+        "reports one (vllm:kv_offload_config_info cpu_kv_cache_size_tokens, >=0.33; vllm:simple_kv_offload_info "
+        "capacity_blocks x block_size), else V0's swap space (cache_config_info num_cpu_blocks x block_size) or V1's "
+        "native KV offloading planned (kv_offloading_size, vLLM 0.32's page-aligned chunks of every rank's block "
+        "bytes) when --model-config gives the bytes per block; absent for an MLA model under TP alone, whose one or "
+        "many copies vLLM does not report.",
         value=lambda e: e.cpu_capacity_tokens,
+    ),
+    _m(
+        "kv_cache_cpu_used_tokens",
+        "gauge",
+        E,
+        "CPU-tier tokens in use: vllm:simple_kv_offload_used_blocks x block_size (blocks pinned by transfers or "
+        "cache hits; SimpleCPUOffloadConnector only, the one that reports it).",
+        value=lambda e: e.cpu_used_tokens,
     ),
     _m(
         "lora_slots",

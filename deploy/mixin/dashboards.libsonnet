@@ -633,9 +633,14 @@
               "refId": "A",
               "legendFormat": "{{namespace}}/{{model_name}}",
             },
+            {
+              "expr": std.format("namespace_model_name_source:vllm_capacity_prompt_tokens_cached:ratio{%s=~\"$cluster\",namespace=~\"$namespace\",model_name=~\"$model\"}", [$._config.clusterLabel]),
+              "refId": "B",
+              "legendFormat": "from {{source}} {{model_name}}",
+            },
           ],
           "title": "Prefix cache hit ratio",
-          "description": "Prompt tokens found in the prefix cache, over 5 m. Cached prefix blocks no running request holds count as free KV cache: vLLM evicts them when it needs the room.",
+          "description": "Prompt tokens found in the prefix cache, over 5 m, and by the tier that served them (device, host, disk, p2p: vLLM >= 0.32). Cached prefix blocks no running request holds count as free KV cache: vLLM evicts them when it needs the room.",
           "transparent": false,
           "datasource": {
             "type": "prometheus",

@@ -59,6 +59,10 @@
             "expr": std.format("sum by (%s, namespace, model_name) (rate(vllm:prefix_cache_hits_total[5m])) / sum by (%s, namespace, model_name) (rate(vllm:prefix_cache_queries_total[5m])) or sum by (%s, namespace, model_name) (rate(vllm:gpu_prefix_cache_hits_total[5m])) / sum by (%s, namespace, model_name) (rate(vllm:gpu_prefix_cache_queries_total[5m])) or avg by (%s, namespace, model_name) (vllm:gpu_prefix_cache_hit_rate)", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel]),
           },
           {
+            "record": "namespace_model_name_source:vllm_capacity_prompt_tokens_cached:ratio",
+            "expr": std.format("sum by (%s, namespace, model_name, source) (rate(vllm:prompt_tokens_cached_by_source_total[5m])) / on (%s, namespace, model_name) group_left sum by (%s, namespace, model_name) (rate(vllm:prompt_tokens_total[5m]))", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel]),
+          },
+          {
             "record": "namespace_model_name:vllm_capacity_spec_decode_acceptance:ratio",
             "expr": std.format("sum by (%s, namespace, model_name) (rate(vllm:spec_decode_num_accepted_tokens_total[5m])) / sum by (%s, namespace, model_name) (rate(vllm:spec_decode_num_draft_tokens_total[5m]))", [$._config.clusterLabel, $._config.clusterLabel]),
           },

@@ -94,7 +94,10 @@ class EngineCapacity:
     waiting_deferred: float | None = None
     asleep: bool | None = None  # vLLM's sleep mode: its KV cache is freed (None: vLLM does not say)
     spec_decode: SpecDecode | None = None  # speculative decoding's acceptance, when vLLM counts it
-    cpu_capacity_tokens: int | None = None  # the CPU tier: V0 swap space, V1 KV offloading
+    cpu_capacity_tokens: int | None = None  # the CPU tier: V0 swap space, V1 KV offloading (vLLM's figure wins)
+    cpu_capacity_tokens_planned: int | None = None  # the plan's figure of it, from kv_offloading_size
+    cpu_capacity_reported: bool = False  # cpu_capacity_tokens is vLLM's own (kv_offload_config_info, ...)
+    cpu_used_tokens: float | None = None  # the tier's tokens in use, where vLLM reports them
     layout: PlannedLayout | None = None  # the KV-cache groups planned from --model-config for vLLM's own budget
     lora: LoraSlots | None = None  # multi-LoRA serving: vLLM's adapter slots and the adapters using them
 
@@ -176,11 +179,30 @@ def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = N
         cache_info=dict(cc.labels) if cc else {},
         spec_decode=spec_decode(m),
         layout=layout,
-        cpu_capacity_tokens=cpu_capacity_tokens(cc, inputs.schema, layout, tp=facts.tp, pp=facts.pp, version=rules[1]),
+        **_cpu_tier(m, cpu_capacity_tokens(cc, inputs.schema, layout, tp=facts.tp, pp=facts.pp, version=rules[1])),
         lora=inputs.lora,
         **_startup_fields(startup),
         **_load_fields(m, inputs, facts, cap=cap, used=used, max_conc_obs=max_conc_obs),
     )
+
+
+def _cpu_tier(m: EngineMetrics, planned: int | None) -> dict[str, Any]:
+    """The CPU tier in tokens: vLLM's own figure where it reports one (native offloading's
+    cpu_kv_cache_size_tokens, or SimpleCPUOffloadConnector's capacity_blocks x block_size), else the plan's; the
+    tokens of it in use where vLLM reports them (the simple connector's pinned blocks)."""
+    block_size = m.cache_config.block_size if m.cache_config else None
+    reported: float | None = m.offload_tokens
+    if reported is None and m.simple_offload_blocks is not None and block_size:
+        reported = m.simple_offload_blocks * block_size
+    used = None
+    if m.simple_offload_used_blocks is not None and block_size:
+        used = m.simple_offload_used_blocks * block_size
+    return {
+        "cpu_capacity_tokens": int(reported) if reported is not None else planned,
+        "cpu_capacity_tokens_planned": planned,
+        "cpu_capacity_reported": reported is not None,
+        "cpu_used_tokens": used,
+    }
 
 
 def _startup_fields(startup: EngineFigures | None) -> dict[str, Any]:

@@ -32,6 +32,7 @@ class Derived:
         self._read: tuple[VllmMetrics, derive.EngineHistory] | None = None
         self._disagreements_logged: set[EngineKey] = set()
         self._plans_logged: set[EngineKey] = set()
+        self._cpu_logged: set[EngineKey] = set()
 
     def engines(
         self, metrics: VllmMetrics, facts: ServerFacts, history: derive.EngineHistory
@@ -77,6 +78,16 @@ class Derived:
                 hint="--model-config, --tp/--pp or the assumed settings may not match the server (--vllm-log "
                 "gives the scheduler's max_num_batched_tokens), or a speculative drafter shares the pool",
             )
+        if e.cpu_capacity_reported and e.cpu_capacity_tokens_planned is not None and e.cpu_capacity_tokens:
+            planned, reported = e.cpu_capacity_tokens_planned, e.cpu_capacity_tokens
+            if abs(planned - reported) > DISAGREEMENT * reported and first_time(self._cpu_logged, key):
+                self.logger.warning(
+                    "cpu_tier_disagrees",
+                    engine=f"{e.model_name}/{e.engine}",
+                    vllm_tokens=reported,
+                    planned_tokens=planned,
+                    hint="the exported CPU tier is vLLM's figure; --model-config or --tp/--pp may not match the server",
+                )
         model, logged = e.kv_bytes_per_token_model_config, e.kv_bytes_per_token_startup_log
         if model is None or logged is None or abs(model - logged) <= DISAGREEMENT * model:
             return

@@ -21,10 +21,12 @@ from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_records import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
+    CPU_TIER,
     GENERATION_TOKENS,
     GPU_CACHE_USAGE,
     ITERATION_TOKENS_SUM,
     ITL,
+    KV_OFFLOAD_CONFIG,
     KV_USAGE,
     LATENCY_BUCKETS,
     LORA_REQUESTS,
@@ -37,6 +39,7 @@ from vllm_capacity.sources.vllm_records import (
     SCHEMA_V1,
     SCHEMA_V1_CAPACITY,
     SCHEMA_V1_LEGACY,
+    SIMPLE_OFFLOAD_USED,
     SLEEP,
     SPEC_ACCEPTED_TOKENS,
     SPEC_DRAFT_TOKENS,
@@ -64,6 +67,7 @@ _PER_ENGINE = frozenset(WANTED_WITHOUT_LATENCY) - {
     SLEEP,
     LORA_REQUESTS,
     ADMISSION_REJECTIONS,
+    *CPU_TIER,
 }
 _ONE_VALUE = _PER_ENGINE - {WAITING_BY_REASON}  # a value per engine (waiting_by_reason has one per reason)
 # What a value can be and still be right: a usage fraction in [0, 1] (a float's excess aside), counts and sizes not
@@ -184,6 +188,25 @@ def _cache_config(key: frozenset[tuple[str, str]], labels: Mapping[str, str]) ->
     return known
 
 
+def _cpu_tier(tier: dict[str, float], name: str, labels: Mapping[str, str], value: float) -> None:
+    """One series of the CPU-tier families into the engine's figures: an info series' numeric labels (a label
+    "None" or empty, vLLM's unknown, adds nothing; several series, one per tier, add up), the pool's used blocks."""
+    if name == SIMPLE_OFFLOAD_USED:
+        tier["simple_offload_used_blocks"] = value
+        return
+    if value != 1.0:
+        return  # an info family's series is 1
+    fields = (
+        (("cpu_kv_cache_size_tokens", "offload_tokens"),)
+        if name == KV_OFFLOAD_CONFIG
+        else (("capacity_blocks", "simple_offload_blocks"),)
+    )
+    for label, key in fields:
+        number = label_float(labels, label)
+        if number is not None and 0 <= number <= EXACT:
+            tier[key] = tier.get(key, 0.0) + number
+
+
 def _finite(value: float) -> float | None:
     """A sample's value as a finite float; None for NaN, infinities and integers beyond a float (the parser keeps
     those as Python ints, which no float can hold): such a series is left out, never exported wrong (NaN is
@@ -214,6 +237,7 @@ class _Scan:
     process_start: float | None = None
     lora: tuple[float, Mapping[str, str]] | None = None  # the newest lora_requests_info series: (value, labels)
     rejections: dict[tuple[str, str], float] = field(default_factory=dict)  # (model_name, reason) -> total
+    cpu_tier: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)  # the CPU tier vLLM reports
 
     def add(self, family: Metric) -> None:
         if family.name in PRESENCE_ONLY:
@@ -259,6 +283,8 @@ class _Scan:
                 self.lora = (value, labels)
         elif name == ADMISSION_REJECTIONS:
             self.rejections[(labels.get("model_name", ""), labels.get("reason", ""))] = value
+        elif name in CPU_TIER:
+            _cpu_tier(self.cpu_tier.setdefault(key, {}), name, labels, value)
         elif name == WAITING_BY_REASON:
             self.waiting_by_reason.setdefault(key, {})[labels.get("reason", "")] = value
         elif name == SLEEP:
@@ -292,6 +318,7 @@ class _Scan:
                 spec_draft_tokens_total=slot.get(SPEC_DRAFT_TOKENS),
                 spec_accepted_tokens_total=slot.get(SPEC_ACCEPTED_TOKENS),
                 step_tokens_sum=self.step_sums.get((model_name, engine)),
+                **self.cpu_tier.get((model_name, engine), {}),
             )
             for (model_name, engine), slot in sorted(self.values.items())
         )

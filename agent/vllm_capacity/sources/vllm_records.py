@@ -42,6 +42,13 @@ LORA_REQUESTS = "vllm:lora_requests_info"
 #: the frontend's queue caps (--max-num-queued-reqs, --max-num-queued-tokens) answering 503: demand shed at the door,
 #: by reason; model_name only, no engine label (vllm/v1/metrics/loggers.py, from 0.32)
 ADMISSION_REJECTIONS = "vllm:admission_rejections_total"
+#: the CPU tier vLLM itself reports, per engine: native offloading's config (0.33:
+#: vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py, labels from vllm/v1/kv_offload/cpu/common.py
+#: CPUOffloadingInfo) and SimpleCPUOffloadConnector's pool (vllm/v1/simple_kv_offload/metrics.py)
+KV_OFFLOAD_CONFIG = "vllm:kv_offload_config_info"
+SIMPLE_OFFLOAD_INFO = "vllm:simple_kv_offload_info"
+SIMPLE_OFFLOAD_USED = "vllm:simple_kv_offload_used_blocks"
+CPU_TIER = (KV_OFFLOAD_CONFIG, SIMPLE_OFFLOAD_INFO, SIMPLE_OFFLOAD_USED)
 # V1 >= 0.11.2: 1 on the series of the engine's state: awake, weights_offloaded (sleep level 1), discard_all (2)
 SLEEP = "vllm:engine_sleep_state"
 # Inter-token latency histograms: the newer name (V0 and V1 >= 0.10.2) and the older one (removed in V1 0.15).
@@ -85,6 +92,7 @@ WANTED = (
     SPEC_ACCEPTED_TOKENS,
     LORA_REQUESTS,
     ADMISSION_REJECTIONS,
+    *CPU_TIER,
     *LATENCY_BUCKETS,
     ITERATION_TOKENS_SUM,
 )
@@ -219,6 +227,11 @@ class EngineMetrics:
     spec_accepted_tokens_total: float | None = None
     #: vllm:iteration_tokens_total's sum (read with the latency buckets): the tokens the engine's steps computed
     step_tokens_sum: float | None = None
+    #: the CPU tier as vLLM reports it: native offloading's tokens at max_model_len (summed over its series),
+    #: SimpleCPUOffloadConnector's pool and the blocks of it in use (None: not reported)
+    offload_tokens: float | None = None
+    simple_offload_blocks: float | None = None
+    simple_offload_used_blocks: float | None = None
 
     @property
     def waiting_for_capacity(self) -> float | None:
