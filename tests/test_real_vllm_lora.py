@@ -78,6 +78,7 @@ def test_plan_gives_the_lora_slots_vllm_allocates(case: str, measured: dict) -> 
     plan = subprocess.run(
         [sys.executable, "-m", "vllm_capacity", "plan", "--model-dir", str(cache / model), "--format", "json",
          "--gpu-memory", "1GiB", "--max-model-len", "512", "--tp", str(tp), "--pp", str(pp),
+         "--vllm-version", lab.VLLM_CPU_VERSION,
          "--max-loras", str(max_loras), "--max-lora-rank", str(rank),
          "--fully-sharded-loras", "on" if sharded else "off"],
         capture_output=True, text=True, timeout=60,
@@ -89,7 +90,8 @@ def test_plan_gives_the_lora_slots_vllm_allocates(case: str, measured: dict) -> 
     assert ("embed_tokens" in vllm["by_module"]) == (model == "tiny-llama")
     without = subprocess.run(
         [sys.executable, "-m", "vllm_capacity", "plan", "--model-dir", str(cache / model), "--format", "json",
-         "--gpu-memory", "1GiB", "--max-model-len", "512", "--tp", str(tp), "--pp", str(pp)],
+         "--gpu-memory", "1GiB", "--max-model-len", "512", "--tp", str(tp), "--pp", str(pp),
+         "--vllm-version", lab.VLLM_CPU_VERSION],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     # the slots come out of the KV cache, byte for byte
