@@ -787,3 +787,29 @@ def test_the_report_shows_speculative_acceptance_next_to_capacity() -> None:
     out0 = render_text(Snapshot(up=True, timestamp=0, schema="v0", engines=(derive_engine(v0,
                        EngineInputs(schema="v0", max_model_len=1024)),)), "http://vllm")  # fmt: skip
     assert "tokens per step       unknown" in out0
+
+
+def test_the_plan_example_in_docs_planning_is_what_the_command_prints(tmp_path: Path) -> None:
+    """docs/planning.md's example: its command (the model's directory as its config and the weights its safetensors
+    hold, 14.99 GiB) prints the picture shown, and the classic 0.9 under 0.33's rules the figures the text gives."""
+    from support.model_configs import LLAMA_31_8B
+
+    text = (Path(__file__).parents[1] / "docs" / "planning.md").read_text()
+    command = text[text.index("vllm-capacity plan --model-dir") : text.index("```", text.index("--model-dir"))]
+    args = shlex.split(command.replace("\\\n", " "))[2:]
+    at = args.index("--model-dir")
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(LLAMA_31_8B))
+    args[at : at + 2] = ["--model-config", str(config), "--weights-memory", "14.99GiB"]
+    args = args[: args.index("--format")]
+    block = text.index("```\n", text.index("```\n", text.index("--format json")) + 4) + 4  # the next block
+    shown = text[block : text.index("```", block)].splitlines()
+    assert len(shown) > 15
+    run = _main("plan", *args)
+    assert run.returncode == 0, run.stderr
+    printed = run.stdout.splitlines()
+    assert [line for line in shown if line not in printed] == []
+    classic = _main("plan", *args, "--vllm-version", "0.33.0", "--gpu-memory-utilization", "0.9")
+    said = text[text.index("`--vllm-version 0.33.0 --gpu-memory-utilization 0.9`") :].split(":", 1)[0]
+    for figure in ("55.31 GiB", "28,318", "of 16 tokens", "453,088", "13.83x"):
+        assert figure in classic.stdout and figure.split(" of ")[-1] in said

@@ -173,7 +173,8 @@ SPECS: tuple[MetricSpec, ...] = (
         "gauge",
         (*E, "method"),
         "KV-cache bytes per token per GPU rank. method=cache_config: kv_cache_memory_bytes / capacity; "
-        "startup_log: the log's KV memory / KV tokens; model_config: from config.json geometry, TP and KV dtype "
+        "startup_log: the log's KV memory / KV tokens (both after warm-up under vLLM 0.34's extensible KV cache); "
+        "model_config: from config.json geometry, TP and KV dtype "
         "(with the layers of the speculative drafter vLLM's log names, where the agent plans it).",
         by=(
             ("cache_config", lambda e: e.kv_bytes_per_token_cache_config),
@@ -246,7 +247,9 @@ SPECS: tuple[MetricSpec, ...] = (
         "kv_cache_pool_bytes",
         "gauge",
         E,
-        "KV-cache memory per GPU rank: the startup log's 'Available KV cache memory', else kv_cache_memory_bytes.",
+        "KV-cache memory per GPU rank: the startup log's 'Available KV cache memory' (vLLM 0.34's extensible KV "
+        "cache: 'Extended KV cache to N blocks (X GiB)', the pool after warm-up, never the estimate before it), else "
+        "kv_cache_memory_bytes.",
         value=lambda e: e.kv_pool_bytes,
     ),
     _m(
