@@ -81,6 +81,27 @@ def test_malformed_new_lines_carry_no_figure() -> None:
     assert all(not e.extensible and e.kv_pool_bytes is None for e in figures.engines.values())
 
 
+def test_an_unknown_extensible_flag_or_rejection_reason_is_named_and_adds_nothing() -> None:
+    from vllm_capacity.sources.vllm_parse import parse_metrics
+
+    good = parse_metrics(metrics_034(rejections=(3, 4)))
+    assert good.implausible == () and good.engines[0].cache_config.resolved_gpu_memory_utilization == (
+        1.0,
+        "extensible_default",
+    )
+    flag = parse_metrics(metrics_034(cache_config={"enable_extensible_kv_cache": "maybe"}))
+    assert flag.implausible == ("vllm:cache_config_info{enable_extensible_kv_cache}",)
+    assert flag.engines[0].cache_config.resolved_gpu_memory_utilization is None  # unknown, never guessed as 1.0
+    known = 'vllm:admission_rejections_total{model_name="tiny-llama",reason="max_num_queued_tokens"} 4'
+    odd = 'vllm:admission_rejections_total{model_name="tiny-llama",reason="Queue full, \\"x\\""} 9.0'
+    body = metrics_034(rejections=(3, 4))
+    assert known in body
+    reason = parse_metrics(body.replace(known, f"{known}\n{odd}"))
+    assert reason.implausible == ("vllm:admission_rejections_total{reason}",)
+    assert reason.admission_rejections == good.admission_rejections  # the two known reasons still counted
+    assert sorted(good.admission_rejections.values()) == [3, 4]
+
+
 def test_the_capacity_line_of_every_release_reads_alike() -> None:
     old = "(EngineCore_DP0 pid=2) INFO [kv_cache_utils.py:1147] GPU KV cache size: 208,625 tokens"
     new = "(EngineCore_DP0 pid=2) INFO [kv_cache_utils.py:1169] " + CAPACITY % ("GPU", "208,625", "32,768", 6.37)

@@ -86,6 +86,12 @@ _CONFIG_NUMBERS = {
     "kv_cache_memory_bytes": 0.0,
     "gpu_memory_utilization": 0.0,
 }
+# cache_config_info labels read as booleans (pydantic's bool, formatted by str(): "True" or "False"; "None" unset):
+# vLLM 0.34's enable_extensible_kv_cache decides the budget an unset gpu_memory_utilization resolves to
+_CONFIG_BOOLS = ("enable_extensible_kv_cache",)
+# vllm:admission_rejections_total's reasons (ADMISSION_REASONS, vllm/v1/metrics/loggers.py:47 of the 0.34.0 wheel:
+# max_num_queued_reqs, max_num_queued_tokens); a later release may add one, so any name of that shape is carried
+_REJECTION_REASON = re.compile(r"[a-z][a-z0-9_]{0,63}")
 
 
 def _plausible(name: str, value: float) -> bool:
@@ -103,6 +109,11 @@ def _plausible_config(labels: Mapping[str, str]) -> list[str]:
             continue
         if value is None or not least <= value <= EXACT or (key == "gpu_memory_utilization" and value > 1.0):
             bad.append(f"{CACHE_CONFIG}{{{key}}}")
+    bad.extend(
+        f"{CACHE_CONFIG}{{{key}}}"
+        for key in _CONFIG_BOOLS
+        if labels.get(key, "None") not in ("True", "False", "None", "")
+    )
     return bad
 
 
@@ -282,7 +293,11 @@ class _Scan:
             if self.lora is None or value > self.lora[0]:
                 self.lora = (value, labels)
         elif name == ADMISSION_REJECTIONS:
-            self.rejections[(labels.get("model_name", ""), labels.get("reason", ""))] = value
+            reason = labels.get("reason", "")
+            if _REJECTION_REASON.fullmatch(reason):
+                self.rejections[(labels.get("model_name", ""), reason)] = value
+            else:  # not a reason vLLM names: left out, named implausible, never a label of ours
+                self.implausible.add(f"{name}{{reason}}")
         elif name in CPU_TIER:
             _cpu_tier(self.cpu_tier.setdefault(key, {}), name, labels, value)
         elif name == WAITING_BY_REASON:
