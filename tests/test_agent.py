@@ -357,50 +357,29 @@ async def test_disagreeing_bytes_per_token_is_logged_once(fake_vllm: FakeVllm) -
     await vllm.aclose()
 
 
-async def test_alike_reads_keep_their_engines_and_a_change_derives_again(
-    fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """An idle server's reads are alike (the same lines, facts and what was learned): its engine is derived once and
-    kept, the very record. A change in what the engine's derivation reads (a value; a queue, from which the sustained
-    level is learned) derives it again, and a saturated server whose level holds is alike again. Read after read the
-    engines are those of an agent that derives every read."""
-    from vllm_capacity import derive
+async def test_every_read_derives_every_engine_again(fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No read hands back an earlier read's engine: idle, moved or saturated, each read derives each engine, and
+    the engines are those ``derive_all`` gives for that read. Under a queue the sustained level is the mean of the
+    levels held: 16, 16, 17, 17 is 16.5."""
+    from vllm_capacity.derive import engine as derive_engine
 
     derived: list[str] = []
-    real = derive.derive_engine
-    monkeypatch.setattr(derive, "derive_engine", lambda *args: derived.append(args[0].engine) or real(*args))
-    clock = FakeClock()
-    keeping, plain = (
-        Agent(VllmClient(fake_vllm.url, timeout=10), AgentSettings(interval=0.1), monotonic=clock) for _ in range(2)
-    )
-    plain.derived.engines = lambda metrics, facts, history: tuple(derive.derive_all(metrics, facts, history))  # type: ignore[method-assign]
+    real = derive_engine.derive_engine
+    monkeypatch.setattr(derive_engine, "derive_engine", lambda *args: derived.append(args[0].engine) or real(*args))
+    agent = Agent(VllmClient(fake_vllm.url, timeout=10), AgentSettings(interval=0.1), monotonic=FakeClock())
     idle, saturated = fake_vllm.metrics, fixture_text("v1-0.32.0-cpu-saturated.prom")  # 0 and 16 running
-    running_3 = with_value(idle, "vllm:num_requests_running", "3.0")
     running_17 = with_value(saturated, "vllm:num_requests_running", "17.0")
-    # (the body, whether the engine is derived again). The first read reads the latency histograms too (due at once,
-    # then not again while the clock stands): the second, the first without them, is another record. Under a queue
-    # the sustained level is a mean: 16 held reads 16 again, 17 moves it a step every read (16.25, then 16.4).
-    steps = [(idle, True), (idle, True), (idle, False), (running_3, True), (running_3, False), (saturated, True),
-             (saturated, False), (saturated, False), (running_17, True), (running_17, True)]  # fmt: skip
-    before = None
-    for body, again in steps:
+    for body in (idle, idle, saturated, saturated, running_17, running_17):
         fake_vllm.metrics = body
         count = len(derived)
-        await keeping.cycle()
-        await plain.cycle()
-        assert len(derived) == count + again
-        (engine,) = keeping.snapshot.engines
-        # kept, the very record; derived again, the last record still when it came out alike (exposition keeps
-        # what it encoded of it)
-        assert (engine is before) is (not again or engine == before)
-        assert keeping.snapshot.engines == plain.snapshot.engines
-        before = engine
+        await agent.cycle()
+        assert len(derived) == count + 1
+    (engine,) = agent.snapshot.engines
     assert engine.sustained is not None and (engine.sustained.level, engine.sustained.observed) == (
-        pytest.approx(16.4),
+        pytest.approx(16.5),
         True,
     )
-    await keeping.client.aclose()
-    await plain.client.aclose()
+    await agent.client.aclose()
 
 
 async def test_v1_0_8_capacity_comes_from_the_log(fake_vllm: FakeVllm, tmp_path) -> None:
@@ -960,13 +939,13 @@ async def test_a_render_in_the_worker_thread_shows_the_snapshot_it_began_with_wh
     assert b'kind="bad_request"} 2.0' in body and b"connection_cap" not in body
 
 
-async def test_the_engines_part_is_kept_while_the_engines_are_and_the_whole_stays_the_registrys(
+async def test_every_snapshot_is_encoded_whole_and_is_what_the_registry_renders(
     h: Harness, fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A scrape of an idle vLLM's snapshot encodes only the GPUs and the agent's health: the engines' part of the
-    exposition is kept while the engines are the same records. In every format, the body served is byte for byte what
-    the whole registry renders at that moment: after an idle read (the part kept), after vLLM's values moved, after
-    its version changed (shown in vllm_info), and while vLLM is down (``up`` 0, no engine)."""
+    """Each new snapshot is encoded whole, the engines' part too (nothing of an earlier one is kept). In every format,
+    the body served is byte for byte what the whole registry renders at that moment: after an idle read, after
+    vLLM's values moved, after its version changed (shown in vllm_info), and while vLLM is down (``up`` 0, no
+    engine)."""
     from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 
     from vllm_capacity.exposition import EngineCollector, build_registry, choose_format
@@ -995,13 +974,10 @@ async def test_the_engines_part_is_kept_while_the_engines_are_and_the_whole_stay
     await h.agent.cycle()  # the first read has the latency histograms; the next ones have not
     await h.agent.cycle()
     await served_is_whole(expect_encoded=1)
-    engines = h.agent.snapshot.engines
-    await h.agent.cycle()  # idle: the same lines, the same engines
-    assert h.agent.snapshot.engines is engines
-    await served_is_whole(expect_encoded=0)
+    await h.agent.cycle()  # idle: the same lines, encoded again
+    await served_is_whole(expect_encoded=1)
     fake_vllm.metrics = with_value(fake_vllm.metrics, "vllm:num_requests_running", "3.0")
     await h.agent.cycle()
-    assert h.agent.snapshot.engines is not engines
     await served_is_whole(expect_encoded=1)
     h.agent.models.version = "0.99.0"  # shown in vllm_info, beside the same engines
     h.agent.snapshot = dataclasses.replace(h.agent.snapshot, version="0.99.0")
@@ -1025,7 +1001,7 @@ async def test_a_scraper_naming_ever_new_format_versions_cannot_grow_what_render
         body, content_type = await renders.body(f"application/openmetrics-text; version=1.0.{patch}")
         assert f"version=1.0.{patch}" in content_type
         assert body.endswith(b"# EOF\n") and b"vllm_capacity_up 1.0" in body and body.count(b"# EOF") == 1
-        assert 0 < len(renders._cached) <= MAX_FORMATS and 0 < len(renders._parts) <= MAX_FORMATS
+        assert 0 < len(renders._cached) <= MAX_FORMATS
     renders.close()
 
 
@@ -1077,10 +1053,9 @@ async def test_vllm_is_never_asked_to_compress_its_metrics(monkeypatch: pytest.M
 
 
 def test_the_same_record_again_carries_and_teaches_what_an_equal_copy_would() -> None:
-    """An idle server's read is the last record itself (LastRead), and the counters and the sustained learner then
-    skip what it cannot change. Fed a sequence of reads (pressed, calm, preempting, restarted, each several times), the
-    record itself and an equal copy of it every time give the same restarts, carried totals, preemptions and learned
-    state."""
+    """The counters and the sustained learner depend on a read's values, never on which record holds them. Fed a
+    sequence of reads (pressed, calm, preempting, restarted, each several times), the record itself and an equal
+    copy of it every time give the same restarts, carried totals, preemptions and learned state."""
     import copy
 
     from vllm_capacity.live.counters import Counters
@@ -1120,57 +1095,9 @@ def test_the_same_record_again_carries_and_teaches_what_an_equal_copy_would() ->
     assert seen[True] == seen[False]
 
 
-async def test_the_facts_kept_between_reads_are_those_built_afresh(fake_vllm: FakeVllm, tmp_path) -> None:
-    """The server's facts are built again only when what they are built from changed: after each change of any of
-    it (the start-up log's lines, /v1/models, /version, each figure the log gives), the facts a read gets are those
-    built afresh."""
-    from vllm_capacity.sources.vllm import ModelsInfo
-    from vllm_capacity.sources.vllm_log import LogFollower
-
-    log = tmp_path / "vllm.log"
-    log.write_text("")
-    vllm = VllmClient(fake_vllm.url, timeout=10.0)
-    agent = Agent(vllm, AgentSettings(interval=0.1), vllm_log=LogFollower(log))
-    assert agent.startup_log is not None
-    await agent.cycle()
-
-    def fresh() -> object:
-        kept = agent._facts_of
-        agent._facts_of = None
-        try:
-            return agent._facts()
-        finally:
-            agent._facts_of = kept
-
-    async def fed(lines: str) -> None:
-        with log.open("a") as f:
-            f.write(lines)
-        await agent.startup_log.read()  # type: ignore[union-attr]
-
-    figures = agent.figures
-    changes = [
-        lambda: fed((VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log").read_text()),
-        lambda: setattr(agent.models, "models", ModelsInfo({"tiny-llama": 2048})),
-        lambda: setattr(agent.models, "version", "0.99.0"),
-        lambda: setattr(figures, "max_num_seqs", 7),
-        lambda: setattr(figures, "max_num_batched_tokens", 4099),
-        lambda: setattr(figures, "speculation", ("ngram", 3)),
-    ]
-    for change in changes:
-        before = agent._facts()
-        result = change()
-        if result is not None:
-            await result
-        assert agent._facts() == fresh() != before
-    assert agent._facts() is agent._facts()  # and unchanged, the same record
-    await vllm.aclose()
-
-
 def test_an_idle_read_derives_what_the_whole_derivation_gives() -> None:
-    """The same record with the same facts and an equal history is not looked at engine by engine: the last engines
-    are returned. The learners change their mappings in place, so the history is compared with a copy of the last
-    one: every change of any part of it (carried totals, latency views, preemptions, sustained levels), made in place,
-    and of the facts, gives what ``derive_all`` gives."""
+    """The learners change their mappings in place: every change of any part of the history (carried totals, latency
+    views, preemptions, sustained levels), made in place, and of the facts, gives what ``derive_all`` gives."""
     from vllm_capacity import derive
     from vllm_capacity.live.derived import Derived
     from vllm_capacity.sources.vllm_parse import parse_metrics
@@ -1203,5 +1130,4 @@ def test_an_idle_read_derives_what_the_whole_derivation_gives() -> None:
     assert derived.engines(metrics, facts, history) == tuple(derive.derive_all(metrics, facts, history))
     metrics = parse_metrics(with_value(SATURATED, "vllm:num_requests_running", "3.0"), latency=False)
     assert derived.engines(metrics, facts, history) == tuple(derive.derive_all(metrics, facts, history))
-    assert results[0] is results[1] and len({id(r) for r in results}) < len(results)  # the idle reads kept
     assert len({r[0].sustained for r in results if r[0].sustained}) == 2 and results[2][0].preemptions_total == 90.0

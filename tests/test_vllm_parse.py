@@ -17,7 +17,7 @@ from vllm_capacity.sources.vllm_records import (
     LoraRequests,
 )
 from vllm_capacity.sources.vllm_select import select_lines
-from vllm_capacity.sources.vllm_stream import LastRead, MetricsStream
+from vllm_capacity.sources.vllm_stream import MetricsStream
 
 
 def test_current_v1_capture() -> None:
@@ -259,159 +259,38 @@ def _counted_reads(monkeypatch) -> list[int]:
     return reads
 
 
-def _read_through(last, text: str) -> object:
-    """``text`` streamed and read as the client reads it, through ``last`` (a LastRead)."""
-    stream = MetricsStream(latency=False, last=last)
-    stream.feed(text.encode())
+def _streamed(text: str | bytes) -> object:
+    """``text`` streamed and read as the client reads it."""
+    stream = MetricsStream(latency=False)
+    stream.feed(text.encode() if isinstance(text, str) else text)
     return stream.finish()
 
 
-def test_an_unchanged_read_gives_the_last_record_and_a_changed_line_is_read_anew(monkeypatch) -> None:
-    """The lines found are compared before they are selected: the same lines are neither selected nor read again."""
-    from vllm_capacity.sources import vllm_stream
-
+def test_every_body_is_read_whole_and_nothing_of_the_last_is_kept(monkeypatch) -> None:
+    """The same body twice is selected and read twice (no memory across reads to fall out of date), and a moved
+    line reads as a parse of the whole text does."""
     reads = _counted_reads(monkeypatch)
-    selections: list[int] = []
-    select = vllm_stream.select_found
-    monkeypatch.setattr(
-        vllm_stream, "select_found", lambda found, *a: selections.append(len(found)) or select(found, *a)
-    )
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
-    busier = body.replace(
-        'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 16.0',
-        'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 17.0',
-    )
+    running = 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 16.0'
+    busier = body.replace(running, running[:-4] + "17.0")
     assert busier != body
-    last = LastRead()
-
-    def read(text: str) -> object:
-        return _read_through(last, text)
-
-    first = read(body)
-    # the same lines again (one outside the selection changed: vLLM's own process counters move every read)
-    again = read(body.replace("process_cpu_seconds_total", "process_cpu_seconds_totalx"))
-    assert again is first and len(reads) == len(selections) == 1
-    moved = read(busier)
-    assert len(reads) == 2 and moved.engines[0].running == 17.0 and first.engines[0].running == 16.0
-    assert read(busier) is moved and len(reads) == len(selections) == 2
-    assert moved == parse_metrics(busier, latency=False)  # what a parse without the memory reads
+    first, again, moved = _streamed(body), _streamed(body), _streamed(busier)
+    assert len(reads) == 3 and first == again and first is not again
+    assert moved.engines[0].running == 17.0 and moved == parse_metrics(busier, latency=False)
 
 
-def test_a_large_selection_is_not_kept_and_families_left_out_are_part_of_what_is_compared(monkeypatch) -> None:
-    from vllm_capacity.sources import vllm_stream
-
-    reads = _counted_reads(monkeypatch)
-    body = fixture_text("v1-0.32.0-cpu-saturated.prom")
-    # the same selected lines, and a family left out for a line over the scanner's bound: another read
-    over = body + 'vllm:spec_decode_num_drafts_total{engine="0",model_name="' + "x" * 9000 + '"} 1.0\n'
-    last = LastRead()
-
-    def read(text: str) -> object:
-        return _read_through(last, text)
-
-    monkeypatch.setattr(vllm_stream, "LAST_READ_CHARS", 100)  # less than these lines: nothing kept
-    read(body)
-    read(body)
-    assert len(reads) == 2
-    monkeypatch.setattr(vllm_stream, "LAST_READ_CHARS", 1 << 20)
-    plain = read(body)
-    left_out = read(over)
-    assert len(reads) == 4
-    assert not plain.over_limit and left_out.over_limit == (("vllm:spec_decode_num_drafts", left_out.over_limit[0][1]),)
-    assert read(over) is left_out and read(body) is not plain and len(reads) == 5
-
-
-def test_only_the_parts_that_changed_are_checked_for_bytes_outside_ascii_and_they_are() -> None:
-    """A part of the body that is the last body's byte for byte was ASCII and is not checked again (one engine's
-    families are 46 KiB read after read); a part that changed is. Changed to UTF-8 outside ASCII (a model's name, a
-    HELP text), in any of the three parts, the body reads as a parse of its whole text does; changed to bytes that are
-    not UTF-8, it is refused, after an ASCII read through the same memory as before one."""
-
+def test_bytes_outside_ascii_anywhere_read_as_the_whole_text_and_bytes_not_utf8_are_refused() -> None:
+    """UTF-8 outside ASCII (a model's name, a HELP text) before vLLM's families, in them or after them reads as a
+    parse of the whole text does; bytes that are not UTF-8 are refused."""
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     for old, new, char in [
-        ("# HELP process_cpu_seconds_total Total", "# HELP process_cpu_seconds_total Tötal", "ö"),  # the first part
-        ('model_name="tiny-llama"', 'model_name="tiny-llamä"', "ä"),  # vLLM's families
-        ('handler="/v1/models"', 'handler="/v1/mödels"', "ö"),  # the last part
+        ("# HELP process_cpu_seconds_total Total", "# HELP process_cpu_seconds_total Tötal", "ö"),
+        ('model_name="tiny-llama"', 'model_name="tiny-llamä"', "ä"),
+        ('handler="/v1/models"', 'handler="/v1/mödels"', "ö"),
     ]:
         changed = body.replace(old, new)
         assert changed != body
-        last = LastRead()
-        assert _read_through(last, body) == parse_metrics(body, latency=False)
-        assert _read_through(last, changed) == parse_metrics(changed, latency=False), new
-        assert _read_through(last, body) == parse_metrics(body, latency=False)  # ASCII again
-        stream = MetricsStream(latency=False, last=last)
-        stream.feed(changed.encode().replace(char.encode(), b"\xff"))  # not UTF-8
+        assert _streamed(changed) == parse_metrics(changed, latency=False), new
         with pytest.raises(SourceError) as err:
-            stream.finish()
+            _streamed(changed.encode().replace(char.encode(), b"\xff"))
         assert err.value.reason == Reason.PARSE_ERROR and "not UTF-8" in str(err.value), new
-
-
-def test_each_part_of_a_body_is_searched_again_only_when_it_changed() -> None:
-    """An idle vLLM's body changes every read only around its own families: its process series first, its HTTP
-    server's last. The body is cut in three (before the first line naming ``vllm:``, vLLM's families, after the last
-    one) and the lines found in a part are the last body's when the part is byte for byte the same: only the parts
-    that changed are searched again, a byte for a byte included. Whatever the body, the lines found are those of the
-    whole body searched at once."""
-    import random
-
-    from vllm_capacity.sources.vllm_records import PRESENCE_ONLY, WANTED_WITHOUT_LATENCY
-    from vllm_capacity.sources.vllm_select import found_lines
-
-    searched: list[str] = []  # each read: which parts were searched ("first", "vllm", "last")
-
-    def found(last: LastRead, body: bytes) -> list[str | bytes]:
-        spans: list[tuple[int, int]] = []
-
-        def find(start: int, end: int) -> list[str | bytes]:
-            spans.append((start, end))
-            return found_lines(body, WANTED_WITHOUT_LATENCY, PRESENCE_ONLY, start, end)
-
-        got = last.found(body, find)
-        assert got == found_lines(body, WANTED_WITHOUT_LATENCY, PRESENCE_ONLY)  # the whole body's, always
-        first, final = body.find(b"vllm:"), body.rfind(b"vllm:")
-        parts = {"first" if end <= first else "last" if start > final else "vllm" for start, end in spans}
-        searched.append(",".join(sorted(parts)))
-        return got
-
-    body = fixture_text("v1-0.32.0-cpu-saturated.prom")
-    running = 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 16.0'
-    first = body.replace("process_cpu_seconds_total 47.97", "process_cpu_seconds_total 148.1")
-    last_moved = body.replace('http_requests_total{handler="/v1/models"', 'http_requests_total{handler="/metrics"')
-    one_byte = body.replace(running, running[:-4] + "17.0")
-    longer = body.replace("vllm:", "vllm:x", 1)
-    last = LastRead()
-    for text, parts in [
-        (body, "first,last,vllm"),
-        (body, ""),  # the same body: nothing searched
-        (first, "first"),  # an idle vLLM's process series
-        (last_moved, "first,last"),  # its HTTP server's (and the process series back)
-        (one_byte, "last,vllm"),  # one byte in its families (and the HTTP series back)
-        (one_byte, ""),
-        (longer, "vllm"),  # a part's length
-    ]:
-        found(last, text.encode())
-        assert searched.pop() == parts, text[:0] + parts
-
-    # bodies of every shape: vllm: on the first line only, on the last only, nowhere, inside foreign families' HELP
-    # text and label values, wanted lines outside the span, whitespace before a name, the same span twice
-    lines = body.splitlines()
-    extra = [
-        "# HELP foreign_total says vllm:num_requests_running",
-        'foreign_info{text="vllm:num_requests_running 3"} 1',
-        "  vllm:num_requests_running 4",
-        "process_start_time_seconds 1.5e9",
-        "# TYPE vllm:num_requests_running gauge",
-    ]
-    rng = random.Random(2026)
-    last = LastRead()
-    for _ in range(300):
-        if rng.random() < 0.3:
-            text = "\n".join(rng.sample(extra, rng.randint(0, len(extra)))) + "\n"
-        else:
-            start = rng.randint(0, len(lines) - 1)
-            part = lines[start : start + rng.randint(1, 80)]
-            part.insert(rng.randint(0, len(part)), rng.choice(extra))
-            text = "\n".join(part) + "\n"
-        for _ in range(rng.randint(1, 2)):
-            found(last, text.encode())
-        searched.clear()

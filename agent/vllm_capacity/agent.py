@@ -104,7 +104,7 @@ class Agent:
         # vLLM's start-up log, when given (--vllm-log): its memory figures; else none of them
         self.startup_log = StartupLogReader(vllm_log, self.sources, monotonic) if vllm_log is not None else None
         self.figures = self.startup_log.figures if self.startup_log is not None else StartupFigures()
-        self.derived = Derived(self.logger)  # the engines, derived again where what they read changed
+        self.derived = Derived(self.logger)  # the engines, derived whole every read; warnings logged once
         # the GPUs through NVML, when asked (--nvml auto or on)
         self.gpus = (
             GpuReader(nvml, self.sources, interval=interval, required=settings.nvml_required, vllm_pids=vllm_pids,
@@ -121,7 +121,6 @@ class Agent:
         self.models = ModelsReader(client, self.sources, settings.models_refresh, monotonic)  # /v1/models and /version
         self.counters = Counters()  # restarts, and the counters carried over them
         self._announced: tuple[object, ...] | None = None
-        self._facts_of: tuple[tuple[object, ...], derive.ServerFacts] | None = None  # the last facts, and of what
         self._shapes_announced: set[tuple[object, ...]] = set()
         self._crashes_logged: set[str] = set()
         self.latency = LatencyLearner(settings.objectives, settings.latency_half_life, monotonic)  # latency curve
@@ -221,18 +220,12 @@ class Agent:
         return self.snapshot
 
     def _facts(self) -> derive.ServerFacts:
-        """What the derivations know of the server beside its /metrics: /v1/models, the flags, its start-up log; the
-        last read's record while none of them changed (the flags never do)."""
-        startup = self.startup_log.engines if self.startup_log is not None else {}
-        figures = self.figures
-        of = (self.models.models, self.models.version, startup, figures.max_num_seqs, figures.max_num_batched_tokens,
-              figures.speculation)  # fmt: skip
-        if self._facts_of is not None and self._facts_of[0] == of:
-            return self._facts_of[1]
-        facts = derive.ServerFacts(
+        """What the derivations know of the server beside its /metrics: /v1/models, the flags, its start-up log, as
+        they are at this read."""
+        return derive.ServerFacts(
             max_model_len=self.models.max_model_len,
             fallback_max_model_len=self.settings.max_model_len,
-            startup=startup,
+            startup=self.startup_log.engines if self.startup_log is not None else {},
             geometry=self.settings.geometry,
             tp=self.settings.tp,
             pp=self.settings.pp,
@@ -241,8 +234,6 @@ class Agent:
             max_num_batched_tokens=self.settings.max_num_batched_tokens or self.figures.max_num_batched_tokens,
             speculation=self.figures.speculation,
         )
-        self._facts_of = (of, facts)
-        return facts
 
     def _announce(self, metrics: VllmMetrics, engines: tuple[EngineCapacity, ...]) -> None:
         """Log what was found when it is new: schema, engines, capacity, and what cannot be derived. A server whose

@@ -255,18 +255,13 @@ class RenderCache:
     served is as fresh as the latest snapshot; the process metrics beside it too (one interval at most). A render
     shows one snapshot whole, whichever thread encodes it and whatever the loop swaps in meanwhile.
 
-    The engines' part (the catalogue's first: ``up`` and every per-engine series) is encoded from the snapshot and
-    kept, per format, while the next snapshots have the same engines (the same records: an idle vLLM's reads derive
-    none again, live/derived.py) and the same server facts it shows; then a scrape encodes only the rest: the GPUs,
-    the agent's health, and ``after`` (:func:`process_registry`, or None without the process metrics). At one engine
-    the engines' part is two thirds of a render."""
+    The render is whole: every series of the snapshot encoded again, nothing kept of an earlier one."""
 
     def __init__(self, served: Served, after: CollectorRegistry | None) -> None:
         self._served, self._after = served, after
         self._engines = EngineCollector(served)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-render")
         self._cached: dict[str, tuple[Snapshot, asyncio.Future[bytes]]] = {}
-        self._parts: dict[str, tuple[tuple[object, ...], bytes]] = {}  # the engines' part, by format
 
     async def body(self, accept: str | None) -> tuple[bytes, str]:
         encoder, content_type = choose_format(accept)
@@ -295,21 +290,11 @@ class RenderCache:
             raise
 
     def _render(self, encoder: Callable[[Collector], bytes], content_type: str, moment: _Moment) -> bytes:
-        """The engines' part of the moment's snapshot (kept, or encoded and kept), then the rest. The parts'
-        concatenation is the whole: the encoders write family after family, and OpenMetrics' one end marker is the
-        rest's."""
-        snapshot = moment.snapshot
-        shown = (snapshot.engines, snapshot.up, snapshot.schema, snapshot.version, snapshot.itl_metric)
-        kept = self._parts.get(content_type)
-        if kept is not None and kept[0][0] is shown[0] and kept[0][1:] == shown[1:]:
-            part = kept[1]
-        else:
-            families = _Families()
-            self._engines.add(families, snapshot)
-            part = encoder(families).removesuffix(OPENMETRICS_EOF)
-            _make_room(self._parts, content_type)
-            self._parts[content_type] = (shown, part)
-        return part + encoder(_Rest(moment, self._after))
+        """The moment's snapshot, the engines' families then the rest. The parts' concatenation is the whole: the
+        encoders write family after family, and OpenMetrics' one end marker is the rest's."""
+        families = _Families()
+        self._engines.add(families, moment.snapshot)
+        return encoder(families).removesuffix(OPENMETRICS_EOF) + encoder(_Rest(moment, self._after))
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

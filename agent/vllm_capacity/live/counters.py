@@ -24,7 +24,6 @@ class Counters:
         self.preempted: frozenset[EngineKey] = frozenset()  # engines that preempted requests since the last read
         self._raw: dict[EngineKey, float] = {}
         self._total: dict[EngineKey, float] = {}
-        self._carried: tuple[VllmMetrics, dict[EngineKey, float]] | None = None  # the last carry: its read and totals
         self.shedding: frozenset[str] = frozenset()  # models whose queue caps rejected requests since the last read
         self._rejected_raw: dict[tuple[str, str], float] = {}
         self._rejected: dict[tuple[str, str], float] = {}
@@ -34,7 +33,7 @@ class Counters:
         or re-formatted info family: cache_config_info coming and going (or '0.92' becoming '0.920') is no restart,
         and counting it as one added vLLM's whole counter again each time."""
         prev = self.last
-        if prev is None or metrics is prev:  # the same record (an idle server's: LastRead): nothing moved
+        if prev is None:
             return False
         if (
             metrics.process_start_time_seconds is not None
@@ -58,11 +57,7 @@ class Counters:
     def carry(self, metrics: VllmMetrics, restarted: bool) -> dict[EngineKey, float]:
         """Carry vLLM's preemption counters across its restarts; returns the totals to export this cycle: those of
         the engines that reported a (plausible) value. An engine that reported none this time keeps its total for
-        the next; an engine that went away takes its series with it. The same record carried again (an idle server's)
-        moves no total: the last totals, and nothing preempted."""
-        if not restarted and self._carried is not None and self._carried[0] is metrics:
-            self.preempted = frozenset()
-            return self._carried[1]
+        the next; an engine that went away takes its series with it."""
         present, exported = {(e.model_name, e.engine) for e in metrics.engines}, {}
         preempted: set[EngineKey] = set()
         for e in metrics.engines:
@@ -79,7 +74,6 @@ class Counters:
             del self._total[key]
             self._raw.pop(key, None)
         self.preempted = frozenset(preempted)
-        self._carried = (metrics, exported)
         return exported
 
     def carry_rejections(self, metrics: VllmMetrics, restarted: bool) -> dict[tuple[str, str], float]:

@@ -21,24 +21,17 @@ class SustainedLearner:
     def __init__(self, half_life: float = DEFAULT_HALF_LIFE, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.half_life, self.monotonic = half_life, monotonic
         self._learned: dict[EngineKey, derive.Sustained] = {}  # with the weight and the time of the last pressed read
-        self._views: dict[EngineKey, derive.Sustained] = {}
-        self._calm: VllmMetrics | None = None  # the last read learned from, when none of its engines was pressed
 
     @property
     def views(self) -> Mapping[EngineKey, derive.Sustained]:
-        """What the derivations read of each engine's: the level and whether a queue was observed, the same record
-        while they hold (a level read again stays exactly that level), so that an unchanged engine derives alike."""
-        return self._views
+        """What the derivations read of each engine's: the level and whether a queue was observed."""
+        return {key: derive.Sustained(level=s.level, observed=s.observed) for key, s in self._learned.items()}
 
     def learn(self, metrics: VllmMetrics, preempted: frozenset[EngineKey]) -> None:
         """One read: every engine's running requests, pressed (a queue for capacity, or a preemption since the last
-        read) or calm. An engine asleep teaches nothing; one that went away takes what it taught with it. The same
-        calm read again (an idle server's record, nothing preempted) teaches nothing more: a calm read only raises the
-        lower bound, to what the read before already raised it."""
-        if metrics is self._calm and not preempted:
-            return
+        read) or calm. An engine asleep teaches nothing; one that went away takes what it taught with it."""
         now = self.monotonic()
-        present, calm = set(), True
+        present = set()
         for m in metrics.engines:
             key = (m.model_name, m.engine)
             present.add(key)
@@ -46,19 +39,11 @@ class SustainedLearner:
                 continue
             queue = m.waiting_for_capacity if m.waiting_for_capacity is not None else m.waiting
             pressed = (queue is not None and queue > 0) or key in preempted
-            calm = calm and not pressed
             known = self._learned.get(key, derive.NO_SUSTAINED)
-            learned = self._learned[key] = derive.learn_sustained(known, m.running, pressed, now, self.half_life)
-            view = self._views.get(key)
-            if view is None or (view.level, view.observed) != (learned.level, learned.observed):
-                self._views[key] = derive.Sustained(level=learned.level, observed=learned.observed)
+            self._learned[key] = derive.learn_sustained(known, m.running, pressed, now, self.half_life)
         for gone in set(self._learned) - present:
             del self._learned[gone]
-            self._views.pop(gone, None)
-        self._calm = metrics if calm else None
 
     def forget(self) -> None:
         """vLLM restarted: its settings (and so what it sustains) may have changed."""
         self._learned.clear()
-        self._views.clear()
-        self._calm = None
