@@ -9,8 +9,8 @@ import pytest
 
 from support.files import fixture_text
 from support.model_configs import DEEPSEEK_V4_FLASH
-from vllm_capacity import derive
-from vllm_capacity.sizing import NotModelled, cpu_tier_tokens, plan_kv
+from vllm_capacity import derive, sizing
+from vllm_capacity.sizing import NotModelled, PlanInputs, cpu_tier_tokens
 from vllm_capacity.sizing.offload import HOST_PAGE_BYTES, OFFLOAD_RULES
 from vllm_capacity.sources.model_config import parse_config
 from vllm_capacity.sources.vllm_parse import parse_metrics
@@ -39,15 +39,17 @@ def test_chunks_of_every_ranks_block_bytes_page_aligned() -> None:
 
 
 def test_plan_shows_the_cpu_tier_and_refuses_what_it_does_not_model() -> None:
-    plan = plan_kv(LLAMA_8B, kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=2, kv_offloading_bytes=64 * GiB)
+    plan = sizing.plan(
+        LLAMA_8B, PlanInputs(kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=2, kv_offloading_bytes=64 * GiB)
+    )
     assert plan.worker_bytes_per_block == plan.kv_bytes_per_token * 16 == 32 * 4 * 128 * 2 * 2 * 16
     assert plan.cpu_tier_tokens == 64 * GiB // (2 * plan.worker_bytes_per_block) * 16
     assert "do not add concurrency" in plan.notes[-1]
-    same = plan_kv(LLAMA_8B, kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=2)
+    same = sizing.plan(LLAMA_8B, PlanInputs(kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=2))
     assert (same.num_gpu_blocks, same.cpu_tier_tokens) == (plan.num_gpu_blocks, None)  # the GPU side is unchanged
     with pytest.raises(NotModelled, match="V1 feature"):
-        plan_kv(LLAMA_8B, kv_cache_memory_bytes=GiB, max_model_len=4096, engine="v0", version=(0, 9, 2),
-                kv_offloading_bytes=GiB)  # fmt: skip
+        sizing.plan(LLAMA_8B, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, engine="v0", version=(0, 9, 2),
+                kv_offloading_bytes=GiB))  # fmt: skip
 
 
 MLA = parse_config({"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"})
@@ -56,12 +58,12 @@ MLA = parse_config({"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_d
 def test_an_mla_models_ranks_share_one_copy_under_tp_alone() -> None:
     # the latent is the same on every TP rank: vLLM 0.32 keeps one host copy (replicated_layout) under TP alone
     per_rank = 4 * 576 * 2 * 16  # four layers of one 576-wide bf16 latent, 16 tokens a block
-    tp4 = plan_kv(MLA, kv_cache_memory_bytes=GiB, max_model_len=4096, tp=4, kv_offloading_bytes=8 * GiB)
+    tp4 = sizing.plan(MLA, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, tp=4, kv_offloading_bytes=8 * GiB))
     assert tp4.worker_bytes_per_block == per_rank
     assert tp4.cpu_tier_tokens == 8 * GiB // (math.ceil(per_rank / HOST_PAGE_BYTES) * HOST_PAGE_BYTES) * 16
     assert "one copy of the latent" in tp4.notes[-1] and "4x fewer" in tp4.notes[-1]  # the assumption, named
     # under PP each stage holds other layers: a copy per rank, as for any model
-    pp2 = plan_kv(MLA, kv_cache_memory_bytes=GiB, max_model_len=4096, pp=2, kv_offloading_bytes=8 * GiB)
+    pp2 = sizing.plan(MLA, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, pp=2, kv_offloading_bytes=8 * GiB))
     assert pp2.cpu_tier_tokens == 8 * GiB // (2 * pp2.worker_bytes_per_block) * 16
     assert "over 2 rank(s)" in pp2.notes[-1]
     # live, the agent cannot see the executor or the nodes that decide it: no figure rather than a wrong one
@@ -78,8 +80,8 @@ def test_an_mla_models_ranks_share_one_copy_under_tp_alone() -> None:
     }  # fmt: skip
     assert live[(4, 1)] is None
     assert live[(1, 2)] == pp2.cpu_tier_tokens
-    assert live[(1, 1)] == plan_kv(MLA, kv_cache_memory_bytes=GiB, max_model_len=4096,
-                                   kv_offloading_bytes=8 * GiB).cpu_tier_tokens  # fmt: skip
+    assert live[(1, 1)] == sizing.plan(MLA, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096,
+                                   kv_offloading_bytes=8 * GiB)).cpu_tier_tokens  # fmt: skip
 
 
 def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:

@@ -8,8 +8,8 @@ from collections.abc import Iterator, Mapping
 import pytest
 
 from support.files import fixture_text
-from vllm_capacity import derive
-from vllm_capacity.sizing import plan_kv
+from vllm_capacity import derive, sizing
+from vllm_capacity.sizing import PlanInputs
 from vllm_capacity.sources.model_config import parse_config
 from vllm_capacity.sources.vllm_parse import parse_metrics
 from vllm_capacity.sources.vllm_records import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_LEGACY
@@ -108,13 +108,11 @@ def test_live_and_plan_agree_on_the_same_cache(engine: str, version: tuple, max_
             "torch_dtype": "bfloat16",
         }
     )
-    plan = plan_kv(
+    plan = sizing.plan(
         geometry,
-        kv_cache_memory_bytes=9 * 2**30,
-        max_model_len=max_model_len,
-        block_size=16,
-        engine=engine,
-        version=version,
+        PlanInputs(
+            kv_cache_memory_bytes=9 * 2**30, max_model_len=max_model_len, block_size=16, engine=engine, version=version
+        ),
     )
     live = derive.max_concurrency_at_max_model_len(
         reported=None,
@@ -273,7 +271,9 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
          "sliding_window": 1024, "sliding_window_pattern": 6, "torch_dtype": "bfloat16"}
     )  # fmt: skip
     memory = 21 * 2**30
-    plan = plan_kv(gemma, kv_cache_memory_bytes=memory, max_model_len=32768, max_num_batched_tokens=8192)
+    plan = sizing.plan(
+        gemma, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=32768, max_num_batched_tokens=8192)
+    )
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
     kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 33, 0))}
     gemma_8192 = derive.ServerFacts(geometry=gemma, max_num_batched_tokens=8192)
@@ -310,7 +310,9 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
     llama = parse_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                           "head_dim": 128, "torch_dtype": "bfloat16"})  # fmt: skip
     memory = 40 * 2**30
-    eagle = plan_kv(llama, kv_cache_memory_bytes=memory, max_model_len=32768, speculation=Speculation("eagle", 2))
+    eagle = sizing.plan(
+        llama, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=32768, speculation=Speculation("eagle", 2))
+    )
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
     kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 32, 0)),
           "capacity_tokens": eagle.kv_cache_tokens, "device": "GPU"}  # fmt: skip

@@ -12,15 +12,15 @@ import pytest
 
 from support.files import CASES as CASES_DIR
 from support.model_configs import DEEPSEEK_V4_FLASH, GEMMA4, GRANITE_4_MICRO, KIMI_LINEAR
-from vllm_capacity import cli
+from vllm_capacity import cli, sizing
 from vllm_capacity.geometry import Geometry, GeometryError
 from vllm_capacity.sizing import (
     ImpossiblePlan,
     MemoryBudget,
     NotModelled,
+    PlanInputs,
     Speculation,
     parse_version,
-    plan_kv,
 )
 from vllm_capacity.sources.model_config import load_config, model_dir_weights_bytes, parse_config
 
@@ -102,15 +102,17 @@ def test_plan_reproduces_vllms_logged_figures(case_id: str, tmp_path: Path) -> N
     geometry_key, version, engine, extra = REPRODUCED[case_id]
     config = tmp_path / "config.json"
     config.write_text(json.dumps(_hf_config(geometry_key, **extra)))
-    plan = plan_kv(
+    plan = sizing.plan(
         load_config(config),
-        kv_cache_memory_bytes=int(case["kv_cache_memory_gib"] * GiB),
-        max_model_len=case["max_concurrency_at_len"] or case["max_model_len"],
-        tp=case["tp"],
-        block_size=case["block_size"] or 16,
-        version=parse_version(version) if version else (0, 33, 0),
-        engine=engine,
-        speculation=SPECULATIVE.get(case_id),
+        PlanInputs(
+            kv_cache_memory_bytes=int(case["kv_cache_memory_gib"] * GiB),
+            max_model_len=case["max_concurrency_at_len"] or case["max_model_len"],
+            tp=case["tp"],
+            block_size=case["block_size"] or 16,
+            version=parse_version(version) if version else (0, 33, 0),
+            engine=engine,
+            speculation=SPECULATIVE.get(case_id),
+        ),
     )
     if case["bytes_per_token_formula"] and case_id not in SPECULATIVE:
         assert plan.kv_bytes_per_token == case["bytes_per_token_formula"]
@@ -148,10 +150,10 @@ def test_eagle_case_needs_the_draft_layer_and_not_the_token_count() -> None:
     case = CASES["vllm-issue19996-llama31-8b-h100-eagle"]
     geometry = parse_config(_hf_config("meta-llama/Llama-3.1-8B-Instruct"))
     kwargs = {"kv_cache_memory_bytes": int(51.63 * GiB), "max_model_len": 131072, "version": (0, 9, 1)}
-    alone = plan_kv(geometry, **kwargs)
+    alone = sizing.plan(geometry, PlanInputs(**kwargs))
     assert alone.kv_cache_tokens != pytest.approx(case["kv_cache_tokens"], rel=0.01)
     assert alone.kv_bytes_per_token == case["bytes_per_token_formula"]
-    drafted = {k: plan_kv(geometry, **kwargs, speculation=Speculation("eagle", k)) for k in (1, 3, 5)}
+    drafted = {k: sizing.plan(geometry, PlanInputs(**kwargs, speculation=Speculation("eagle", k))) for k in (1, 3, 5)}
     assert {(p.num_gpu_blocks, p.kv_cache_tokens, p.max_concurrency) for p in drafted.values()} == {
         (drafted[1].num_gpu_blocks, drafted[1].kv_cache_tokens, drafted[1].max_concurrency)
     }
@@ -208,9 +210,9 @@ def test_mla_latent() -> None:
             "torch_dtype": "bfloat16",
         }
     )
-    plan = plan_kv(g, kv_cache_memory_bytes=10 * GiB, max_model_len=8192)
+    plan = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=10 * GiB, max_model_len=8192))
     assert plan.kv_bytes_per_token == 61 * 576 * 2  # 70,272: DeepSeek-V3's figure in the geometry table
-    fp8 = plan_kv(g, kv_cache_memory_bytes=10 * GiB, max_model_len=8192, kv_cache_dtype="fp8")
+    fp8 = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=10 * GiB, max_model_len=8192, kv_cache_dtype="fp8"))
     assert fp8.kv_bytes_per_token == 35_136
 
 
@@ -249,7 +251,7 @@ def test_sliding_window_patterns() -> None:
         }
     )
     assert gpt_oss.layer_kinds == ("sliding", "full", "sliding", "full")
-    plan = plan_kv(gpt_oss, kv_cache_memory_bytes=GiB, max_model_len=4096, kv_cache_dtype="bfloat16")
+    plan = sizing.plan(gpt_oss, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, kv_cache_dtype="bfloat16"))
     assert [g.kind for g in plan.groups] == ["sliding", "full"] and plan.group_size == 2
 
 
@@ -325,20 +327,28 @@ def test_kv_dtypes_and_tensor_parallel_replication() -> None:
             "torch_dtype": "bfloat16",
         }
     )
-    bf16 = plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096)
+    bf16 = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096))
     assert bf16.kv_bytes_per_token == 2 * 10 * 4 * 128 * 2
     for dtype in ("fp8", "fp8_e4m3", "fp8_e5m2", "int8"):
         assert (
-            plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096, kv_cache_dtype=dtype).kv_bytes_per_token
+            sizing.plan(
+                g, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, kv_cache_dtype=dtype)
+            ).kv_bytes_per_token
             == bf16.kv_bytes_per_token // 2
         )
-    assert plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096, tp=2).kv_bytes_per_token == 2 * 10 * 2 * 128 * 2
+    assert (
+        sizing.plan(g, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, tp=2)).kv_bytes_per_token
+        == 2 * 10 * 2 * 128 * 2
+    )
     # TP 8 > 4 KV heads: heads are replicated, one per GPU
-    assert plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096, tp=8).kv_bytes_per_token == 2 * 10 * 1 * 128 * 2
-    assert plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=4096, pp=2).kv_layers_per_rank == 5
+    assert (
+        sizing.plan(g, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, tp=8)).kv_bytes_per_token
+        == 2 * 10 * 1 * 128 * 2
+    )
+    assert sizing.plan(g, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, pp=2)).kv_layers_per_rank == 5
     no_dtype = parse_config({"num_hidden_layers": 2, "num_attention_heads": 2, "head_dim": 8})
     with pytest.raises(ValueError, match="no torch_dtype"):
-        plan_kv(no_dtype, kv_cache_memory_bytes=GiB, max_model_len=64)
+        sizing.plan(no_dtype, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=64))
 
 
 def test_impossible_plans_say_so_with_numbers() -> None:
@@ -352,7 +362,7 @@ def test_impossible_plans_say_so_with_numbers() -> None:
         }
     )
     with pytest.raises(ImpossiblePlan, match=r"needs 40.00 GiB of KV cache per GPU, more than the 1.00 GiB"):
-        plan_kv(g, kv_cache_memory_bytes=GiB, max_model_len=131072)
+        sizing.plan(g, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=131072))
     budget = MemoryBudget(80 * GiB, 0.9, weights_bytes=140 * GiB, activation_bytes=0, cuda_graph_bytes=0)
     with pytest.raises(ImpossiblePlan, match=r"weights 140.00 GiB .* exceed the budget of 72.00 GiB"):
         budget.check()
@@ -404,11 +414,13 @@ def test_granite_4_h_hybrid_mamba_case_reproduced() -> None:
     g = parse_config(GRANITE_4_H_1B)
     assert g.layer_kinds.count("mamba") == 36 and g.kv_layers == 4 and g.state is not None
     assert g.state.state_bytes(tp=1, conv_dtype_bytes=2, ssm_dtype_bytes=2) == 3 * 3328 * 2 + 48 * 64 * 128 * 2
-    plan = plan_kv(
+    plan = sizing.plan(
         g,
-        kv_cache_memory_bytes=int(case["kv_cache_memory_gib"] * GiB),
-        max_model_len=case["max_concurrency_at_len"],
-        version=(0, 19, 0),
+        PlanInputs(
+            kv_cache_memory_bytes=int(case["kv_cache_memory_gib"] * GiB),
+            max_model_len=case["max_concurrency_at_len"],
+            version=(0, 19, 0),
+        ),
     )
     assert plan.block_size == case["block_size"] == 400
     assert any("padded by 1.59%" in n for n in plan.notes), plan.notes
@@ -433,7 +445,7 @@ def _gemma3_27b(**overrides: object) -> dict:
 def test_sliding_window_groups_padding_and_bounds() -> None:
     """Gemma 3 27B: 52 sliding + 10 full layers -> group size 10, 6 sliding groups (8 padding layers) + 1 full."""
     g = parse_config(_gemma3_27b())
-    plan = plan_kv(g, kv_cache_memory_bytes=20 * GiB, max_model_len=32768, version=(0, 10, 2))
+    plan = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=32768, version=(0, 10, 2)))
     page = 16 * 2 * 16 * 128 * 2  # block of 16 tokens x K and V x 16 KV heads x 128 x bf16
     assert (plan.group_size, plan.page_bytes) == (10, page)
     assert [g.kind for g in plan.groups].count("sliding") == 6 and len(plan.groups) == 7
@@ -448,13 +460,13 @@ def test_sliding_window_groups_padding_and_bounds() -> None:
     assert plan.blocks_at(1024) == 64 + 6 * 65
     assert plan.concurrency_at(1024) == plan.num_gpu_blocks / (64 + 6 * 65)
     # newer rules: tokens from the concurrency, twice the in-flight tokens under async scheduling, and without it
-    new = plan_kv(g, kv_cache_memory_bytes=20 * GiB, max_model_len=32768)
+    new = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=32768))
     assert {x.blocks_per_request for x in new.groups if x.kind == "sliding"} == {math.ceil((1023 + 4096) / 16) + 1}
     assert new.kv_cache_tokens == int(new.max_concurrency * 32768)
-    sync = plan_kv(g, kv_cache_memory_bytes=20 * GiB, max_model_len=32768, async_scheduling=False)
+    sync = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=32768, async_scheduling=False))
     assert sync.max_concurrency > new.max_concurrency
     # a window longer than the context: a sliding group holds as many blocks as a full one, plus one
-    short = plan_kv(g, kv_cache_memory_bytes=20 * GiB, max_model_len=512, version=(0, 10, 2))
+    short = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=512, version=(0, 10, 2)))
     assert {x.blocks_per_request for x in short.groups} == {32, 33}
 
 
@@ -464,8 +476,11 @@ def test_gpt_oss_plan_from_the_llmd_case_budget() -> None:
     g = parse_config(
         _hf_config("openai/gpt-oss-120b", sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 18)
     )
-    plan = plan_kv(
-        g, kv_cache_memory_bytes=int(3.33 * GiB), max_model_len=16000, version=(0, 11, 0), max_num_batched_tokens=8192
+    plan = sizing.plan(
+        g,
+        PlanInputs(
+            kv_cache_memory_bytes=int(3.33 * GiB), max_model_len=16000, version=(0, 11, 0), max_num_batched_tokens=8192
+        ),
     )
     page = 16 * 2 * 8 * 64 * 2
     assert plan.group_size == 18 and len(plan.groups) == 2
@@ -477,8 +492,12 @@ def test_sliding_layers_before_hybrid_groups_are_sized_as_full() -> None:
     g = parse_config(_gemma3_27b())
     as_full = parse_config(_hf_config("google/gemma-3-27b-it"))
     for version, engine in (((0, 6, 6), "v0"), ((0, 8, 5), "v1")):
-        old = plan_kv(g, kv_cache_memory_bytes=20 * GiB, max_model_len=8192, version=version, engine=engine)
-        dense = plan_kv(as_full, kv_cache_memory_bytes=20 * GiB, max_model_len=8192, version=version, engine=engine)
+        old = sizing.plan(
+            g, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=8192, version=version, engine=engine)
+        )
+        dense = sizing.plan(
+            as_full, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=8192, version=version, engine=engine)
+        )
         assert (old.num_gpu_blocks, old.kv_cache_tokens, old.max_concurrency) == (
             dense.num_gpu_blocks,
             dense.kv_cache_tokens,
@@ -486,12 +505,15 @@ def test_sliding_layers_before_hybrid_groups_are_sized_as_full() -> None:
         )
         assert any("like full attention" in n for n in old.notes)
     # V0 keeps Mamba state outside the KV budget: only the 4 attention layers count
-    v0 = plan_kv(
-        parse_config(GRANITE_4_H_1B), kv_cache_memory_bytes=GiB, max_model_len=4096, engine="v0", version=(0, 6, 6)
+    v0 = sizing.plan(
+        parse_config(GRANITE_4_H_1B),
+        PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, engine="v0", version=(0, 6, 6)),
     )
     assert v0.kv_bytes_per_token == 4 * 2 * 4 * 128 * 2
     with pytest.raises(NotModelled, match=r"before 0\.9\.1 did not serve"):
-        plan_kv(parse_config(GRANITE_4_H_1B), kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 8, 5))
+        sizing.plan(
+            parse_config(GRANITE_4_H_1B), PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 8, 5))
+        )
 
 
 def test_mamba_modes_dtypes_and_tensor_parallel() -> None:
@@ -499,26 +521,28 @@ def test_mamba_modes_dtypes_and_tensor_parallel() -> None:
     kwargs = {"kv_cache_memory_bytes": 4 * GiB, "max_model_len": 4096}
     # the default mode follows prefix caching, which vLLM turns on for hybrids from 0.28: 'none' before, then 'align'
     # with 2 state blocks per request, 3 for Mamba-2 from 0.32 (a prefill checkpoint)
-    assert plan_kv(g, version=(0, 27, 0), **kwargs).blocks_at(4096) == 11 + 9 * 1
-    assert plan_kv(g, version=(0, 28, 0), **kwargs).blocks_at(4096) == 11 + 9 * 2
-    assert plan_kv(g, version=(0, 32, 0), **kwargs).blocks_at(4096) == 11 + 9 * 3
-    assert plan_kv(g, version=(0, 32, 0), mamba_cache_mode="none", **kwargs).blocks_at(4096) == 11 + 9
-    assert plan_kv(g, version=(0, 25, 0), mamba_cache_mode="align", **kwargs).blocks_at(4096) == 11 + 9 * 2
+    assert sizing.plan(g, PlanInputs(version=(0, 27, 0), **kwargs)).blocks_at(4096) == 11 + 9 * 1
+    assert sizing.plan(g, PlanInputs(version=(0, 28, 0), **kwargs)).blocks_at(4096) == 11 + 9 * 2
+    assert sizing.plan(g, PlanInputs(version=(0, 32, 0), **kwargs)).blocks_at(4096) == 11 + 9 * 3
+    assert sizing.plan(g, PlanInputs(version=(0, 32, 0), mamba_cache_mode="none", **kwargs)).blocks_at(4096) == 11 + 9
+    assert (
+        sizing.plan(g, PlanInputs(version=(0, 25, 0), mamba_cache_mode="align", **kwargs)).blocks_at(4096) == 11 + 9 * 2
+    )
     with pytest.raises(ValueError, match="not auto, none or align"):
-        plan_kv(g, mamba_cache_mode="all", **kwargs)
+        sizing.plan(g, PlanInputs(mamba_cache_mode="all", **kwargs))
     # a float32 SSM state doubles the Mamba page, so the attention block grows to hold it
-    f32 = plan_kv(g, version=(0, 19, 0), mamba_ssm_cache_dtype="float32", **kwargs)
+    f32 = sizing.plan(g, PlanInputs(version=(0, 19, 0), mamba_ssm_cache_dtype="float32", **kwargs))
     assert f32.block_size == 16 * math.ceil((3 * 3328 * 2 + 48 * 64 * 128 * 4) / (16 * 2048))
     from_config = parse_config({**GRANITE_4_H_1B, "mamba_ssm_cache_dtype": "float32"})
-    assert plan_kv(from_config, version=(0, 19, 0), **kwargs).block_size == f32.block_size
+    assert sizing.plan(from_config, PlanInputs(version=(0, 19, 0), **kwargs)).block_size == f32.block_size
     nemotron = parse_config({**GRANITE_4_H_1B, "architectures": ["NemotronHForCausalLM"]})
-    assert plan_kv(nemotron, version=(0, 19, 0), **kwargs).block_size == f32.block_size
+    assert sizing.plan(nemotron, PlanInputs(version=(0, 19, 0), **kwargs)).block_size == f32.block_size
     # TP 2: KV heads and Mamba heads split, the single group is replicated to follow its heads
-    tp2 = plan_kv(g, version=(0, 19, 0), tp=2, **kwargs)
+    tp2 = sizing.plan(g, PlanInputs(version=(0, 19, 0), tp=2, **kwargs))
     assert g.state.state_bytes(2, 2, 2) == 3 * ((3072 + 2 * 2 * 128) // 2) * 2 + 24 * 64 * 128 * 2
     assert tp2.page_bytes == tp2.block_size * 2 * 2 * 128 * 2
     with pytest.raises(ValueError, match="not divisible by TP 5"):
-        plan_kv(g, version=(0, 19, 0), tp=5, **kwargs)
+        sizing.plan(g, PlanInputs(version=(0, 19, 0), tp=5, **kwargs))
 
 
 def test_what_the_hybrid_planner_does_not_model_is_named() -> None:
@@ -527,22 +551,24 @@ def test_what_the_hybrid_planner_does_not_model_is_named() -> None:
          "full_attention_interval": 4, "torch_dtype": "bfloat16"}
     )  # fmt: skip
     with pytest.raises(NotModelled, match="no state fields"):  # full_attention_interval without the linear_* fields
-        plan_kv(qwen_next, kv_cache_memory_bytes=GiB, max_model_len=4096)
+        sizing.plan(qwen_next, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096))
     with pytest.raises(NotModelled, match="pipeline stages"):
-        plan_kv(parse_config(_gemma3_27b()), kv_cache_memory_bytes=GiB, max_model_len=4096, pp=2)
+        sizing.plan(parse_config(_gemma3_27b()), PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, pp=2))
     no_state = parse_config({**GRANITE_4_H_1B, "mamba_n_heads": None})
     with pytest.raises(NotModelled, match="no state fields"):
-        plan_kv(no_state, kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 19, 0))
+        sizing.plan(no_state, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 19, 0)))
     attention_free = parse_config({**GRANITE_4_H_1B, "layer_types": ["mamba"] * 40})
     for engine in ("v0", "v1"):
         with pytest.raises(NotModelled, match="no attention layer"):
-            plan_kv(attention_free, kv_cache_memory_bytes=GiB, max_model_len=4096, engine=engine)
+            sizing.plan(attention_free, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, engine=engine))
     with pytest.raises(GeometryError, match="beside other layer kinds") as err:  # a chunk and a sliding window
         parse_config({**_hf_config("meta-llama/Llama-3.1-8B-Instruct"), "attention_chunk_size": 8192,
                       "sliding_window": 4096})  # fmt: skip
     assert err.value.field == "attention_chunk_size"
     with pytest.raises(ImpossiblePlan, match="needs 2,182 blocks"):
-        plan_kv(parse_config(_gemma3_27b()), kv_cache_memory_bytes=GiB, max_model_len=16384, version=(0, 10, 2))
+        sizing.plan(
+            parse_config(_gemma3_27b()), PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=16384, version=(0, 10, 2))
+        )
 
 
 def test_transformers_5_writes_mamba_layers_as_linear_attention() -> None:
@@ -585,21 +611,26 @@ def test_qwen3_5_gated_deltanet_case_is_consistent() -> None:
     case = CASES["vllm-issue40691-qwen3.5-27b-h20-v0.19"]
     g = parse_config(QWEN3_5_27B)
     assert g.layer_kinds.count("linear") == 48 and g.kv_layers == 16 and g.state is not None
-    probe = plan_kv(g, kv_cache_memory_bytes=100 * GiB, max_model_len=32768, version=(0, 19, 0))
+    probe = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=100 * GiB, max_model_len=32768, version=(0, 19, 0)))
     assert probe.block_size == 784 and len(probe.groups) == 4 and probe.blocks_at(32768) == 42 + 3
     assert any("from config.json" in n for n in probe.notes)  # the float32 SSM state
     per_block_row = probe.page_bytes * probe.group_size
     fits = []
     for blocks in range(1000, 2000):
-        plan = plan_kv(g, kv_cache_memory_bytes=blocks * per_block_row, max_model_len=32768, version=(0, 19, 0))
+        plan = sizing.plan(
+            g, PlanInputs(kv_cache_memory_bytes=blocks * per_block_row, max_model_len=32768, version=(0, 19, 0))
+        )
         if (
             plan.kv_cache_tokens == case["kv_cache_tokens"]
             and f"{plan.max_concurrency:.2f}" == f"{case['max_concurrency']:.2f}"
         ):
             fits.append(blocks)
     assert fits == [1487]
-    bf16 = plan_kv(
-        g, kv_cache_memory_bytes=100 * GiB, max_model_len=32768, version=(0, 19, 0), mamba_ssm_cache_dtype="bfloat16"
+    bf16 = sizing.plan(
+        g,
+        PlanInputs(
+            kv_cache_memory_bytes=100 * GiB, max_model_len=32768, version=(0, 19, 0), mamba_ssm_cache_dtype="bfloat16"
+        ),
     )
     assert bf16.block_size == 400 and case["kv_cache_tokens"] % bf16.block_size  # 290,864 is no multiple of 400
 
@@ -614,7 +645,7 @@ def test_where_vllm_changed_its_hybrid_rules() -> None:
         )
 
     def group_size(g: Geometry, version: tuple[int, int, int]) -> int:
-        return plan_kv(g, kv_cache_memory_bytes=8 * GiB, max_model_len=8192, version=version).group_size
+        return sizing.plan(g, PlanInputs(kv_cache_memory_bytes=8 * GiB, max_model_len=8192, version=version)).group_size
 
     eagle = sliding_full(12, 13)  # gpt-oss-20b + an EAGLE layer: 13 < 12 x 1.25
     assert [group_size(eagle, v) for v in ((0, 11, 0), (0, 12, 0), (0, 18, 0))] == [12, 13, 13]
@@ -622,11 +653,12 @@ def test_where_vllm_changed_its_hybrid_rules() -> None:
     assert [group_size(uneven, v) for v in ((0, 12, 0), (0, 17, 0), (0, 18, 0))] == [8, 8, 11]
     sliding = {}  # window 512 - 1 + 2,048 in-flight tokens, doubled from 0.26 under async scheduling
     for v in ((0, 25, 0), (0, 26, 0)):
-        plan = plan_kv(eagle, kv_cache_memory_bytes=8 * GiB, max_model_len=8192, version=v)
+        plan = sizing.plan(eagle, PlanInputs(kv_cache_memory_bytes=8 * GiB, max_model_len=8192, version=v))
         sliding[v] = {x.blocks_per_request for x in plan.groups if x.kind == "sliding"}
     assert sliding == {(0, 25, 0): {math.ceil(2559 / 16) + 1}, (0, 26, 0): {math.ceil((511 + 4096) / 16) + 1}}
     old, new = (
-        plan_kv(eagle, kv_cache_memory_bytes=8 * GiB, max_model_len=8000, version=v) for v in ((0, 20, 0), (0, 20, 1))
+        sizing.plan(eagle, PlanInputs(kv_cache_memory_bytes=8 * GiB, max_model_len=8000, version=v))
+        for v in ((0, 20, 0), (0, 20, 1))
     )
     assert old.kv_cache_tokens == old.num_gpu_blocks // len(old.groups) * 16
     assert new.kv_cache_tokens == int(new.max_concurrency * 8000)
@@ -642,7 +674,7 @@ def test_hybrid_configs_that_contradict_themselves_are_named() -> None:
     assert err.value.field == "sliding_window"
     odd_dtype = parse_config({**GRANITE_4_H_1B, "mamba_ssm_cache_dtype": "fp33"})
     with pytest.raises(ValueError, match=r"SSM state dtype 'fp33' \(the SSM state dtype comes from config.json\)"):
-        plan_kv(odd_dtype, kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 19, 0))
+        sizing.plan(odd_dtype, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, version=(0, 19, 0)))
 
 
 # -- Llama 4's chunked local attention ---------------------------------------------------------------------------
@@ -691,7 +723,7 @@ def test_llama4_chunked_groups_and_where_vllm_changed_them() -> None:
 
     g = parse_config(LLAMA4_SCOUT)
     kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 131072, "tp": 4, "max_num_batched_tokens": 8192}
-    plan = plan_kv(g, **kw, version=CHUNKED_LOCAL_DEFAULT_ON)
+    plan = sizing.plan(g, PlanInputs(**kw, version=CHUNKED_LOCAL_DEFAULT_ON))
     assert (plan.group_size, [x.kind for x in plan.groups]) == (12, ["chunked"] * 3 + ["full"])
     chunked = math.ceil((8192 + 2 * 8192) / 16)  # chunk + two batches in flight (async scheduling)
     assert [x.blocks_per_request for x in plan.groups] == [chunked] * 3 + [131072 // 16]
@@ -700,9 +732,9 @@ def test_llama4_chunked_groups_and_where_vllm_changed_them() -> None:
     assert plan.max_concurrency == plan.num_gpu_blocks / (3 * chunked + 8192)
     # sized like full attention: before 0.10.0, when told so, and with an EAGLE-family drafter
     as_full = [
-        plan_kv(g, **kw, version=(0, 9, 2)),  # hybrid groups, but no chunked spec yet
-        plan_kv(g, **kw, chunked_local_hybrid="off"),
-        plan_kv(g, **kw, speculation=Speculation("eagle", 2)),
+        sizing.plan(g, PlanInputs(**kw, version=(0, 9, 2))),  # hybrid groups, but no chunked spec yet
+        sizing.plan(g, PlanInputs(**kw, chunked_local_hybrid="off")),
+        sizing.plan(g, PlanInputs(**kw, speculation=Speculation("eagle", 2))),
     ]
     for p in as_full:
         assert not p.groups and p.kv_layers_per_rank >= 48
@@ -710,11 +742,11 @@ def test_llama4_chunked_groups_and_where_vllm_changed_them() -> None:
     assert as_full[0].max_concurrency < plan.max_concurrency / 2
     # between 0.10.1 and 0.32 the default of VLLM_ALLOW_CHUNKED_LOCAL_ATTN_WITH_HYBRID_KV_CACHE is not known: asked
     with pytest.raises(NotModelled, match="--chunked-local-hybrid on or off"):
-        plan_kv(g, **kw, version=(0, 20, 0))
-    told = plan_kv(g, **kw, version=CHUNKED_LOCAL_GROUPS, chunked_local_hybrid="on")
+        sizing.plan(g, PlanInputs(**kw, version=(0, 20, 0)))
+    told = sizing.plan(g, PlanInputs(**kw, version=CHUNKED_LOCAL_GROUPS, chunked_local_hybrid="on"))
     assert len(told.groups) == 4
     with pytest.raises(NotModelled, match="PR #19351"):
-        plan_kv(g, **kw, version=(0, 9, 2), chunked_local_hybrid="on")
+        sizing.plan(g, PlanInputs(**kw, version=(0, 9, 2), chunked_local_hybrid="on"))
 
 
 def test_llama4_without_hybrid_groups_starts_below_1x_up_to_0_13() -> None:
@@ -730,18 +762,23 @@ def test_llama4_without_hybrid_groups_starts_below_1x_up_to_0_13() -> None:
     # 0.13 counts 12 full layers at max_model_len and 36 chunked ones at 8192 + 8192 tokens: 2.06 GiB
     counted = (12 * 131072 // 16 + 36 * (8192 + 8192) // 16) * page
     for version in (CHUNKED_LOCAL_GROUPS, (0, 13, 0)):
-        plan = plan_kv(g, kv_cache_memory_bytes=4 * GiB, version=version, **kw)
+        plan = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=4 * GiB, version=version, **kw))
         assert plan.num_gpu_blocks == 4 * GiB // page // 48 and plan.max_concurrency == plan.num_gpu_blocks / 8192
         assert 0.66 < plan.max_concurrency < 0.67
         (note,) = [n for n in plan.notes if "before it sizes those layers as full attention" in n]
         assert f"{plan.kv_cache_tokens:,} tokens" in note and "From 0.14.0 vLLM refuses" in note
         with pytest.raises(ImpossiblePlan, match="chunked local attention layer at chunk"):
-            plan_kv(g, kv_cache_memory_bytes=counted - 1, version=version, **kw)  # what 0.13 refused too
-        assert plan_kv(g, kv_cache_memory_bytes=counted, version=version, **kw).max_concurrency < 0.35
+            sizing.plan(
+                g, PlanInputs(kv_cache_memory_bytes=counted - 1, version=version, **kw)
+            )  # what 0.13 refused too
+        assert sizing.plan(g, PlanInputs(kv_cache_memory_bytes=counted, version=version, **kw)).max_concurrency < 0.35
     for version in (CHECK_AFTER_UNIFYING, (0, 14, 1), (0, 9, 2)):  # after the fix; before chunked specs existed
         with pytest.raises(ImpossiblePlan, match="vLLM would refuse to start"):
-            plan_kv(g, kv_cache_memory_bytes=4 * GiB, version=version, **kw)
-    assert plan_kv(g, kv_cache_memory_bytes=6 * GiB, version=CHECK_AFTER_UNIFYING, **kw).max_concurrency == 1.0
+            sizing.plan(g, PlanInputs(kv_cache_memory_bytes=4 * GiB, version=version, **kw))
+    assert (
+        sizing.plan(g, PlanInputs(kv_cache_memory_bytes=6 * GiB, version=CHECK_AFTER_UNIFYING, **kw)).max_concurrency
+        == 1.0
+    )
 
 
 # -- Mamba-1 (Jamba) ---------------------------------------------------------------------------------------------
@@ -772,14 +809,14 @@ def test_jamba_mamba1_state_and_groups() -> None:
     assert g.layer_kinds.count("full") == 4 and g.layer_kinds[4] == "full" and g.layer_kinds[12] == "full"
     assert g.state == Mamba1Geometry(intermediate_size=8192, d_state=16, conv_kernel=4)
     assert g.state.state_bytes(2, 2, 2) == 3 * 4096 * 2 + 4096 * 16 * 2
-    plan = plan_kv(g, kv_cache_memory_bytes=20 * GiB, max_model_len=32768, tp=2, version=(0, 32, 0))
+    plan = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=32768, tp=2, version=(0, 32, 0)))
     state = 3 * 4096 * 2 + 4096 * 16 * 2  # per layer and request on one of 2 ranks: 155,648 bytes
     per_token = 2 * 4 * 128 * 2  # attention: 8 KV heads / TP 2
     block = 16 * math.ceil(state / (16 * per_token))  # the attention block grows until a page holds a state
     assert plan.block_size == block and plan.group_size == 4
     assert {x.blocks_per_request for x in plan.groups if x.kind == "mamba"} == {2}
     assert any("Mamba-1 page padded" in n for n in plan.notes)
-    none = plan_kv(g, kv_cache_memory_bytes=20 * GiB, max_model_len=32768, tp=2, version=(0, 27, 0))
+    none = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=32768, tp=2, version=(0, 27, 0)))
     assert {x.blocks_per_request for x in none.groups if x.kind == "mamba"} == {1}  # before 0.28: no prefix caching
 
 
@@ -789,13 +826,13 @@ def test_where_vllm_changed_its_mamba1_rules() -> None:
     g = parse_config(JAMBA)
     kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 32768}
     with pytest.raises(NotModelled, match=r"Mamba-1 layers in V1 are planned from vLLM 0\.10\.2"):
-        plan_kv(g, **kw, version=(0, 10, 1))
-    assert plan_kv(g, **kw, version=MAMBA1_V1).groups
+        sizing.plan(g, PlanInputs(**kw, version=(0, 10, 1)))
+    assert sizing.plan(g, PlanInputs(**kw, version=MAMBA1_V1)).groups
     with pytest.raises(NotModelled, match="--mamba-cache-mode none or align"):
-        plan_kv(g, **kw, version=(0, 30, 0))
-    assert plan_kv(g, **kw, version=(0, 30, 0), mamba_cache_mode="align").groups
-    assert plan_kv(g, **kw, version=MAMBA1_PREFIX_CACHING).groups
-    v0 = plan_kv(g, **kw, version=(0, 7, 0))  # V0: the state lives outside the KV budget
+        sizing.plan(g, PlanInputs(**kw, version=(0, 30, 0)))
+    assert sizing.plan(g, PlanInputs(**kw, version=(0, 30, 0), mamba_cache_mode="align")).groups
+    assert sizing.plan(g, PlanInputs(**kw, version=MAMBA1_PREFIX_CACHING)).groups
+    v0 = sizing.plan(g, PlanInputs(**kw, version=(0, 7, 0)))  # V0: the state lives outside the KV budget
     assert v0.kv_layers_per_rank == 4 and "outside the KV-cache budget" in v0.notes[-1]
     with pytest.raises(GeometryError) as err:
         parse_config({**JAMBA, "attn_layer_offset": 8})
@@ -827,14 +864,16 @@ def test_mla_before_0_7_1_was_cached_as_padded_multi_head_attention() -> None:
     g = parse_config(DEEPSEEK_V2_LITE)
     kw = {"kv_cache_memory_bytes": int(case["kv_cache_memory_gib"] * GiB), "max_model_len": 8192,
           "kv_cache_dtype": "float16"}  # fmt: skip
-    old = plan_kv(g, **kw, version=(0, 6, 4), engine="v0")
+    old = sizing.plan(g, PlanInputs(**kw, version=(0, 6, 4), engine="v0"))
     assert old.kv_bytes_per_token == case["bytes_per_token_formula"] == 27 * 2 * 16 * 256 * 2
     assert old.num_gpu_blocks == case["num_gpu_blocks"] and f"{old.max_concurrency:.2f}" == f"{case['max_concurrency']}"
     assert "multi-head attention" in old.notes[0]
-    new = plan_kv(g, **kw, version=MLA_LATENT_CACHE, engine="v0")
+    new = sizing.plan(g, PlanInputs(**kw, version=MLA_LATENT_CACHE, engine="v0"))
     assert new.kv_bytes_per_token == 27 * 576 * 2 and new.num_gpu_blocks > 14 * old.num_gpu_blocks
     with pytest.raises(NotModelled, match="num_attention_heads"):
-        plan_kv(parse_config({**DEEPSEEK_V2_LITE, "num_attention_heads": None}), **kw, version=(0, 6, 4))
+        sizing.plan(
+            parse_config({**DEEPSEEK_V2_LITE, "num_attention_heads": None}), PlanInputs(**kw, version=(0, 6, 4))
+        )
 
 
 def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() -> None:
@@ -849,7 +888,9 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
                         "num_nextn_predict_layers": 1})  # fmt: skip
     assert v32.indexer_bytes == 128 + 4
     kw = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 163840, "block_size": 64, "version": (0, 32, 0)}
-    per_format = {d: plan_kv(v32, **kw, kv_cache_dtype=d) for d in ("auto", "bfloat16", "fp8_ds_mla", "fp8")}
+    per_format = {
+        d: sizing.plan(v32, PlanInputs(**kw, kv_cache_dtype=d)) for d in ("auto", "bfloat16", "fp8_ds_mla", "fp8")
+    }
     assert {d: p.kv_bytes_per_token for d, p in per_format.items()} == {
         "auto": 27 * (576 * 2 + 132), "bfloat16": 27 * (576 * 2 + 132), "fp8_ds_mla": 27 * (656 + 132),
         "fp8": 27 * (576 + 132),
@@ -860,20 +901,22 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
         assert len(assumed) == (d in ("auto", "fp8")), (d, p.notes)  # bfloat16 and fp8_ds_mla say it outright
     assert "SM120" in per_format["auto"].notes[-1] and "fp8_ds_mla" in per_format["fp8"].notes[-1]
     # the MTP layer is a full one: its own latent and indexer
-    mtp = plan_kv(v32, **kw, speculation=Speculation("mtp", 1))
+    mtp = sizing.plan(v32, PlanInputs(**kw, speculation=Speculation("mtp", 1)))
     assert mtp.kv_bytes_per_token == 28 * (576 * 2 + 132)
     assert any("indexer" in n for n in mtp.notes) and any("MTP" in n for n in mtp.notes)  # both said
     with pytest.raises(NotModelled, match=r"0\.32\.0"):
-        plan_kv(v32, **{**kw, "version": (0, 31, 0)})
+        sizing.plan(v32, PlanInputs(**{**kw, "version": (0, 31, 0)}))
     with pytest.raises(ValueError, match="not a sparse-attention"):  # a packed format on any other model
-        plan_kv(parse_config(DEEPSEEK_V2_LITE), **kw, kv_cache_dtype="fp8_ds_mla")
+        sizing.plan(parse_config(DEEPSEEK_V2_LITE), PlanInputs(**kw, kv_cache_dtype="fp8_ds_mla"))
     index_cache = parse_config({**DEEPSEEK_V2_LITE, "index_topk": 2048, "index_head_dim": 128, "index_topk_freq": 4})
     with pytest.raises(NotModelled, match="IndexCache"):
-        plan_kv(index_cache, **kw)
+        sizing.plan(index_cache, PlanInputs(**kw))
     with pytest.raises(GeometryError, match="index_topk_pattern"):
         parse_config({**DEEPSEEK_V2_LITE, "index_topk": 2048, "index_head_dim": 128, "index_topk_pattern": 4})
     with pytest.raises(NotModelled, match="drafter of its own"):  # a draft model's layers beside the packed latent
-        plan_kv(v32, **kw, kv_cache_dtype="fp8_ds_mla", speculation=Speculation("draft_model", 2, draft=v32))
+        sizing.plan(
+            v32, PlanInputs(**kw, kv_cache_dtype="fp8_ds_mla", speculation=Speculation("draft_model", 2, draft=v32))
+        )
     # live: under fp8 the backend decides the latent's format, which vLLM does not report: no figure, no layout
     assert derive.model_kv_bytes_per_token(v32, "auto", 8, 1) == 27 * (576 * 2 + 132)
     assert derive.model_kv_bytes_per_token(v32, "fp8_ds_mla", 8, 1) == 27 * (656 + 132)
@@ -894,20 +937,20 @@ def test_per_token_head_scales_ride_beside_each_heads_values() -> None:
     llama = parse_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                           "head_dim": 128, "torch_dtype": "bfloat16"})  # fmt: skip
     kw = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 32768, "version": (0, 32, 0), "tp": 2}
-    rows = {d: plan_kv(llama, **kw, kv_cache_dtype=d).kv_bytes_per_token
+    rows = {d: sizing.plan(llama, PlanInputs(**kw, kv_cache_dtype=d)).kv_bytes_per_token
             for d in ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "fp8")}  # fmt: skip
     assert rows == {"int8_per_token_head": 32 * 4 * 2 * (128 + 4), "fp8_per_token_head": 32 * 4 * 2 * (128 + 4),
                     "int4_per_token_head": 32 * 4 * 2 * (64 + 4), "fp8": 32 * 4 * 2 * 128}  # fmt: skip
-    note = plan_kv(llama, **kw, kv_cache_dtype="int4_per_token_head").notes[0]
+    note = sizing.plan(llama, PlanInputs(**kw, kv_cache_dtype="int4_per_token_head")).notes[0]
     assert "64 B and a float32 scale, 68 B" in note
     with pytest.raises(NotModelled, match=r"0\.32\.0"):
-        plan_kv(llama, **{**kw, "version": (0, 31, 0)}, kv_cache_dtype="int8_per_token_head")
+        sizing.plan(llama, PlanInputs(**{**kw, "version": (0, 31, 0)}, kv_cache_dtype="int8_per_token_head"))
     gemma3 = parse_config({"num_hidden_layers": 6, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                            "sliding_window": 1024, "sliding_window_pattern": 6, "torch_dtype": "bfloat16"})  # fmt: skip
     with pytest.raises(NotModelled, match="Triton"):  # sliding layers' block sizes under Triton: not read
-        plan_kv(gemma3, **kw, kv_cache_dtype="int8_per_token_head")
+        sizing.plan(gemma3, PlanInputs(**kw, kv_cache_dtype="int8_per_token_head"))
     with pytest.raises(ValueError, match="MLA"):
-        plan_kv(parse_config(DEEPSEEK_V2_LITE), **kw, kv_cache_dtype="int8_per_token_head")
+        sizing.plan(parse_config(DEEPSEEK_V2_LITE), PlanInputs(**kw, kv_cache_dtype="int8_per_token_head"))
     from vllm_capacity.derive import model_kv_bytes_per_token
 
     assert model_kv_bytes_per_token(llama, "int8_per_token_head", 2, 1) == rows["int8_per_token_head"]
@@ -932,11 +975,14 @@ def test_layers_of_other_shapes_are_named_not_sized_like_the_first(overrides: di
            "torch_dtype": "bfloat16", **overrides}  # fmt: skip
     g = parse_config(cfg)
     with pytest.raises(NotModelled, match=reason):
-        plan_kv(g, kv_cache_memory_bytes=40 * GiB, max_model_len=32768)
+        sizing.plan(g, PlanInputs(kv_cache_memory_bytes=40 * GiB, max_model_len=32768))
     assert model_kv_bytes_per_token(g, "auto", 1, 1) is None
     # the same model with one shape is planned
     same = {k: v for k, v in cfg.items() if k not in ("hybrid_layer_pattern", "swa_head_dim", "v_head_dim")}
-    assert plan_kv(parse_config(same), kv_cache_memory_bytes=40 * GiB, max_model_len=32768).kv_cache_tokens > 0
+    assert (
+        sizing.plan(parse_config(same), PlanInputs(kv_cache_memory_bytes=40 * GiB, max_model_len=32768)).kv_cache_tokens
+        > 0
+    )
 
 
 def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
@@ -952,7 +998,7 @@ def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
     written = {**GEMMA4, "per_layer_config": {str(i): {"head_dim": 512} for i in (5, 11)}}
     assert parse_config(written).full_shape == (8, 512)
     kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 32768, "max_num_batched_tokens": 8192}
-    plan = plan_kv(g, **kw, version=(0, 32, 0))
+    plan = sizing.plan(g, PlanInputs(**kw, version=(0, 32, 0)))
     page = 16 * 2 * 8 * 512 * 2  # the full layers' page: 16 tokens x K and V x 8 heads x 512 x 2 B
     assert plan.page_bytes == page and plan.num_gpu_blocks == 20 * GiB // (page * 2)  # groups of 2 layers
     by_kind = {grp.kind: grp.blocks_per_request for grp in plan.groups}
@@ -964,29 +1010,32 @@ def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
     k_eq_v = parse_config({**GEMMA4, "attention_k_eq_v": True, "num_global_key_value_heads": 2})
     assert k_eq_v.full_shape == (2, 512)
     # a page that is not a whole multiple is padded: 3 heads x 512 against 8 x 256
-    odd = plan_kv(parse_config({**GEMMA4, "per_layer_config": {"5": {"num_key_value_heads": 3, "head_dim": 512},
-                                                              "11": {"num_key_value_heads": 3, "head_dim": 512}}}),
-                  **kw, version=(0, 32, 0))  # fmt: skip
+    odd_layers = {"5": {"num_key_value_heads": 3, "head_dim": 512}, "11": {"num_key_value_heads": 3, "head_dim": 512}}
+    odd = sizing.plan(parse_config({**GEMMA4, "per_layer_config": odd_layers}), PlanInputs(**kw, version=(0, 32, 0)))
     assert any("padded from" in n for n in odd.notes)
     # the same unify_kv_cache_spec_page_size from Gemma 4's first release (0.19.0) where the pages divide; the pad
     # branch from 0.24.0 (before, vLLM raised NotImplementedError and did not start)
     for older in (UNIFIED_PAGE_SIZES, (0, 21, 0), (0, 25, 0)):
-        then = plan_kv(g, **kw, version=older)
+        then = sizing.plan(g, PlanInputs(**kw, version=older))
         assert (then.page_bytes, then.num_gpu_blocks, then.block_size) == (plan.page_bytes, plan.num_gpu_blocks, 16)
         assert {grp.kind: grp.blocks_per_request for grp in then.groups}["full"] == 32768 // 16
         assert any("32-token blocks" in n for n in then.notes)  # (sliding windows keep one batch in flight then)
     with pytest.raises(NotModelled, match=r"planned from vLLM 0\.19\.0"):
-        plan_kv(g, **kw, version=(0, 18, 0))
+        sizing.plan(g, PlanInputs(**kw, version=(0, 18, 0)))
     with pytest.raises(NotModelled, match=r"planned from vLLM 0\.19\.0"):
-        plan_kv(g, **kw, engine="v0", version=(0, 9, 2))  # not sized as one group of the first shape either
+        sizing.plan(
+            g, PlanInputs(**kw, engine="v0", version=(0, 9, 2))
+        )  # not sized as one group of the first shape either
     odd_config = {**GEMMA4, "per_layer_config": {"5": {"num_key_value_heads": 3, "head_dim": 512},
                                                 "11": {"num_key_value_heads": 3, "head_dim": 512}}}  # fmt: skip
-    assert any("padded from" in n for n in plan_kv(parse_config(odd_config), **kw, version=(0, 24, 0)).notes)
+    assert any(
+        "padded from" in n for n in sizing.plan(parse_config(odd_config), PlanInputs(**kw, version=(0, 24, 0))).notes
+    )
     with pytest.raises(ImpossiblePlan, match=r"vLLM 0\.23\.0 does not start this model.*NotImplementedError"):
-        plan_kv(parse_config(odd_config), **kw, version=(0, 23, 0))
+        sizing.plan(parse_config(odd_config), PlanInputs(**kw, version=(0, 23, 0)))
     # every layer a full one: one shape, the full layers'
     full = parse_config({**GEMMA4, "layer_types": ["full_attention"] * 12})
-    assert plan_kv(full, **kw).kv_bytes_per_token == 12 * 2 * 8 * 512 * 2
+    assert sizing.plan(full, PlanInputs(**kw)).kv_bytes_per_token == 12 * 2 * 8 * 512 * 2
     with pytest.raises(GeometryError, match="per_layer_config"):
         parse_config({**GEMMA4, "per_layer_config": {"0": {"head_dim": 512}}})  # a sliding layer of another shape
     # an override that repeats a sliding layer's own shape says nothing new
@@ -997,7 +1046,7 @@ def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
     with pytest.raises(GeometryError, match="num_key_value_heads"):
         parse_config({**GEMMA4, "per_layer_config": {"5": {"num_key_value_heads": "8"}}})
     with pytest.raises(NotModelled, match="use_bidirectional_attention"):
-        plan_kv(parse_config({**GEMMA4, "use_bidirectional_attention": "all"}), **kw)
+        sizing.plan(parse_config({**GEMMA4, "use_bidirectional_attention": "all"}), PlanInputs(**kw))
 
 
 # Logged V1 start-ups whose memory figures add up (per GPU, GiB): total, gpu_memory_utilization, weights, activation
@@ -1091,20 +1140,25 @@ def test_granite_4_micro_gets_a_hybrids_attention_block_on_vllm_0_10_to_0_11_0()
     g = parse_config(GRANITE_4_MICRO)
     memory = 20 * GiB
     for version in ((0, 10, 0), (0, 11, 0)):
-        plan = plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=131072, version=version)
+        plan = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=131072, version=version))
         assert plan.block_size == 1312
         assert plan.num_gpu_blocks == memory // (1312 * 2 * 8 * 64 * 2 * 40) == 199
         assert plan.kv_cache_tokens == 199 * 1312
         assert plan.max_concurrency == 199 / 100  # ceil(131,072 / 1,312) blocks a request
         assert any("raises the attention block size from 16 to 1312" in n for n in plan.notes)
     for version in ((0, 9, 2), (0, 11, 1), (0, 12, 0)):
-        plan = plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=131072, version=version)
+        plan = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=131072, version=version))
         assert plan.block_size == 16 and plan.num_gpu_blocks == memory // (16 * 2 * 8 * 64 * 2 * 40)
         assert not any("raises the attention block size" in n for n in plan.notes)
     partial = parse_config({k: v for k, v in GRANITE_4_MICRO.items() if k != "mamba_d_state"})
     with pytest.raises(NotModelled, match=r"0\.11\.0 sizes its attention block from the Mamba-2 state"):
-        plan_kv(partial, kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 0))
-    assert plan_kv(partial, kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 1)).block_size == 16
+        sizing.plan(partial, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 0)))
+    assert (
+        sizing.plan(
+            partial, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=131072, version=(0, 11, 1))
+        ).block_size
+        == 16
+    )
 
 
 @pytest.mark.parametrize("tp", [1, 4])
@@ -1121,7 +1175,7 @@ def test_kimi_linear_plans_mla_beside_kda_state_as_vllm_0_32(tp: int) -> None:
     block = 128 * math.ceil(state / (128 * 576 * 2))
     assert block == {1: 1920, 4: 512}[tp]
     memory, mml = 20 * GiB, 131072
-    plan = plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=mml, version=(0, 32, 0), tp=tp)
+    plan = sizing.plan(g, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=mml, version=(0, 32, 0), tp=tp))
     per_request = math.ceil(mml / block) + 3 * 2
     assert plan.block_size == block and plan.group_size == 7
     assert plan.num_gpu_blocks == memory // (block * 576 * 2 * 7)
@@ -1131,9 +1185,9 @@ def test_kimi_linear_plans_mla_beside_kda_state_as_vllm_0_32(tp: int) -> None:
     assert plan.kv_bytes_per_token == 7 * 576 * 2
     assert any("one KDA state" in n for n in plan.notes)
     with pytest.raises(NotModelled, match=r"Kimi Linear\) is planned as vLLM 0\.32\.0"):
-        plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=mml, version=(0, 31, 0), tp=tp)
+        sizing.plan(g, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=mml, version=(0, 31, 0), tp=tp))
     with pytest.raises(NotModelled, match="float32 whatever it says"):
-        plan_kv(g, kv_cache_memory_bytes=memory, max_model_len=mml, mamba_ssm_cache_dtype="bfloat16")
+        sizing.plan(g, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=mml, mamba_ssm_cache_dtype="bfloat16"))
     with pytest.raises(GeometryError, match=r"linear_attn_config\.kda_layers"):
         parse_config({**KIMI_LINEAR, "linear_attn_config": {**KIMI_LINEAR["linear_attn_config"], "kda_layers": [0]}})
 
@@ -1151,7 +1205,7 @@ def test_deepseek_v4_plans_vllms_packed_groups() -> None:
     once sized as 43 sliding-window layers of one 512-wide head, come out as vLLM lays them out."""
     g = parse_config(DEEPSEEK_V4_FLASH)
     kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 131072, "async_scheduling": False}
-    result = plan_kv(g, **kw)
+    result = sizing.plan(g, PlanInputs(**kw))
     assert {k: getattr(result, k) for k in V4_FLASH_20GIB} == V4_FLASH_20GIB
     assert result.max_concurrency == pytest.approx(V4_FLASH_CONCURRENCY, rel=1e-12)
     # in vLLM's order: the windows (in two), the latents and keys, the compressor states of ratio 4, of ratio 128
@@ -1161,9 +1215,9 @@ def test_deepseek_v4_plans_vllms_packed_groups() -> None:
     assert result.block_size == 256 and any("assumed: auto stored as fp8_ds_mla" in n for n in result.notes)
     assert result.kv_bytes_per_token * 256 == result.page_bytes  # a block per 256 tokens of the compressed latents
     # the same pool under async scheduling: twice the in-flight tokens in every window, fewer requests
-    assert plan_kv(g, **{**kw, "async_scheduling": True}).max_concurrency < result.max_concurrency
+    assert sizing.plan(g, PlanInputs(**{**kw, "async_scheduling": True})).max_concurrency < result.max_concurrency
     # the plain rows of FlashInfer's backend: 1,024 B a latent where fp8_ds_mla packs 584
-    plain = plan_kv(g, **kw, kv_cache_dtype="bfloat16")
+    plain = sizing.plan(g, PlanInputs(**kw, kv_cache_dtype="bfloat16"))
     assert plain.page_bytes > result.page_bytes and any("plain rows" in n for n in plain.notes)
 
 
@@ -1188,15 +1242,15 @@ def test_deepseek_v4_refuses_what_vllm_refuses_or_was_not_read() -> None:
     kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 131072}
     # vLLM 0.32 at 3 GiB and 1M tokens: "4.62 GiB KV cache is needed, which is larger than ... (3.0 GiB)"
     with pytest.raises(ImpossiblePlan, match=r"needs 4,954 blocks of 0\.96 MiB \(4\.62 GiB\)"):
-        plan_kv(g, kv_cache_memory_bytes=3 * GiB, max_model_len=1048576, async_scheduling=False)
+        sizing.plan(g, PlanInputs(kv_cache_memory_bytes=3 * GiB, max_model_len=1048576, async_scheduling=False))
     with pytest.raises(NotModelled, match=r"planned as vLLM 0\.32\.0 \(V1\) lays it out"):
-        plan_kv(g, **kw, version=(0, 31, 0))
+        sizing.plan(g, PlanInputs(**kw, version=(0, 31, 0)))
     with pytest.raises(NotModelled, match="pipeline parallelism"):
-        plan_kv(g, **kw, pp=2)
+        sizing.plan(g, PlanInputs(**kw, pp=2))
     with pytest.raises(NotModelled, match="with a drafter"):
-        plan_kv(g, **kw, speculation=Speculation("mtp", 1))
+        sizing.plan(g, PlanInputs(**kw, speculation=Speculation("mtp", 1)))
     with pytest.raises(ValueError, match="--kv-cache-dtype int8: DeepSeek-V4's backends store"):
-        plan_kv(g, **kw, kv_cache_dtype="int8")
+        sizing.plan(g, PlanInputs(**kw, kv_cache_dtype="int8"))
     with pytest.raises(GeometryError, match=r"compress_ratios\[3\]: 64: vLLM's compressor takes 4 or 128"):
         parse_config({**DEEPSEEK_V4_FLASH, "compress_ratios": [0, 4, 128, 64] * 11})
     with pytest.raises(GeometryError, match="compress_ratios: expected a list of 43 ratios"):

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from support.model_configs import GEMMA4
+from vllm_capacity import sizing
 from vllm_capacity.geometry import GeometryError
-from vllm_capacity.sizing import NotModelled, Speculation, plan_kv
+from vllm_capacity.sizing import NotModelled, PlanInputs, Speculation
 from vllm_capacity.sizing.versions import (
     MAMBA2_SPECULATIVE,
     MIXED_PAGE_SIZES,
@@ -67,15 +68,15 @@ KW = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 32768}
 
 def test_eagle_adds_one_layer_of_the_targets_shape() -> None:
     target = parse_config(LLAMA_8B)
-    alone = plan_kv(target, **KW)
-    eagle = plan_kv(target, **KW, speculation=Speculation("eagle", 3))
+    alone = sizing.plan(target, PlanInputs(**KW))
+    eagle = sizing.plan(target, PlanInputs(**KW, speculation=Speculation("eagle", 3)))
     assert eagle.kv_layers_per_rank == 33 and eagle.kv_bytes_per_token == alone.kv_bytes_per_token * 33 // 32
     assert eagle.num_gpu_blocks == 40 * GiB // (33 * 4096 * 16)
     assert eagle.max_concurrency == eagle.num_gpu_blocks / (32768 / 16)
     assert "assumed" in eagle.notes[0]  # no --draft-model-config: said, not hidden
     # the head's own config.json decides: a 2-layer EAGLE-3 head adds two, and says whose they are
     head = parse_config({**LLAMA_8B, "architectures": ["LlamaForCausalLMEagle3"], "num_hidden_layers": 2})
-    eagle3 = plan_kv(target, **KW, speculation=Speculation("eagle3", 3, head))
+    eagle3 = sizing.plan(target, PlanInputs(**KW, speculation=Speculation("eagle3", 3, head)))
     assert eagle3.kv_layers_per_rank == 34 and "LlamaForCausalLMEagle3" in eagle3.notes[0]
 
 
@@ -87,8 +88,8 @@ def test_eagle_1_conversions_nest_the_decoder_config() -> None:
 
 def test_ngram_holds_no_cache() -> None:
     target = parse_config(LLAMA_8B)
-    ngram = plan_kv(target, **KW, speculation=Speculation("ngram", 4))
-    alone = plan_kv(target, **KW)
+    ngram = sizing.plan(target, PlanInputs(**KW, speculation=Speculation("ngram", 4)))
+    alone = sizing.plan(target, PlanInputs(**KW))
     assert (ngram.num_gpu_blocks, ngram.kv_cache_tokens) == (alone.num_gpu_blocks, alone.kv_cache_tokens)
     assert ngram.lookahead_tokens == 0
 
@@ -96,7 +97,7 @@ def test_ngram_holds_no_cache() -> None:
 def test_look_ahead_slots_count_below_max_model_len_only() -> None:
     """vLLM allocates num_tokens + num_lookahead_tokens, capped at max_model_len (kv_cache_manager.allocate_slots)."""
     target = parse_config(LLAMA_8B)
-    plan = plan_kv(target, **KW, speculation=Speculation("eagle", 4))
+    plan = sizing.plan(target, PlanInputs(**KW, speculation=Speculation("eagle", 4)))
     assert plan.concurrency_at(32768) == plan.kv_cache_tokens / 32768  # capped
     assert plan.concurrency_at(4096) == plan.kv_cache_tokens / (4096 + 4)
     assert plan.request_bytes(4096) == (4096 + 4) * plan.kv_bytes_per_token
@@ -105,11 +106,11 @@ def test_look_ahead_slots_count_below_max_model_len_only() -> None:
 def test_mtp_layers_are_the_models_own_of_its_kind() -> None:
     deepseek = parse_config(DEEPSEEK_V3)
     assert deepseek.mtp_layers == 1
-    plan = plan_kv(deepseek, kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=8,
-                   speculation=Speculation("mtp", 1))  # fmt: skip
+    plan = sizing.plan(deepseek, PlanInputs(kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=8,
+                   speculation=Speculation("mtp", 1)))  # fmt: skip
     assert plan.kv_layers_per_rank == 62 and plan.kv_bytes_per_token == 62 * 576 * 2  # MLA: one latent per token
     with pytest.raises(NotModelled, match="names no MTP layers"):
-        plan_kv(parse_config(LLAMA_8B), **KW, speculation=Speculation("mtp", 1))
+        sizing.plan(parse_config(LLAMA_8B), PlanInputs(**KW, speculation=Speculation("mtp", 1)))
     assert parse_config({**QWEN3_NEXT, "num_nextn_predict_layers": None, "mtp_num_hidden_layers": 2}).mtp_layers == 2
     with pytest.raises(GeometryError, match="num_nextn_predict_layers"):
         parse_config({**LLAMA_8B, "num_nextn_predict_layers": -1})
@@ -120,7 +121,7 @@ def test_mtp_on_a_gated_deltanet_hybrid_adds_a_full_layer_and_state_blocks() -> 
     speculative token besides its own (MambaSpec.num_speculative_blocks)."""
     g = parse_config(QWEN3_NEXT)
     kw = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 32768, "version": (0, 32, 0)}
-    alone, mtp = plan_kv(g, **kw), plan_kv(g, **kw, speculation=Speculation("mtp", 2))
+    alone, mtp = sizing.plan(g, PlanInputs(**kw)), sizing.plan(g, PlanInputs(**kw, speculation=Speculation("mtp", 2)))
     full = lambda p: sum(x.layers for x in p.groups if x.kind == "full")  # noqa: E731
     assert (full(alone), full(mtp)) == (12, 13)
     state = lambda p: {x.blocks_per_request for x in p.groups if x.kind == "linear"}  # noqa: E731
@@ -156,7 +157,10 @@ def test_the_conv_state_keeps_room_for_the_speculative_tokens() -> None:
     assert g.state.state_bytes(1, 2, 2) == 3 * conv_dim * 2 + ssm
     assert g.state.state_bytes(1, 2, 2, spec_columns=3) == 6 * conv_dim * 2 + ssm
     kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 32768, "version": MAMBA2_SPECULATIVE}
-    alone, spec = plan_kv(g, **kw), plan_kv(g, **kw, speculation=Speculation("ngram", 3))
+    alone, spec = (
+        sizing.plan(g, PlanInputs(**kw)),
+        sizing.plan(g, PlanInputs(**kw, speculation=Speculation("ngram", 3))),
+    )
     note = next(n for n in spec.notes if "Mamba cache mode" in n)
     assert "conv state widened by 3 speculative token(s)" in note
     # the attention page must hold the wider state: 4 KV heads x 128 x 2 x 2 B = 2 KiB a token, so 806,400 B of
@@ -164,7 +168,7 @@ def test_the_conv_state_keeps_room_for_the_speculative_tokens() -> None:
     assert (alone.block_size, spec.block_size) == (400, 416)
     assert spec.num_gpu_blocks < alone.num_gpu_blocks
     with pytest.raises(NotModelled, match=r"beside Mamba-2 layers is planned from vLLM 0\.32\.0"):
-        plan_kv(g, **{**kw, "version": (0, 31, 0)}, speculation=Speculation("ngram", 3))
+        sizing.plan(g, PlanInputs(**{**kw, "version": (0, 31, 0)}, speculation=Speculation("ngram", 3)))
 
 
 def test_where_the_speculative_rules_apply() -> None:
@@ -172,14 +176,16 @@ def test_where_the_speculative_rules_apply() -> None:
     target = parse_config(LLAMA_8B)
     before = tuple(v - (i == 2) for i, v in enumerate(SPECULATIVE_RULES))
     with pytest.raises(NotModelled, match=r"planned from vLLM 0\.9\.1"):
-        plan_kv(target, **KW, version=before, speculation=Speculation("eagle", 2))
-    first = plan_kv(target, **KW, version=SPECULATIVE_RULES, speculation=Speculation("eagle", 2))
+        sizing.plan(target, PlanInputs(**KW, version=before, speculation=Speculation("eagle", 2)))
+    first = sizing.plan(target, PlanInputs(**KW, version=SPECULATIVE_RULES, speculation=Speculation("eagle", 2)))
     assert first.kv_layers_per_rank == 33
 
     draft = parse_config(LLAMA_1B)
     with pytest.raises(NotModelled, match="refused it"):
-        plan_kv(target, **KW, version=(0, 10, 2), speculation=Speculation("draft_model", 2, draft))
-    mixed = plan_kv(target, **KW, version=MIXED_PAGE_SIZES, speculation=Speculation("draft_model", 2, draft))
+        sizing.plan(target, PlanInputs(**KW, version=(0, 10, 2), speculation=Speculation("draft_model", 2, draft)))
+    mixed = sizing.plan(
+        target, PlanInputs(**KW, version=MIXED_PAGE_SIZES, speculation=Speculation("draft_model", 2, draft))
+    )
     # one group of per-layer pages: a block costs 32 pages of the target's and 16 of the draft's (half the size)
     per_token = 32 * 2 * 8 * 128 * 2 + 16 * 2 * 8 * 64 * 2
     assert mixed.kv_bytes_per_token == per_token and mixed.num_gpu_blocks == 40 * GiB // (per_token * 16)
@@ -187,8 +193,10 @@ def test_where_the_speculative_rules_apply() -> None:
     qwen = parse_config(QWEN3_NEXT)
     kw = {"kv_cache_memory_bytes": 40 * GiB, "max_model_len": 32768}
     with pytest.raises(NotModelled, match="beside state layers"):
-        plan_kv(qwen, **kw, version=(0, 10, 1), speculation=Speculation("mtp", 1))
-    assert plan_kv(qwen, **kw, version=STATE_SPECULATIVE_BLOCKS, speculation=Speculation("mtp", 1)).groups
+        sizing.plan(qwen, PlanInputs(**kw, version=(0, 10, 1), speculation=Speculation("mtp", 1)))
+    assert sizing.plan(
+        qwen, PlanInputs(**kw, version=STATE_SPECULATIVE_BLOCKS, speculation=Speculation("mtp", 1))
+    ).groups
 
     # sliding layers keep num_speculative_tokens - 1 more tokens beside a multi-layer MTP drafter
     layers = ["sliding_attention"] * 8 + ["full_attention"] * 4
@@ -196,29 +204,31 @@ def test_where_the_speculative_rules_apply() -> None:
                          "num_nextn_predict_layers": 3})  # fmt: skip
     kw = {"kv_cache_memory_bytes": 8 * GiB, "max_model_len": 32768, "max_num_batched_tokens": 2048}
     with pytest.raises(NotModelled, match="multi-layer MTP"):
-        plan_kv(mimo, **kw, version=(0, 31, 0), speculation=Speculation("mtp", 3))
-    plan = plan_kv(mimo, **kw, version=SLIDING_MTP_RETAINED, speculation=Speculation("mtp", 3), async_scheduling=False)
+        sizing.plan(mimo, PlanInputs(**kw, version=(0, 31, 0), speculation=Speculation("mtp", 3)))
+    plan = sizing.plan(
+        mimo, PlanInputs(**kw, version=SLIDING_MTP_RETAINED, speculation=Speculation("mtp", 3), async_scheduling=False)
+    )
     sliding = {x.blocks_per_request for x in plan.groups if x.kind == "sliding"}
     assert sliding == {math.ceil((128 - 1 + 2 + 2048) / 16) + 1}
-    one_token = plan_kv(mimo, **kw, version=SLIDING_MTP_RETAINED, speculation=Speculation("mtp", 1),
-                        async_scheduling=False)  # fmt: skip
+    one_token = sizing.plan(mimo, PlanInputs(**kw, version=SLIDING_MTP_RETAINED, speculation=Speculation("mtp", 1),
+                        async_scheduling=False))  # fmt: skip
     assert {x.blocks_per_request for x in one_token.groups if x.kind == "sliding"} == {math.ceil(2175 / 16) + 1}
 
 
 def test_what_is_refused_is_named() -> None:
     target = parse_config(LLAMA_8B)
     with pytest.raises(NotModelled, match="V0"):
-        plan_kv(target, **KW, version=(0, 9, 1), engine="v0", speculation=Speculation("eagle", 2))
+        sizing.plan(target, PlanInputs(**KW, version=(0, 9, 1), engine="v0", speculation=Speculation("eagle", 2)))
     with pytest.raises(NotModelled, match="pipeline parallelism"):
-        plan_kv(target, **KW, pp=2, speculation=Speculation("eagle", 2))
+        sizing.plan(target, PlanInputs(**KW, pp=2, speculation=Speculation("eagle", 2)))
     with pytest.raises(NotModelled, match="a mla drafter beside full"):
-        plan_kv(target, **KW, speculation=Speculation("draft_model", 2, parse_config(DEEPSEEK_V3)))
+        sizing.plan(target, PlanInputs(**KW, speculation=Speculation("draft_model", 2, parse_config(DEEPSEEK_V3))))
     gemma = parse_config({**LLAMA_8B, "num_hidden_layers": 6, "sliding_window": 1024, "sliding_window_pattern": 6})
     with pytest.raises(NotModelled, match="hybrid layout"):
-        plan_kv(gemma, **KW, speculation=Speculation("draft_model", 2, parse_config(LLAMA_1B)))
+        sizing.plan(gemma, PlanInputs(**KW, speculation=Speculation("draft_model", 2, parse_config(LLAMA_1B))))
     hybrid_draft = parse_config({**LLAMA_8B, "num_hidden_layers": 6, "sliding_window": 1024})
     with pytest.raises(NotModelled, match="sliding layers"):
-        plan_kv(target, **KW, speculation=Speculation("draft_model", 2, hybrid_draft))
+        sizing.plan(target, PlanInputs(**KW, speculation=Speculation("draft_model", 2, hybrid_draft)))
     for bad, message in (
         (Speculation("medusa", 2), "not one of"),
         (Speculation("eagle", 0), "positive"),
@@ -226,7 +236,7 @@ def test_what_is_refused_is_named() -> None:
         (Speculation("mtp", 2, target), "only for Gemma 4's assistant"),
     ):
         with pytest.raises(ValueError, match=message):
-            plan_kv(target, **KW, speculation=bad)
+            sizing.plan(target, PlanInputs(**KW, speculation=bad))
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess[str]:
@@ -270,19 +280,19 @@ def test_dflash_adds_its_drafters_layers_and_a_bonus_slot() -> None:
     bonus query and one per drafted token), num_speculative_tokens before; it needs the drafter's config."""
     target = parse_config(LLAMA_8B)
     draft = parse_config({**LLAMA_8B, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 5})
-    plan = plan_kv(target, **KW, version=(0, 32, 0), speculation=Speculation("dflash", 15, draft))
+    plan = sizing.plan(target, PlanInputs(**KW, version=(0, 32, 0), speculation=Speculation("dflash", 15, draft)))
     assert plan.kv_layers_per_rank == 37 and plan.num_gpu_blocks == 40 * GiB // (37 * 4096 * 16)
     assert plan.lookahead_tokens == 16
     assert plan.concurrency_at(4096) == plan.kv_cache_tokens / (4096 + 16)
     assert any("DFlashDraftModel" in n for n in plan.notes)
     # from its first release (0.20.0); the bonus slot from 0.23.0 (the scheduler's extra slot), not in 0.22.1
     for version, lookahead in (((0, 20, 0), 15), ((0, 22, 1), 15), ((0, 23, 0), 16), ((0, 25, 1), 16)):
-        then = plan_kv(target, **KW, version=version, speculation=Speculation("dflash", 15, draft))
+        then = sizing.plan(target, PlanInputs(**KW, version=version, speculation=Speculation("dflash", 15, draft)))
         assert (then.num_gpu_blocks, then.lookahead_tokens) == (plan.num_gpu_blocks, lookahead)
     with pytest.raises(NotModelled, match=r"vLLM 0\.19\.1 has no DFlash \(first in 0\.20\.0\)"):
-        plan_kv(target, **KW, version=(0, 19, 1), speculation=Speculation("dflash", 15, draft))
+        sizing.plan(target, PlanInputs(**KW, version=(0, 19, 1), speculation=Speculation("dflash", 15, draft)))
     with pytest.raises(ValueError, match=r"dflash needs the draft model's config\.json"):
-        plan_kv(target, **KW, speculation=Speculation("dflash", 15))
+        sizing.plan(target, PlanInputs(**KW, speculation=Speculation("dflash", 15)))
     # dflash_config.use_swa (MiMo-V2.5-Pro's drafter) makes every drafter layer sliding-window in vLLM 0.32, the
     # window swa_window_size: a sliding drafter beside full layers is refused, not planned as full layers
     swa = {**LLAMA_8B, "architectures": ["DFlashDraftModel"], "num_hidden_layers": 5}
@@ -290,9 +300,9 @@ def test_dflash_adds_its_drafters_layers_and_a_bonus_slot() -> None:
     assert set(sliding.layer_kinds) == {"sliding"} and sliding.sliding_window == 2048
     for version in ((0, 25, 0), (0, 32, 0)):
         with pytest.raises(NotModelled, match="sliding"):
-            plan_kv(target, **KW, version=version, speculation=Speculation("dflash", 15, sliding))
+            sizing.plan(target, PlanInputs(**KW, version=version, speculation=Speculation("dflash", 15, sliding)))
     # before 0.25.0 qwen3_dflash.py had no sliding window: the same drafter ran as full layers, and is planned so
-    ran = plan_kv(target, **KW, version=(0, 24, 0), speculation=Speculation("dflash", 15, sliding))
+    ran = sizing.plan(target, PlanInputs(**KW, version=(0, 24, 0), speculation=Speculation("dflash", 15, sliding)))
     assert ran.kv_layers_per_rank == 37 and any("runs every DFlash drafter layer as full" in n for n in ran.notes)
     assert parse_config({**swa, "dflash_config": {"use_swa": False}}).layer_kinds == ("full",) * 5
     for bad, field in (({"use_swa": True}, "swa_window_size"), ([1], "dflash_config")):
@@ -325,28 +335,28 @@ def test_gemma4_assistant_reads_the_targets_kv_and_adds_no_page() -> None:
     kw = {"kv_cache_memory_bytes": 20 * GiB, "max_model_len": 32768, "max_num_batched_tokens": 8192}
     for speculation in (Speculation("mtp", 3, assistant), Speculation("mtp", 3)):
         for version in ((0, 21, 0), (0, 32, 0)):
-            alone = plan_kv(target, **kw, version=version)
-            plan = plan_kv(target, **kw, version=version, speculation=speculation)
+            alone = sizing.plan(target, PlanInputs(**kw, version=version))
+            plan = sizing.plan(target, PlanInputs(**kw, version=version, speculation=speculation))
             assert (plan.num_gpu_blocks, plan.kv_cache_tokens) == (alone.num_gpu_blocks, alone.kv_cache_tokens)
             assert plan.concurrency_at(4096) < alone.concurrency_at(4096)  # the look-ahead slots, in every group
             assert any("reads the target's KV cache" in n for n in plan.notes)
         with pytest.raises(NotModelled, match=r"planned from vLLM 0\.21\.0"):
-            plan_kv(target, **kw, version=(0, 20, 2), speculation=speculation)
+            sizing.plan(target, PlanInputs(**kw, version=(0, 20, 2), speculation=speculation))
     # the unified model's assistant came later (read in 0.25.1, not in 0.21.0)
     unified = parse_config({**GEMMA4_ASSISTANT, "model_type": "gemma4_unified_assistant",
                             "architectures": ["Gemma4UnifiedAssistantForCausalLM"]})  # fmt: skip
-    assert plan_kv(target, **kw, version=(0, 25, 1), speculation=Speculation("mtp", 3, unified)).num_gpu_blocks == (
-        plan_kv(target, **kw, version=(0, 25, 1)).num_gpu_blocks
-    )
+    assert sizing.plan(
+        target, PlanInputs(**kw, version=(0, 25, 1), speculation=Speculation("mtp", 3, unified))
+    ).num_gpu_blocks == (sizing.plan(target, PlanInputs(**kw, version=(0, 25, 1))).num_gpu_blocks)
     with pytest.raises(NotModelled, match=r"planned from vLLM 0\.25\.1"):
-        plan_kv(target, **kw, version=(0, 25, 0), speculation=Speculation("mtp", 3, unified))
+        sizing.plan(target, PlanInputs(**kw, version=(0, 25, 0), speculation=Speculation("mtp", 3, unified)))
     # what vLLM would not run
     with pytest.raises(NotModelled, match="vLLM pairs Gemma 4's assistant with a Gemma 4 only"):
-        plan_kv(parse_config(LLAMA_8B), **KW, speculation=Speculation("mtp", 3, assistant))
+        sizing.plan(parse_config(LLAMA_8B), PlanInputs(**KW, speculation=Speculation("mtp", 3, assistant)))
     with pytest.raises(ValueError, match="runs as speculative method mtp"):
-        plan_kv(target, **kw, speculation=Speculation("draft_model", 3, assistant))
+        sizing.plan(target, PlanInputs(**kw, speculation=Speculation("draft_model", 3, assistant)))
     with pytest.raises(ValueError, match="only for Gemma 4's assistant"):
-        plan_kv(target, **kw, speculation=Speculation("mtp", 3, parse_config(LLAMA_1B)))
+        sizing.plan(target, PlanInputs(**kw, speculation=Speculation("mtp", 3, parse_config(LLAMA_1B))))
     # an ordinary Gemma 4 config still refuses a count of KV-shared layers that is all of them
     with pytest.raises(GeometryError, match="num_kv_shared_layers"):
         parse_config({**GEMMA4, "num_kv_shared_layers": 12})

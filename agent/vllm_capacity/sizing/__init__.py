@@ -35,7 +35,6 @@ The package, by concern: :mod:`.versions` (where vLLM changed its rules), :mod:`
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sizing.compressed import plan_compressed
@@ -92,7 +91,6 @@ __all__ = [
     "packed_rows",
     "parse_version",
     "plan",
-    "plan_kv",
     "sampler_peak_bytes",
     "sparse_latent_assumption",
 ]
@@ -277,8 +275,3 @@ def as_multi_head(geometry: Geometry) -> tuple[Geometry, str]:
         f"x {MLA_MHA_HEAD_SIZE} (padded) per layer, not one latent of {geometry.head_dim}"
     )
     return replace(geometry, layer_kinds=kinds, num_kv_heads=geometry.mla_heads, head_dim=MLA_MHA_HEAD_SIZE), note
-
-
-def plan_kv(geometry: Geometry, **inputs: Any) -> KvPlan:
-    """:func:`plan` with the inputs as keyword arguments (the fields of :class:`PlanInputs`)."""
-    return plan(geometry, PlanInputs(**inputs))
