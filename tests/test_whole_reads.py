@@ -67,9 +67,8 @@ def _fresh(url: str, settings: AgentSettings, state: dict, wall, clock: FakeCloc
     agent = Agent(VllmClient(url, timeout=10), settings, clock=wall, monotonic=clock)
     for name in STATE:
         setattr(agent, name, state[name])
-    agent.sources = agent.models.sources = state["sources"]
+    agent.sources, agent.models = state["sources"], state["models"]
     agent.errors = agent.sources.errors
-    agent.models = state["models"]
     agent.models.client, agent.models.sources = agent.client, agent.sources
     agent.ready, agent.snapshot = state["ready"], state["snapshot"]
     return agent

@@ -105,11 +105,9 @@ class MemoryBudget:
                 if size or name in ("weights", "activations") or (name == "CUDA graphs" and self.graphs_in_budget)
             )
             if self.extensible:
-                raise ImpossiblePlan(
-                    f"{held} + the margin vLLM's extensible KV cache keeps free {self.margin_bytes / GiB:.2f} GiB "
-                    f"(max({self.margin_floor_bytes / GiB:.2f} GiB, 0.75 x activations)) exceed the budget of "
-                    f"{self.budget_bytes / GiB:.2f} GiB ({self.gpu_memory_bytes / GiB:.2f} GiB x "
-                    f"{self.gpu_memory_utilization}): no memory is left for the KV cache"
+                held += (
+                    f" + the margin vLLM's extensible KV cache keeps free {self.margin_bytes / GiB:.2f} GiB "
+                    f"(max({self.margin_floor_bytes / GiB:.2f} GiB, 0.75 x activations))"
                 )
             raise ImpossiblePlan(
                 f"{held} exceed the budget of "
