@@ -11,6 +11,8 @@ functions and classes).
 from __future__ import annotations
 
 import ast
+import asyncio
+import pkgutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +26,8 @@ MAX_MODULE, MAX_MODULE_CODE = 350, 300
 # The layers, lowest first: a module imports from its own layer or below, never above. By module name under
 # vllm_capacity ("" is the package's __init__), a package name covering its modules.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("", "units", "geometry", "redaction", "log", "listener", "webconfig", "latency"),  # no vLLM, no I/O of sources
+    # no vLLM, no I/O of sources
+    ("", "units", "geometry", "redaction", "log", "tls", "listener", "webconfig", "latency"),
     ("sources",),  # vLLM's API and log, model configs, NVML: I/O, plain data out
     ("sizing",),  # vLLM's KV-cache sizing rules, pure
     ("derive", "budget"),  # what the agent derives from one read, pure
@@ -174,3 +177,51 @@ def test_the_checks_see_what_they_check() -> None:
     assert "sources.vllm_records" in GRAPH["sources.vllm_parse"]
     assert _layer("exposition") > _layer("snapshot") > _layer("derive.capacity") > _layer("sources.nvml")
     assert _parameters(ast.parse("def f(self, a, *b, c, **d): pass").body[0]) == 4  # type: ignore[arg-type]
+
+
+_ASYNCIO = {m.name for m in pkgutil.iter_modules(asyncio.__path__)}  # its implementation modules (sslproto, ...)
+
+
+def _private_module(name: str) -> bool:
+    """``name`` (a module, or a name in one) is private: underscored, or one of asyncio's implementation modules."""
+    parts = name.split(".")
+    return any(p.startswith("_") for p in parts) or (parts[0] == "asyncio" and len(parts) > 1 and parts[1] in _ASYNCIO)
+
+
+def _private_uses(tree: ast.AST) -> Iterator[str]:
+    """Imports of a private module or name of Python or a library (a leading underscore, or one of asyncio's
+    implementation modules such as ``asyncio.sslproto``), and ``getattr``/``hasattr``/``setattr`` of an
+    underscored attribute."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module not in (None, "__future__"):
+            module = node.module or ""
+            if module.startswith("vllm_capacity"):
+                continue
+            if _private_module(module):
+                yield f"line {node.lineno}: from {module} import"
+            private = [a.name for a in node.names if _private_module(f"{module}.{a.name}")]
+            yield from (f"line {node.lineno}: {module}.{name}" for name in private)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if _private_module(alias.name):
+                    yield f"line {node.lineno}: import {alias.name}"
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr")
+            and len(node.args) > 1
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and node.args[1].value.startswith("_")
+            and not node.args[1].value.startswith("__")
+        ):
+            yield f"line {node.lineno}: {node.func.id}(..., {node.args[1].value!r})"
+
+
+def test_no_private_api_of_python_or_a_library() -> None:
+    """The listener subclassed asyncio.sslproto.SSLProtocol and read aiohttp's _request_in_progress: either can
+    change in any release. Public API only."""
+    found = [f"{m}: {use}" for m, path in sorted(MODULES.items()) for use in _private_uses(ast.parse(path.read_text()))]
+    assert not found, "\n".join(found)
+    caught = list(_private_uses(ast.parse("from asyncio import sslproto\nimport asyncio.sslproto\ngetattr(h, '_x')")))
+    assert len(caught) == 3, caught

@@ -51,14 +51,14 @@ async def listener() -> AsyncIterator[Listener]:
         await release.wait()
         return web.Response(text="done\n")
 
-    app = web.Application()
+    errors: Counter[str] = Counter()
+    guard = ConnectionGuard(errors, max_connections=3, header_timeout=0.3)
+    app = web.Application(middlewares=[guard.middleware])
     app.add_routes([web.get("/healthz", healthz), web.get("/slow", slow)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    errors: Counter[str] = Counter()
     assert runner.server is not None
-    guard = ConnectionGuard(runner.server, errors, max_connections=3, header_timeout=0.3)
-    server = await asyncio.get_running_loop().create_server(guard, "127.0.0.1", 0)
+    server = await asyncio.get_running_loop().create_server(guard.serving(runner.server), "127.0.0.1", 0)
     yield Listener(server.sockets[0].getsockname()[1], guard, errors)
     release.set()
     server.close()
@@ -141,6 +141,9 @@ async def test_at_the_cap_the_longest_idle_keepalive_makes_room_for_the_probes(l
 # --- TLS: guarded from the accept, not from the end of the handshake (#28 row 1) -----------------------------------
 
 
+BIG = bytes(range(256)) * (3 * 4096)  # 3 MiB
+
+
 @pytest.fixture
 async def tls_listener() -> AsyncIterator[tuple[Listener, ssl.SSLContext]]:
     """The guard serving TLS itself (the sidecar's way): a certificate for 127.0.0.1 from a CA made here."""
@@ -153,14 +156,17 @@ async def tls_listener() -> AsyncIterator[tuple[Listener, ssl.SSLContext]]:
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
-    app = web.Application()
-    app.add_routes([web.get("/healthz", healthz)])
+    async def big(_: web.Request) -> web.Response:  # many TLS records, past the socket's write-buffer limit
+        return web.Response(body=BIG)
+
+    errors: Counter[str] = Counter()
+    guard = ConnectionGuard(errors, max_connections=3, header_timeout=0.5, ssl_context=server_context)
+    app = web.Application(middlewares=[guard.middleware])
+    app.add_routes([web.get("/healthz", healthz), web.get("/big", big)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    errors: Counter[str] = Counter()
     assert runner.server is not None
-    guard = ConnectionGuard(runner.server, errors, max_connections=3, header_timeout=0.5, ssl_context=server_context)
-    server = await asyncio.get_running_loop().create_server(guard, "127.0.0.1", 0)
+    server = await asyncio.get_running_loop().create_server(guard.serving(runner.server), "127.0.0.1", 0)
     yield Listener(server.sockets[0].getsockname()[1], guard, errors), client_context
     server.close()
     await runner.cleanup()
@@ -179,14 +185,14 @@ async def test_tls_connections_are_counted_and_timed_from_their_accept(
     import vllm_capacity.listener as listener_module
 
     made: list[object] = []
-    layer = listener_module._TlsLayer
+    layer = listener_module.TlsTransport
 
     class Counted(layer):  # type: ignore[misc, valid-type]
         def __init__(self, *args: object) -> None:
             made.append(self)
             super().__init__(*args)
 
-    monkeypatch.setattr(listener_module, "_TlsLayer", Counted)
+    monkeypatch.setattr(listener_module, "TlsTransport", Counted)
     listener, context = tls_listener
     silent = [await listener.connect() for _ in range(2)]
     await asyncio.sleep(0.1)
@@ -217,3 +223,85 @@ async def test_at_the_cap_a_stalled_handshake_makes_room_for_a_tls_scrape(
     assert await asyncio.wait_for(stalled[0][0].read(), 5) == b""
     for _, writer in stalled:
         writer.close()
+
+
+async def test_tls_answers_whole_over_keep_alive_and_ends_on_the_clients_close_notify(
+    tls_listener: tuple[Listener, ssl.SSLContext],
+) -> None:
+    """The TLS layer (ssl's memory BIOs over the socket): a 3 MiB answer under the socket's flow control, a second
+    request on the same connection, and the client's close_notify ending the connection on the sidecar's side."""
+    listener, context = tls_listener
+    reader, writer = await asyncio.open_connection("127.0.0.1", listener.port, ssl=context)
+    for _ in range(2):
+        writer.write(b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert (await reader.readline()).startswith(b"HTTP/1.1 200")
+        head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
+        assert f"content-length: {len(BIG)}" in head
+        assert await reader.readexactly(len(BIG)) == BIG
+    assert writer.get_extra_info("ssl_object").version() in ("TLSv1.2", "TLSv1.3")
+    writer.close()  # sends close_notify
+    await writer.wait_closed()
+    for _ in range(50):
+        if listener.guard.open_connections == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert listener.guard.open_connections == 0
+    assert sum(listener.errors.values()) == 0  # nothing of it was an error
+
+
+async def test_a_failed_or_stalled_handshake_is_counted_by_kind(
+    tls_listener: tuple[Listener, ssl.SSLContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Plain HTTP to the TLS port fails the handshake (the client gets TLS's alert, then the close); a ClientHello
+    begun and never finished is closed at the handshake deadline, before the head deadline."""
+    import vllm_capacity.tls as tls
+
+    listener, _ = tls_listener
+    reader, writer = await listener.connect()
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(), 5)
+    assert not answer.startswith(b"HTTP") and listener.errors[tls.TLS_FAILED] == 1
+    writer.close()
+    monkeypatch.setattr(tls, "HANDSHAKE_TIMEOUT", 0.1)  # the fixture's head deadline is 0.5 s
+    reader, writer = await listener.connect()
+    writer.write(b"\x16\x03\x01")
+    await writer.drain()
+    assert await asyncio.wait_for(reader.read(), 0.4) == b""
+    assert listener.errors[tls.TLS_TIMEOUT] == 1 and listener.errors[HEADER_TIMEOUT_KIND] == 0
+    writer.close()
+
+
+async def test_a_closed_tls_connection_frees_its_session_without_the_garbage_collector(
+    tls_listener: tuple[Listener, ssl.SSLContext], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TLS session held in a reference cycle waits for the collector: 500 stalled handshakes kept their ~50 KiB
+    each after they were gone (bench/listener.py, "after they go"). Freed when the socket closes."""
+    import gc
+    import weakref
+
+    import vllm_capacity.listener as listener_module
+
+    made: list[weakref.ref[object]] = []
+
+    class Watched(listener_module.TlsTransport):  # type: ignore[misc]
+        def __init__(self, *args: object) -> None:
+            super().__init__(*args)  # type: ignore[arg-type]
+            made.append(weakref.ref(self))
+
+    monkeypatch.setattr(listener_module, "TlsTransport", Watched)
+    listener, context = tls_listener
+    gc.collect()
+    gc.disable()
+    try:
+        reader, writer = await listener.connect()  # a handshake begun and cut by the head deadline
+        writer.write(b"\x16\x03\x01")
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        for _ in range(50):
+            if listener.guard.open_connections == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert len(made) == 1 and made[0]() is None
+    finally:
+        gc.enable()
+    assert (await _tls_get(listener.port, context)).startswith(b"HTTP/1.1 200")  # served as before

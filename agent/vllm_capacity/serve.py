@@ -149,11 +149,13 @@ async def _runner(agent: Agent, values: ServeConfig, access: Any, ssl_context: A
     from vllm_capacity.listener import ConnectionGuard
     from vllm_capacity.server import make_app
 
+    guard = ConnectionGuard(agent.http_errors, ssl_context=ssl_context, max_connections=values.web_max_requests)
     app = make_app(
         agent,
         access=access,
         metrics_path=values.web_telemetry_path,
         process_metrics=not values.web_disable_exporter_metrics,
+        outer=(guard.middleware,),
     )
     # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)
     runner = web.AppRunner(
@@ -162,10 +164,7 @@ async def _runner(agent: Agent, values: ServeConfig, access: Any, ssl_context: A
     await runner.setup()
     log_setup.count_foreign_errors(agent.http_errors)
     assert runner.server is not None  # set up just above
-    guard = ConnectionGuard(
-        runner.server, agent.http_errors, ssl_context=ssl_context, max_connections=values.web_max_requests
-    )
-    return runner, guard
+    return runner, guard.serving(runner.server)
 
 
 async def _listen(guard: Any, flag: str, address: tuple[str, int]) -> Any:
@@ -189,12 +188,12 @@ async def _probe_listener(agent: Agent, address: tuple[str, int] | None) -> Any:
     from vllm_capacity.listener import ConnectionGuard
     from vllm_capacity.server import make_probe_app
 
-    runner = web.AppRunner(make_probe_app(agent), access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
+    guard = ConnectionGuard(agent.http_errors, max_connections=64)
+    app = make_probe_app(agent, outer=(guard.middleware,))
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=KEEPALIVE)
     await runner.setup()
     assert runner.server is not None
-    return await _listen(
-        ConnectionGuard(runner.server, agent.http_errors, max_connections=64), "--probe-listen", address
-    )
+    return await _listen(guard.serving(runner.server), "--probe-listen", address)
 
 
 def _reload_on_sighup(path: Path | None, access: Any, ssl_context: Any) -> None:

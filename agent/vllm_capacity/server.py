@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import html
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from vllm_capacity import __version__
 from vllm_capacity.agent import Agent
@@ -44,8 +45,15 @@ def _landing_page(agent: Agent, metrics_path: str) -> str:
 
 
 def make_app(
-    agent: Agent, *, process_metrics: bool = True, access: Access | None = None, metrics_path: str = "/metrics"
+    agent: Agent,
+    *,
+    process_metrics: bool = True,
+    access: Access | None = None,
+    metrics_path: str = "/metrics",
+    outer: Sequence[Middleware] = (),
 ) -> web.Application:
+    """The sidecar's app; ``outer``: middlewares ahead of its own (the listener's, that tells a connection in a
+    request from an idle one)."""
     renders = RenderCache(agent, process_registry() if process_metrics else None)
     access = access if access is not None else Access()
 
@@ -84,7 +92,7 @@ def make_app(
     async def close_renders(_: web.Application) -> None:
         renders.close()
 
-    app = web.Application(middlewares=[guard])
+    app = web.Application(middlewares=[*outer, guard])
     app.on_cleanup.append(close_renders)
     app.add_routes([web.get(metrics_path, metrics), *_probe_routes(agent), web.get("/", landing)])
     return app
@@ -119,9 +127,9 @@ def _probe_routes(agent: Agent) -> list[web.RouteDef]:
     return [web.get("/healthz", healthz), web.get("/readyz", readyz)]
 
 
-def make_probe_app(agent: Agent) -> web.Application:
+def make_probe_app(agent: Agent, *, outer: Sequence[Middleware] = ()) -> web.Application:
     """/healthz and /readyz alone (--probe-listen): plain HTTP for the kubelet, whose probes carry no client
     certificate and no credentials. They say nothing but "serving" and "has read vLLM once"."""
-    app = web.Application()
+    app = web.Application(middlewares=list(outer))
     app.add_routes(_probe_routes(agent))
     return app
