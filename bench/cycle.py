@@ -199,8 +199,8 @@ async def bench_cycle(url: str, seconds: float) -> list[dict[str, float]]:
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
 
-    from vllm_capacity.agent import Agent, AgentSettings
-    from vllm_capacity.exposition import build_registry
+    from vllm_capacity.exposition.render import build_registry
+    from vllm_capacity.live.agent import Agent, AgentSettings
     from vllm_capacity.sources.vllm import VllmClient
 
     host, port = url.removeprefix("http://").split(":")

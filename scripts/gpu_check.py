@@ -45,7 +45,7 @@ except ImportError:  # not installed: the checkout's virtualenv has the pure-Pyt
               "scripts/setup --agent-only for this checkout's .venv)")  # fmt: skip
         sys.exit(CANNOT_RUN)
 
-from vllm_capacity.budget import gpu_budget  # noqa: E402 - after the path to agent/
+from vllm_capacity.derive.budget import gpu_budget  # noqa: E402 - after the path to agent/
 from vllm_capacity.sources import SourceError  # noqa: E402
 from vllm_capacity.sources.gpu import GpuReading  # noqa: E402
 from vllm_capacity.sources.nvml import NvmlSource  # noqa: E402
@@ -105,7 +105,7 @@ print(json.dumps([[p.pid, p.used_bytes] for p in reading.processes] if reading.p
 SHARED = """
 import json, subprocess, sys, time
 sys.path[:0] = json.loads(sys.argv[1])
-from vllm_capacity.budget import gpu_budget
+from vllm_capacity.derive.budget import gpu_budget
 from vllm_capacity.sources.nvml import NvmlSource
 alloc = subprocess.Popen([sys.executable, "-c", sys.argv[4], sys.argv[2], sys.argv[3]], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, text=True)

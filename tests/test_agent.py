@@ -16,9 +16,9 @@ from support.doubles import FakeClock, FakeVllm
 from support.exposition import samples, value
 from support.files import VLLM_FIXTURES, fixture_text
 from support.payloads import with_value, without_queue
-from vllm_capacity.agent import Agent, AgentSettings
-from vllm_capacity.server import make_app
+from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.vllm import VllmClient
+from vllm_capacity.web.app import make_app
 
 DERIVED = (
     "vllm_capacity_kv_cache_capacity_tokens",
@@ -601,7 +601,7 @@ async def test_scrapers_of_one_snapshot_share_one_render_per_format(
     """Ten scrapers at once cost one render per exposition format; a new snapshot is rendered afresh."""
     import asyncio
 
-    from vllm_capacity.exposition import HealthCollector
+    from vllm_capacity.exposition.render import HealthCollector
 
     renders = 0
     collect = HealthCollector.collect  # in every render (the engines' part may be kept from the last snapshot's)
@@ -642,7 +642,7 @@ async def test_the_latency_curve_and_the_concurrency_an_objective_allows(fake_vl
     """A server whose inter-token latency is 20 ms up to 4 running requests, 40 ms at 8 and 100 ms at 16, read every
     5 s; with --slo-itl p90<=50ms the agent finds 8 (the knee seen at 16), and at 16 running the objective binds the
     headroom (negative: over the objective)."""
-    from vllm_capacity.latency import parse_objective
+    from vllm_capacity.derive.latency_curve import parse_objective
 
     les = ITL_LE.findall(SATURATED)
     counts = {le: 0.0 for _, le in les}
@@ -775,7 +775,7 @@ async def test_an_engine_asleep_serves_no_capacity(h: Harness, fake_vllm: FakeVl
 async def test_an_objective_below_the_first_bucket_is_named_once(fake_vllm: FakeVllm) -> None:
     """vLLM's inter-token histogram starts at 10 ms: p90<=5ms cannot be resolved from it, and the agent says so, once
     (with the bucket), while p90<=50ms, which it can resolve, is never named."""
-    from vllm_capacity.latency import parse_objective
+    from vllm_capacity.derive.latency_curve import parse_objective
 
     clock = FakeClock()
     vllm = VllmClient(fake_vllm.url, timeout=10)
@@ -831,7 +831,7 @@ async def test_a_render_past_the_scrape_timeout_is_a_503(
     import asyncio
     import time
 
-    from vllm_capacity.exposition import RenderCache
+    from vllm_capacity.exposition.render import RenderCache
 
     await h.agent.cycle()
     body = RenderCache.body
@@ -863,7 +863,7 @@ async def test_a_small_snapshot_renders_on_the_loop_a_large_one_in_the_worker_th
 
     from support.payloads import data_parallel
     from vllm_capacity.derive import derive_all
-    from vllm_capacity.exposition import INLINE_RENDER_ENGINES, RenderCache
+    from vllm_capacity.exposition.render import INLINE_RENDER_ENGINES, RenderCache
     from vllm_capacity.snapshot import Snapshot
     from vllm_capacity.sources.vllm_parse import parse_metrics
 
@@ -910,7 +910,7 @@ async def test_a_render_in_the_worker_thread_shows_the_snapshot_it_began_with_wh
 
     from support.payloads import data_parallel
     from vllm_capacity.derive import derive_all
-    from vllm_capacity.exposition import INLINE_RENDER_ENGINES, RenderCache, build_registry
+    from vllm_capacity.exposition.render import INLINE_RENDER_ENGINES, RenderCache, build_registry
     from vllm_capacity.snapshot import Snapshot, SourceState
     from vllm_capacity.sources.vllm_parse import parse_metrics
 
@@ -948,7 +948,7 @@ async def test_every_snapshot_is_encoded_whole_and_is_what_the_registry_renders(
     engine)."""
     from prometheus_client.openmetrics.exposition import CONTENT_TYPE_LATEST as OPENMETRICS
 
-    from vllm_capacity.exposition import EngineCollector, build_registry, choose_format
+    from vllm_capacity.exposition.render import EngineCollector, build_registry, choose_format
 
     encoded: list[int] = []
     add = EngineCollector.add
@@ -993,7 +993,7 @@ async def test_a_scraper_naming_ever_new_format_versions_cannot_grow_what_render
     """The content type a render is kept under names the format's version, which the scraper chooses: a scraper
     asking for OpenMetrics 1.0.0, 1.0.1, 1.0.2, ... made one more body kept per request (megabytes each at a thousand
     engines). Past MAX_FORMATS formats, what was kept is forgotten; every answer is still whole."""
-    from vllm_capacity.exposition import MAX_FORMATS, RenderCache, process_registry
+    from vllm_capacity.exposition.render import MAX_FORMATS, RenderCache, process_registry
 
     await h.agent.cycle()
     renders = RenderCache(h.agent, process_registry())

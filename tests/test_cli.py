@@ -31,7 +31,8 @@ from lab import free_port, stop_process
 from support.doubles import FakeVllm
 from support.exposition import value
 from support.files import fixture_text
-from vllm_capacity import cli, options
+from vllm_capacity import cli
+from vllm_capacity.cli import options
 
 VLLM_CAPACITY = [sys.executable, "-m", "vllm_capacity"]
 
@@ -228,11 +229,11 @@ def test_a_sidecar_without_nvml_or_a_web_config_loads_neither() -> None:
     parser: ~3.3 MiB of the sidecar's memory (bench/cycle.py, RSS at 1 engine) that it has no use for."""
     probe = (
         "import os, sys\n"
-        "from vllm_capacity.serve import build_agent\n"
-        "from vllm_capacity.options import build_parser, config\n"
+        "from vllm_capacity.cli.serve import build_agent\n"
+        "from vllm_capacity.cli.options import build_parser, config\n"
         "ns = build_parser().parse_args(['serve', '--nvml', 'off', '--vllm-url', 'http://127.0.0.1:9'])\n"
         "values = config(ns.command, ns, dict(os.environ))\n"
-        "from vllm_capacity.server import make_app\n"
+        "from vllm_capacity.web.app import make_app\n"
         "make_app(build_agent(values, values.interval, values))\n"
     )
     assert _imported_after(probe, {"pynvml", "yaml"}) == []
@@ -542,8 +543,8 @@ def test_report_watch_redraws_until_interrupted(fake_vllm_thread: str, sig: sign
 
 
 def test_the_report_shows_the_learned_curve_and_its_knee() -> None:
+    from vllm_capacity.cli.report import render_text
     from vllm_capacity.derive import EngineInputs, LatencyView, derive_engine
-    from vllm_capacity.report import render_text
     from vllm_capacity.snapshot import Snapshot
     from vllm_capacity.sources.vllm_parse import parse_metrics
 
@@ -762,9 +763,9 @@ def test_documented_option_tables_match_the_code(options: tuple, environment: bo
 def test_the_report_shows_speculative_acceptance_next_to_capacity() -> None:
     from dataclasses import replace
 
+    from vllm_capacity.cli.report import render_text
+    from vllm_capacity.cli.report_json import render_json
     from vllm_capacity.derive import EngineInputs, derive_engine
-    from vllm_capacity.report import render_text
-    from vllm_capacity.report_json import render_json
     from vllm_capacity.snapshot import Snapshot
     from vllm_capacity.sources.vllm_parse import parse_metrics
 

@@ -26,15 +26,15 @@ MAX_MODULE, MAX_MODULE_CODE = 350, 300
 # The layers, lowest first: a module imports from its own layer or below, never above. By module name under
 # vllm_capacity ("" is the package's __init__), a package name covering its modules.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    # no vLLM, no I/O of sources
-    ("", "units", "geometry", "redaction", "log", "tls", "listener", "webconfig", "latency"),
+    # no vLLM, no I/O of sources; the listener's guard, its TLS and its configuration
+    ("", "units", "geometry", "redaction", "log", "web.tls", "web.listener", "web.config"),
     ("sources",),  # vLLM's API and log, model configs, NVML: I/O, plain data out
     ("sizing",),  # vLLM's KV-cache sizing rules, pure
-    ("derive", "budget"),  # what the agent derives from one read, pure
-    ("snapshot", "metrics"),  # the one consistent view, and the catalogue of what is exported
-    ("live", "agent"),  # the loop and its readers
-    ("exposition", "report", "report_json"),  # renders of a snapshot
-    ("server", "options", "plan_inputs", "plan", "serve", "cli", "__main__"),  # the front ends
+    ("derive",),  # what the agent derives from one read, pure
+    ("snapshot", "exposition.catalogue"),  # the one consistent view, and the catalogue of what is exported
+    ("live",),  # the loop and its readers
+    ("exposition", "cli.report", "cli.report_json"),  # renders of a snapshot
+    ("web", "cli", "__main__"),  # the front ends: the web app, the commands
 )
 
 
@@ -135,7 +135,8 @@ def test_imports_run_one_way_from_sources_to_the_front_ends() -> None:
 
 
 def test_the_exposition_reads_only_the_snapshot_never_the_loop_or_a_source() -> None:
-    forbidden = {i for i in GRAPH["exposition"] if i.split(".")[0] in ("agent", "live", "sources")}
+    imported = {i for m, names in GRAPH.items() if m.split(".")[0] == "exposition" for i in names}
+    forbidden = {i for i in imported if i.split(".")[0] in ("live", "sources")}
     assert not forbidden, forbidden
 
 
@@ -225,3 +226,14 @@ def test_no_private_api_of_python_or_a_library() -> None:
     assert not found, "\n".join(found)
     caught = list(_private_uses(ast.parse("from asyncio import sslproto\nimport asyncio.sslproto\ngetattr(h, '_x')")))
     assert len(caught) == 3, caught
+
+
+def test_the_top_level_is_a_handful_of_wings() -> None:
+    """A newcomer reads the package from its tree: a few shared modules at the top, the rest in wings (the command
+    line, the web listener, the live loop, sources, sizing, derivations, exposition), each saying what it holds."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    wings = sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    assert len(top) <= 7, top
+    assert {"cli", "web", "live", "sources", "sizing", "derive", "exposition"} <= set(wings), wings
+    for wing in wings:
+        assert ast.get_docstring(ast.parse((PACKAGE / wing / "__init__.py").read_text())), f"{wing}/ says nothing"

@@ -212,7 +212,7 @@ def test_web_config_component(tmp_path: Path) -> None:
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["vllm-capacity-web-config"]["secret"]["secretName"] == "vllm-capacity-web-config"
-    from vllm_capacity.options import SERVE_OPTIONS
+    from vllm_capacity.cli.options import SERVE_OPTIONS
 
     assert "VLLM_CAPACITY_WEB_CONFIG_FILE" in {o.env for o in SERVE_OPTIONS}
     for version in VERSIONS:
@@ -233,7 +233,7 @@ def test_sidecar_patch_on_a_plain_deployment(tmp_path: Path) -> None:
     assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
     assert sc["capabilities"]["drop"] == ["ALL"] and sc["runAsUser"] == 65532
     port = sidecar["ports"][0]
-    from vllm_capacity import options
+    from vllm_capacity.cli import options
 
     default_port = int(next(o for o in options.SERVE_OPTIONS if o.flag == "--listen").default.rsplit(":", 1)[1])
     assert port["containerPort"] == default_port

@@ -21,13 +21,13 @@ from support import payloads
 from support.doubles import FakeClock, FakeVllm
 from support.fake_nvml import SEED_LOG, FakeNvml, seed_gpu
 from support.files import FIXTURES, VLLM_FIXTURES, fixture_text
-from vllm_capacity.agent import Agent, AgentSettings
-from vllm_capacity.latency import parse_objective
-from vllm_capacity.server import make_app
+from vllm_capacity.derive.latency_curve import parse_objective
+from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.model_config import load_config
 from vllm_capacity.sources.nvml import NvmlSource
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower
+from vllm_capacity.web.app import make_app
 
 SATURATED = fixture_text("v1-0.32.0-cpu-saturated.prom")
 TINY = '{"data":[{"id":"tiny-llama","max_model_len":1024}]}'

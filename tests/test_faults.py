@@ -27,9 +27,9 @@ from support.doubles import FakeClock, FakeVllm
 from support.exposition import plausible, samples, value
 from support.files import fixture_text
 from support.payloads import with_cache_label, with_value
-from vllm_capacity.agent import Agent, AgentSettings
-from vllm_capacity.server import make_app
+from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.vllm import VllmClient
+from vllm_capacity.web.app import make_app
 
 SATURATED = fixture_text("v1-0.32.0-cpu-saturated.prom")
 CLOCK = FakeClock()

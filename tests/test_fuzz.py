@@ -16,8 +16,8 @@ from prometheus_client import generate_latest
 from support.doubles import FakeVllm
 from support.exposition import plausible, samples
 from support.files import fixture_text
-from vllm_capacity.agent import Agent, AgentSettings
-from vllm_capacity.exposition import build_registry
+from vllm_capacity.exposition.render import build_registry
+from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources import Reason
 from vllm_capacity.sources.vllm import VllmClient
 

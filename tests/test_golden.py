@@ -17,11 +17,11 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from support.doubles import FakeVllm
 from support.files import FIXTURES, VLLM_FIXTURES, fixture_text
-from vllm_capacity.agent import Agent, AgentSettings
-from vllm_capacity.server import make_app
+from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.model_config import load_config
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower
+from vllm_capacity.web.app import make_app
 
 GOLDEN = FIXTURES / "e2e-output.txt"
 SKIP = re.compile(r"^(# (HELP|TYPE) )?vllm_capacity_(source_duration_seconds|build_info|process_)")

@@ -89,7 +89,7 @@ def test_the_budget_adds_up_with_the_allocators_own_figures() -> None:
     ok, detail = gpu_check.budget_sum(reading, 4242, GiB)
     assert ok, detail
     assert "weights" in detail and "vllm_runtime" in detail
-    from vllm_capacity.budget import gpu_budget
+    from vllm_capacity.derive.budget import gpu_budget
 
     short = (reading.memory_total_bytes or 0) - sum(gpu_budget(reading, vllm_pids={4242}).components.values())
     assert short == GiB + ctx  # the old row: vLLM's own memory in no component

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vllm_capacity.latency import (
+from vllm_capacity.derive.latency_curve import (
     ITL,
     MAX_BINS,
     TTFT,
@@ -199,7 +199,7 @@ def test_quantiles_match_prometheus_histogram_quantile(tmp_path: Path) -> None:
 
 def test_the_p90_context_of_finished_requests() -> None:
     """Prompt and generation histograms of finished requests: p90 context = p90 prompt + p90 generation."""
-    from vllm_capacity.latency import GENERATION, PROMPT, ContextTokens
+    from vllm_capacity.derive.latency_curve import GENERATION, PROMPT, ContextTokens
 
     le = (64.0, 128.0, 256.0, 512.0, math.inf)
     context = ContextTokens()

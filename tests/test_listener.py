@@ -13,7 +13,7 @@ import pytest
 import trustme
 from aiohttp import web
 
-from vllm_capacity.listener import EVICTED, EVICTED_IDLE, HEADER_TIMEOUT_KIND, OVER_LIMIT, ConnectionGuard
+from vllm_capacity.web.listener import EVICTED, EVICTED_IDLE, HEADER_TIMEOUT_KIND, OVER_LIMIT, ConnectionGuard
 
 
 async def _healthz(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
@@ -182,7 +182,7 @@ async def test_tls_connections_are_counted_and_timed_from_their_accept(
     """Connections that never send a ClientHello were invisible to the guard (asyncio hands a TLS connection over
     only after its handshake): no count, no deadline, ~300 KiB each. They are counted at once now, closed by the
     head deadline, and no TLS session is made for them (that waits for the client's first byte)."""
-    import vllm_capacity.listener as listener_module
+    import vllm_capacity.web.listener as listener_module
 
     made: list[object] = []
     layer = listener_module.TlsTransport
@@ -254,7 +254,7 @@ async def test_a_failed_or_stalled_handshake_is_counted_by_kind(
 ) -> None:
     """Plain HTTP to the TLS port fails the handshake (the client gets TLS's alert, then the close); a ClientHello
     begun and never finished is closed at the handshake deadline, before the head deadline."""
-    import vllm_capacity.tls as tls
+    import vllm_capacity.web.tls as tls
 
     listener, _ = tls_listener
     reader, writer = await listener.connect()
@@ -279,7 +279,7 @@ async def test_a_closed_tls_connection_frees_its_session_without_the_garbage_col
     import gc
     import weakref
 
-    import vllm_capacity.listener as listener_module
+    import vllm_capacity.web.listener as listener_module
 
     made: list[weakref.ref[object]] = []
 

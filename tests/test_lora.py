@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from support.model_configs import LLAMA_31_8B
-from vllm_capacity import plan_inputs
+from vllm_capacity.cli import plan_inputs
 from vllm_capacity.sizing import NotModelled
 from vllm_capacity.sizing.lora import LOGITS_VOCAB_LIMIT, Lora, lora_slots
 from vllm_capacity.sizing.memory import MemoryBudget

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_capacity.metrics import SPECS
+from vllm_capacity.exposition.catalogue import SPECS
 from vllm_capacity.sources import Reason
 
 UNIT_SUFFIXES = ("_bytes", "_seconds", "_tokens", "_ratio", "_total", "_info", "_celsius", "_watts", "_hertz")

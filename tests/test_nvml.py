@@ -20,9 +20,9 @@ from support.doubles import FakeClock, FakeVllm
 from support.exposition import value
 from support.fake_nvml import SEED_LOG, WITHOUT_NVIDIA_LIBRARY, FakeGpu, FakeNvml, GiB, seed_gpu
 from support.files import fixture_text
-from vllm_capacity.agent import Agent, AgentSettings
-from vllm_capacity.budget import COMPONENTS, gpu_budget
-from vllm_capacity.exposition import build_registry
+from vllm_capacity.derive.budget import COMPONENTS, gpu_budget
+from vllm_capacity.exposition.render import build_registry
+from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.nvml import NvmlSource
 from vllm_capacity.sources.nvml_scope import visible_selection, vllm_pids_in_namespace
@@ -398,7 +398,7 @@ def test_serve_with_nvml_auto_on_this_machine(fake_vllm_thread: str) -> None:
 
 
 def test_report_draws_each_gpus_budget() -> None:
-    from vllm_capacity.report import gpu_picture
+    from vllm_capacity.cli.report import gpu_picture
     from vllm_capacity.snapshot import Snapshot
 
     (reading,) = NvmlSource(loader=lambda: FakeNvml([seed_gpu()]))._read_sync()
@@ -566,8 +566,8 @@ async def test_with_every_gpu_of_the_node_visible_the_pods_are_those_running_vll
     ],
 )
 def test_only_an_unnamed_selection_is_narrowed_to_vllms_gpus(gpus, environ, narrow, monkeypatch) -> None:
-    from vllm_capacity.options import SourceConfig
-    from vllm_capacity.serve import build_agent as _agent
+    from vllm_capacity.cli.options import SourceConfig
+    from vllm_capacity.cli.serve import build_agent as _agent
 
     for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         monkeypatch.delenv(var, raising=False)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from vllm_capacity import cli
-from vllm_capacity.options import PLAN_DOES_NOT_FIT, PLAN_NOT_MODELLED
+from vllm_capacity.cli.options import PLAN_DOES_NOT_FIT, PLAN_NOT_MODELLED
 
 TINY = Path(__file__).parent / "fixtures" / "models" / "tiny-llama" / "config.json"
 GOOD: dict[str, Any] = json.loads(TINY.read_text())  # 2 layers, 4 heads, 2 KV heads, head_dim 32, bfloat16

@@ -26,7 +26,7 @@ import lab
 from support.exposition import samples, value
 from support.files import run_plan
 from vllm_capacity.derive import ServerFacts, derive_all
-from vllm_capacity.latency import histogram_quantile
+from vllm_capacity.derive.latency_curve import histogram_quantile
 from vllm_capacity.sources.vllm import parse_models
 from vllm_capacity.sources.vllm_parse import parse_metrics
 from vllm_capacity.sources.vllm_records import SCHEMA_V1_CAPACITY

@@ -16,10 +16,10 @@ from prometheus_client import generate_latest
 from support.fake_nvml import FakeGpu, FakeNvml, seed_gpu
 from support.files import FIXTURES, VLLM_FIXTURES
 from support.payloads import data_parallel
-from vllm_capacity.budget import gpu_budget
 from vllm_capacity.derive import EngineInputs, LatencyView, LoraSlots, ServerFacts, derive_engine
-from vllm_capacity.exposition import build_registry
-from vllm_capacity.latency import MAX_BINS, QUANTILES, bin_bounds
+from vllm_capacity.derive.budget import gpu_budget
+from vllm_capacity.derive.latency_curve import MAX_BINS, QUANTILES, bin_bounds
+from vllm_capacity.exposition.render import build_registry
 from vllm_capacity.snapshot import Snapshot, SourceState
 from vllm_capacity.sources.model_config import load_config
 from vllm_capacity.sources.nvml import NvmlSource

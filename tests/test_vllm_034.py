@@ -14,8 +14,8 @@ from support.doubles import FakeVllm
 from support.exposition import samples, value
 from support.fake_nvml import FakeGpu, FakeNvml
 from support.vllm034 import CAPACITY, EXTENDED, GiB, Start034, metrics_034
-from vllm_capacity.agent import Agent, AgentSettings
-from vllm_capacity.exposition import build_registry
+from vllm_capacity.exposition.render import build_registry
+from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.nvml import NvmlSource
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
@@ -316,7 +316,7 @@ def test_the_plan_says_how_034_sizes_it_and_which_lines_to_read(tmp_path) -> Non
 
 
 async def test_the_report_says_the_cache_was_sized_after_warm_up(fake_vllm: FakeVllm, tmp_path) -> None:
-    from vllm_capacity.report import render_text
+    from vllm_capacity.cli.report import render_text
 
     agent = await _agent(fake_vllm, tmp_path, Start034(remapped_from=7700))
     await agent.cycle()

@@ -31,7 +31,7 @@ import lab
 from support.files import PROBES
 from support.model_configs import GRANITE_4_MICRO
 from vllm_capacity import cli
-from vllm_capacity.options import PLAN_DOES_NOT_FIT, PLAN_NOT_MODELLED
+from vllm_capacity.cli.options import PLAN_DOES_NOT_FIT, PLAN_NOT_MODELLED
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.vllmcode]
 

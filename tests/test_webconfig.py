@@ -21,7 +21,7 @@ import trustme
 import yaml
 
 from lab import free_port, stop_process
-from vllm_capacity.webconfig import WebConfigError, load
+from vllm_capacity.web.config import WebConfigError, load
 
 
 def _hash(password: str) -> str:
@@ -123,7 +123,7 @@ def test_exporter_toolkit_keys_not_implemented_are_accepted_and_named(tmp_path: 
         "tls_server_config.cipher_suites",
         "tls_server_config.curve_preferences",
     ]
-    from vllm_capacity.webconfig import new_ssl_context
+    from vllm_capacity.web.config import new_ssl_context
 
     assert new_ssl_context(config).maximum_version == ssl.TLSVersion.TLSv1_2
     path = _write(tmp_path / "web.yml", pki, {}, min_version="TLS13", max_version="TLS12")
@@ -427,7 +427,7 @@ def test_a_password_longer_than_bcrypt_reads_is_refused_not_an_error(password: s
     one; the right password still passes."""
     import base64
 
-    from vllm_capacity.webconfig import Authenticator
+    from vllm_capacity.web.config import Authenticator
 
     auth = Authenticator({"prometheus": bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=4))})
 

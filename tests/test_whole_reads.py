@@ -18,8 +18,8 @@ from support.doubles import FakeClock, FakeVllm
 from support.files import fixture_text
 from support.payloads import data_parallel, with_cache_label, with_value, without_queue
 from support.vllm034 import metrics_034
-from vllm_capacity.agent import Agent, AgentSettings
-from vllm_capacity.exposition import build_registry
+from vllm_capacity.exposition.render import build_registry
+from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.vllm import VllmClient
 
 RECORDED = [

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllm_capacity.budget import GpuBudget
 from vllm_capacity.derive import EngineCapacity
+from vllm_capacity.derive.budget import GpuBudget
 from vllm_capacity.sources.gpu import GpuReading
 
 EngineKey = tuple[str, str]  # (model_name, engine)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from vllm_capacity.metrics import SPECS
+from vllm_capacity.exposition.catalogue import SPECS
 
 KEYWORDS = {
     "by", "on", "without", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",

@@ -12,7 +12,8 @@ from vllm_capacity.sources.vllm_records import SCHEMA_V0, EngineMetrics, LoraReq
 
 @dataclass(frozen=True)
 class LatencyView:
-    """What the agent learned of an engine's latency by concurrency (:mod:`vllm_capacity.latency`), for export."""
+    """What the agent learned of an engine's latency by concurrency (:mod:`vllm_capacity.derive.latency_curve`), for
+    export."""
 
     quantiles: Mapping[tuple[str, int, float], float] = field(default_factory=dict)  # (kind, bin, q) -> seconds
     observations: Mapping[tuple[str, int], float] = field(default_factory=dict)  # (kind, bin) -> decayed count

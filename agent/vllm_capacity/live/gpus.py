@@ -1,6 +1,6 @@
 """The NVML reader: the GPUs read each cycle, the backoff after a failure, the grace of NVML's slow first read,
 which GPUs are the pod's, and each GPU's memory budget from vLLM's own figures (the budget's arithmetic:
-:mod:`vllm_capacity.budget`)."""
+:mod:`vllm_capacity.derive.budget`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, TypeVar
 
 import structlog
 
-from vllm_capacity.budget import GpuBudget, gpu_budget
 from vllm_capacity.derive import EngineCapacity
+from vllm_capacity.derive.budget import GpuBudget, gpu_budget
 from vllm_capacity.live.status import SourceBook, first_time, internal
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.gpu import GpuReading

@@ -1,5 +1,5 @@
 """The latency learner: one curve of latency by concurrency and one context distribution per engine, taught from
-vLLM's histograms as the loop reads them (the curves themselves: :mod:`vllm_capacity.latency`)."""
+vLLM's histograms as the loop reads them (the curves themselves: :mod:`vllm_capacity.derive.latency_curve`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 import structlog
 
 from vllm_capacity import derive
-from vllm_capacity.latency import (
+from vllm_capacity.derive.latency_curve import (
     DEFAULT_HALF_LIFE,
     GENERATION,
     ITL,

@@ -17,8 +17,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vllm_capacity import __version__
+from vllm_capacity.derive.latency_curve import ITL, TTFT, Objective, parse_objective
 from vllm_capacity.geometry import Geometry
-from vllm_capacity.latency import ITL, TTFT, Objective, parse_objective
 from vllm_capacity.redaction import redact_url
 from vllm_capacity.sizing import NEWEST_VERSION
 from vllm_capacity.units import GiB, format_duration, parse_duration, parse_listen, parse_size
@@ -70,7 +70,7 @@ def _duration(minimum: float, maximum: float) -> Callable[[str], float]:
 
 def _web_config(text: str) -> Path:
     """A web configuration file that loads (checked now: a bad one is a start-up error, not a broken listener)."""
-    from vllm_capacity import webconfig
+    from vllm_capacity.web import config as webconfig
 
     path = Path(text)
     try:

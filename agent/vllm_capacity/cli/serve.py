@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_capacity import __version__
-from vllm_capacity.options import ServeConfig, SourceConfig, UsageError
+from vllm_capacity.cli.options import ServeConfig, SourceConfig, UsageError
 from vllm_capacity.redaction import redact_url
 
 if TYPE_CHECKING:  # the agent's imports (asyncio, aiohttp, structlog) wait for a command that runs it
-    from vllm_capacity.agent import Agent
+    from vllm_capacity.live.agent import Agent
 
 KEEPALIVE = 75.0  # seconds an idle keep-alive connection to the sidecar stays open
 # SIGTERM to exit: requests in flight get this long, then their connections are cut (the kubelet kills at 30 s; a
@@ -39,7 +39,7 @@ def check_combination(values: SourceConfig) -> None:
 def build_agent(values: SourceConfig, interval: float, serve: ServeConfig | None = None) -> Agent:
     """The agent ``serve`` and ``report`` run (``serve``: the options only it has): the model, log, GPU and latency
     options, and the client of vLLM."""
-    from vllm_capacity.agent import Agent, AgentSettings
+    from vllm_capacity.live.agent import Agent, AgentSettings
     from vllm_capacity.sources.vllm_log import LogFollower, might_carry_figures
 
     check_combination(values)
@@ -146,8 +146,8 @@ async def _runner(agent: Agent, values: ServeConfig, access: Any, ssl_context: A
     from aiohttp import web
 
     from vllm_capacity import log as log_setup
-    from vllm_capacity.listener import ConnectionGuard
-    from vllm_capacity.server import make_app
+    from vllm_capacity.web.app import make_app
+    from vllm_capacity.web.listener import ConnectionGuard
 
     guard = ConnectionGuard(agent.http_errors, ssl_context=ssl_context, max_connections=values.web_max_requests)
     app = make_app(
@@ -185,8 +185,8 @@ async def _probe_listener(agent: Agent, address: tuple[str, int] | None) -> Any:
         return None
     from aiohttp import web
 
-    from vllm_capacity.listener import ConnectionGuard
-    from vllm_capacity.server import make_probe_app
+    from vllm_capacity.web.app import make_probe_app
+    from vllm_capacity.web.listener import ConnectionGuard
 
     guard = ConnectionGuard(agent.http_errors, max_connections=64)
     app = make_probe_app(agent, outer=(guard.middleware,))
@@ -222,8 +222,8 @@ def _reload_on_sighup(path: Path | None, access: Any, ssl_context: Any) -> None:
 def _web_access(path: Path | None) -> tuple[Any, Any]:
     """The listener's access rules and TLS context from --web.config.file (checked at start; read again here to use
     it): none without the file."""
-    from vllm_capacity import webconfig
-    from vllm_capacity.server import Access
+    from vllm_capacity.web import config as webconfig
+    from vllm_capacity.web.app import Access
 
     if path is None:
         return Access(), None
@@ -251,7 +251,7 @@ async def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
 
     import structlog
 
-    from vllm_capacity import webconfig
+    from vllm_capacity.web import config as webconfig
 
     log = structlog.get_logger("vllm_capacity")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from vllm_capacity.budget import COMPONENTS
 from vllm_capacity.derive import EngineCapacity
+from vllm_capacity.derive.budget import COMPONENTS
 from vllm_capacity.snapshot import Snapshot
 from vllm_capacity.units import CONTEXTS, format_bytes
 

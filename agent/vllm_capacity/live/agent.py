@@ -23,8 +23,8 @@ import structlog
 
 from vllm_capacity import derive
 from vllm_capacity.derive import EngineCapacity
+from vllm_capacity.derive.latency_curve import DEFAULT_HALF_LIFE, Objective
 from vllm_capacity.geometry import Geometry
-from vllm_capacity.latency import DEFAULT_HALF_LIFE, Objective
 from vllm_capacity.live.counters import SOURCE_MODELS, Counters, ModelsReader
 from vllm_capacity.live.derived import Derived
 from vllm_capacity.live.gpus import GpuReader

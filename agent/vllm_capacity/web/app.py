@@ -15,9 +15,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from vllm_capacity import __version__
-from vllm_capacity.agent import Agent
-from vllm_capacity.exposition import RenderCache, process_registry
-from vllm_capacity.webconfig import Authenticator, allowed_peer
+from vllm_capacity.exposition.render import RenderCache, process_registry
+from vllm_capacity.live.agent import Agent
+from vllm_capacity.web.config import Authenticator, allowed_peer
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
 

@@ -1,8 +1,8 @@
 """Command line: ``vllm-capacity serve`` (the sidecar), ``report`` (one snapshot) and ``plan`` (offline).
 
-The options, their environment twins and the typed configuration of each command are in :mod:`vllm_capacity.options`;
-this module runs the commands. Invalid flags or values exit with status 2 and one line that says which flag (or
-variable) and why.
+The options, their environment twins and the typed configuration of each command are in
+:mod:`vllm_capacity.cli.options`; this module runs the commands. Invalid flags or values exit with status 2 and one
+line that says which flag (or variable) and why.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from vllm_capacity.options import (
+from vllm_capacity.cli.options import (
     PLAN_DOES_NOT_FIT,
     PLAN_NOT_MODELLED,
     PlanConfig,
@@ -23,16 +23,16 @@ from vllm_capacity.options import (
     build_parser,
     config,
 )
+from vllm_capacity.cli.serve import build_agent, check_combination, note_early_stop, run_serve
 from vllm_capacity.redaction import redact_url
-from vllm_capacity.serve import build_agent, check_combination, note_early_stop, run_serve
 
 
 async def _report(values: ReportConfig) -> int:
     import asyncio
     import signal
 
-    from vllm_capacity.report import render_text
-    from vllm_capacity.report_json import render_json
+    from vllm_capacity.cli.report import render_text
+    from vllm_capacity.cli.report_json import render_json
 
     agent = build_agent(values, values.watch or 1.0)
     client = agent.client
@@ -71,8 +71,9 @@ async def _report(values: ReportConfig) -> int:
 
 
 def _plan(values: PlanConfig) -> int:
-    from vllm_capacity import plan as planning
-    from vllm_capacity import plan_inputs, sizing
+    from vllm_capacity import sizing
+    from vllm_capacity.cli import plan as planning
+    from vllm_capacity.cli import plan_inputs
     from vllm_capacity.geometry import GeometryError
 
     try:

@@ -36,7 +36,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vllm_capacity.tls import TlsTransport
+from vllm_capacity.web.tls import TlsTransport
 
 HEADER_TIMEOUT = 10.0  # seconds from accept to the end of the first request's headers
 MAX_CONNECTIONS = 512

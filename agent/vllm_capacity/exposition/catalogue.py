@@ -2,7 +2,7 @@
 per-engine metrics, how each series' value is read from the engine's record.
 
 This table is the contract that dashboards, alerts and users rely on; the table in docs/metrics.md is checked
-against it by the test suite. Exposition (:mod:`vllm_capacity.exposition`) refuses names that are not here, and
+against it by the test suite. Exposition (:mod:`vllm_capacity.exposition.render`) refuses names that are not here, and
 emits every per-engine metric by looping over this table: adding one is a row here plus its derivation. As long as
 the catalogue is, one row per metric.
 """

@@ -1,17 +1,18 @@
 """What `vllm-capacity plan` is asked: from the command's options and the model's config.json to the planner's
 inputs (:class:`~vllm_capacity.sizing.PlanInputs`) and, with --gpu-memory, the GPU's memory budget.
 
-The command line parses the options (:mod:`vllm_capacity.options`) and renders the plan (:mod:`vllm_capacity.plan`);
-everything between, including which combinations of options make sense, is here. A missing or contradictory input
-raises :class:`MissingInput`, whose message names the option that gives it (the command exits 2 with it).
+The command line parses the options (:mod:`vllm_capacity.cli.options`) and renders the plan
+(:mod:`vllm_capacity.cli.plan`); everything between, including which combinations of options make sense, is here. A
+missing or contradictory input raises :class:`MissingInput`, whose message names the option that gives it (the
+command exits 2 with it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from vllm_capacity.cli.options import PlanConfig
 from vllm_capacity.geometry import Geometry, GeometryError, tp_refusal
-from vllm_capacity.options import PlanConfig
 from vllm_capacity.sizing import (
     MemoryBudget,
     PlanInputs,

@@ -6,8 +6,8 @@ import json
 from dataclasses import asdict, replace
 
 from vllm_capacity import sizing
+from vllm_capacity.cli.plan_inputs import encoder_bytes, lora_bytes
 from vllm_capacity.geometry import Geometry
-from vllm_capacity.plan_inputs import encoder_bytes, lora_bytes
 from vllm_capacity.sizing import KvPlan, MemoryBudget, NotModelled, PlanInputs, kv_dtype_bytes
 from vllm_capacity.sizing.lora import EMBEDDING_SLOTS
 from vllm_capacity.sizing.memory import SAMPLER_PEAK_LOGIT_COPIES

@@ -1,7 +1,7 @@
 """Render the agent's latest snapshot as Prometheus metrics with a prometheus-client custom collector.
 
 The only module that builds metric families. It uses its own registry (never the global one), so the agent's
-/metrics shows exactly the catalogue in :mod:`vllm_capacity.metrics` plus the agent's own process metrics
+/metrics shows exactly the catalogue in :mod:`vllm_capacity.exposition.catalogue` plus the agent's own process metrics
 (``vllm_capacity_process_*``).
 """
 
@@ -21,8 +21,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from vllm_capacity import __version__
-from vllm_capacity.budget import COMPONENTS
-from vllm_capacity.metrics import BY_NAME, NAMESPACE, NOT_THROTTLING, SPECS, MetricSpec
+from vllm_capacity.derive.budget import COMPONENTS
+from vllm_capacity.exposition.catalogue import BY_NAME, NAMESPACE, NOT_THROTTLING, SPECS, MetricSpec
 from vllm_capacity.snapshot import Snapshot
 
 ENGINE_SPECS = tuple(s for s in SPECS if s.engine_values or s.engine_rows)
