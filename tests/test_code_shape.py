@@ -237,3 +237,18 @@ def test_the_top_level_is_a_handful_of_wings() -> None:
     assert {"cli", "web", "live", "sources", "sizing", "derive", "exposition"} <= set(wings), wings
     for wing in wings:
         assert ast.get_docstring(ast.parse((PACKAGE / wing / "__init__.py").read_text())), f"{wing}/ says nothing"
+
+
+def test_no_module_keeps_state_between_reads() -> None:
+    """The /metrics reader kept its line and series memories in module globals (and a ``global`` counter): state
+    belongs to the object that reads (ReaderMemory, the client's). No ``global`` statement, no memory made at a
+    module's top level."""
+    found = []
+    for module, path in sorted(MODULES.items()):
+        tree = ast.parse(path.read_text())
+        found += [f"{module}: line {n.lineno}: global" for n in ast.walk(tree) if isinstance(n, ast.Global)]
+        for node in tree.body:
+            value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+            if isinstance(value, ast.Call) and ast.unparse(value.func) in ("Remembered", "ReaderMemory"):
+                found.append(f"{module}: line {node.lineno}: {ast.unparse(node)[:80]}")
+    assert not found, "\n".join(found)

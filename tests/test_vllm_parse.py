@@ -6,6 +6,7 @@ import pytest
 
 from support.files import fixture_text
 from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.remembered import ReaderMemory
 from vllm_capacity.sources.vllm_parse import parse_metrics
 from vllm_capacity.sources.vllm_records import (
     META,
@@ -255,13 +256,15 @@ def _counted_reads(monkeypatch) -> list[int]:
 
     reads: list[int] = []
     real = vllm_stream.read_selected
-    monkeypatch.setattr(vllm_stream, "read_selected", lambda selected: reads.append(len(selected)) or real(selected))
+    monkeypatch.setattr(
+        vllm_stream, "read_selected", lambda selected, reader: reads.append(len(selected)) or real(selected, reader)
+    )
     return reads
 
 
-def _streamed(text: str | bytes) -> object:
-    """``text`` streamed and read as the client reads it."""
-    stream = MetricsStream(latency=False)
+def _streamed(text: str | bytes, reader: ReaderMemory | None = None) -> object:
+    """``text`` streamed and read as the client reads it (with ``reader``, the client's memory)."""
+    stream = MetricsStream(latency=False, reader=reader)
     stream.feed(text.encode() if isinstance(text, str) else text)
     return stream.finish()
 
@@ -274,7 +277,8 @@ def test_every_body_is_read_whole_and_nothing_of_the_last_is_kept(monkeypatch) -
     running = 'vllm:num_requests_running{engine="0",model_name="tiny-llama"} 16.0'
     busier = body.replace(running, running[:-4] + "17.0")
     assert busier != body
-    first, again, moved = _streamed(body), _streamed(body), _streamed(busier)
+    reader = ReaderMemory()  # the client's, warm after the first read: the moved line is a line it never read
+    first, again, moved = _streamed(body, reader), _streamed(body, reader), _streamed(busier, reader)
     assert len(reads) == 3 and first == again and first is not again
     assert moved.engines[0].running == 17.0 and moved == parse_metrics(busier, latency=False)
 

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from support.files import fixture_text
 from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.remembered import ReaderMemory
 from vllm_capacity.sources.vllm_parse import parse_metrics
 from vllm_capacity.sources.vllm_records import LATENCY_BUCKETS, META, WANTED, VllmMetrics
 from vllm_capacity.sources.vllm_scan import parse_selected
@@ -76,17 +77,22 @@ def _outcome(fn, *args):  # type: ignore[no-untyped-def]
         return "raised", type(err).__name__
 
 
+WARM = ReaderMemory()  # one reader's memory across every text the differential tests read
+
+
 def _check(text: str) -> str:
     """Assert the scanner agrees with its definitions on ``text``; returns which path read it."""
     plain = _outcome(_selection, select_lines_plainly, text)
     fast = _outcome(_selection, select_lines, text)
     assert fast == plain, text
     body = text.encode()
-    # as the agent reads it from the network: fed in pieces of any size, segments of a few lines
-    stream = MetricsStream(segment=300)
+    # as the agent reads it from the network: fed in pieces of any size, segments of a few lines, with the memory of
+    # a reader that read every text before this one (a warm memory reads what a fresh one reads)
+    stream = MetricsStream(segment=300, reader=WARM)
     for at in range(0, len(body), 997):
         stream.feed(body[at : at + 997])
     assert _outcome(stream.finish) == _outcome(parse_metrics, text), text
+    assert _outcome(lambda: parse_metrics(text, reader=WARM)) == _outcome(parse_metrics, text), text
     if body.isascii():  # the agent scans an ASCII body's bytes as they came
         assert _outcome(_selection, select_lines, body) == plain, text
         assert _outcome(parse_metrics_body, body) == _outcome(parse_metrics, text), text
@@ -445,17 +451,18 @@ def test_series_no_longer_served_are_forgotten() -> None:
     import vllm_capacity.sources.vllm_scan as scan
     import vllm_capacity.sources.vllm_select as select
 
+    reader = ReaderMemory()
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     for i in range(300):
-        parse_metrics(body.replace("tiny-llama", f"model-{i}"))
-    assert len(scan._SERIES) > 1000  # what the churn left, before it is forgotten
+        parse_metrics(body.replace("tiny-llama", f"model-{i}"), reader=reader)
+    assert len(reader.held(scan.SERIES)) > 1000  # what the churn left, before it is forgotten
     for _ in range(2 * max(scan.SERIES_GENERATION, select.FOUND_GENERATION)):
-        metrics = parse_metrics(body)
+        metrics = parse_metrics(body, reader=reader)
     served = len(select_lines(body, WANTED, META))
-    assert len(scan._SERIES) <= served
-    assert len(scan._LINES) <= served  # the lines read whole go the same way
-    found = select._scanner(tuple(WANTED), tuple(META))
-    assert len(found.memory) <= len(found.findall(body))  # and what each line found was
+    assert len(reader.held(scan.SERIES)) <= served
+    assert len(reader.held(scan.LINES)) <= served  # the lines read whole go the same way
+    scanner = select._scanner(tuple(WANTED), tuple(META))
+    assert len(reader.held(scanner.key)) <= len(scanner.findall(body))  # and what each line found was
     assert metrics.engines[0].model_name == "tiny-llama"
 
 
@@ -468,19 +475,22 @@ def test_remembered_lines_stay_bounded_and_read_as_the_parser_reads_them(monkeyp
 
     monkeypatch.setattr(scan, "MAX_LINES", 64)  # the bounds' logic, at a size a test runs through quickly
     monkeypatch.setattr(select, "MAX_FOUND", 64)
-    found = select._scanner(tuple(WANTED), tuple(META)).memory
+    reader = ReaderMemory()
+    key = select._scanner(tuple(WANTED), tuple(META)).key
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
     running = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", body, re.M)
     assert running is not None
     for i in range(3 * scan.MAX_LINES):
         moved = body.replace(running[0], running[0].removesuffix(running[1]) + f"{i}.0")
-        lines = select_lines(moved, WANTED, META)
-        assert scan.parse_selected(lines) == list(text_string_to_metric_families("\n".join(lines) + "\n"))
-        assert len(scan._LINES.current) <= scan.MAX_LINES and len(scan._LINES.previous) <= scan.MAX_LINES
+        lines = select_lines(moved, WANTED, META, reader=reader)
+        assert scan.parse_selected(lines, reader) == list(text_string_to_metric_families("\n".join(lines) + "\n"))
+        remembered, found = reader.held(scan.LINES), reader.held(key)
+        assert len(remembered.current) <= scan.MAX_LINES and len(remembered.previous) <= scan.MAX_LINES
         assert len(found.current) <= select.MAX_FOUND and len(found.previous) <= select.MAX_FOUND
-    assert parse_metrics(moved).engines[0].running == 3 * scan.MAX_LINES - 1
+    assert parse_metrics(moved, reader=reader).engines[0].running == 3 * scan.MAX_LINES - 1
     for i in range(2 * select.MAX_FOUND):
-        assert select_lines(f"# HELP vllm:num_requests_running {i}\n", WANTED, META) == [
+        assert select_lines(f"# HELP vllm:num_requests_running {i}\n", WANTED, META, reader=reader) == [
             f"# HELP vllm:num_requests_running {i}"
         ]
+        found = reader.held(key)
         assert len(found.current) <= select.MAX_FOUND and len(found.previous) <= select.MAX_FOUND

@@ -1,14 +1,15 @@
-"""A memory of what texts read as, in two generations: what is no longer seen is forgotten, what still is stays.
+"""A memory of what texts read as, in two generations (:class:`Remembered`): what is no longer seen is forgotten, what
+still is stays; and :class:`ReaderMemory`, the memories of one reader of vLLM's ``/metrics``.
 
-The scanner (:mod:`vllm_capacity.sources.vllm_scan`) remembers in one each the lines it found in vLLM's body (what
-each was), its selected lines read whole and the series part of its sample lines: the same lines come back every
-read, and a few change.
+The reader remembers, in one each, the lines it found in vLLM's body (what each was), its selected lines read whole
+and the series part of its sample lines: the same lines come back every read, and a few change.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Hashable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -44,3 +45,33 @@ class Remembered(Generic[K, V]):
 
     def __len__(self) -> int:
         return len(self.current) + len(self.previous)
+
+
+class ReaderMemory:
+    """What one reader of vLLM's ``/metrics`` remembers from one body to the next, owned by the client that reads
+    (:class:`~vllm_capacity.sources.vllm.VllmClient` holds one), never by a module: what each line found was (per set
+    of names looked for), each selected line read whole, and each sample's series part. Every entry is keyed by the
+    whole text it was read from: a line that changed is a new key, so nothing read from one text is ever served for
+    another. Each memory is bounded and turns in generations. A function given none reads with a fresh one, and reads
+    exactly what a warm one reads (``tests/test_vllm_scan.py``)."""
+
+    def __init__(self) -> None:
+        self._memories: dict[Hashable, Remembered[Any, Any]] = {}
+        self._uses: Counter[Hashable] = Counter()
+
+    def of(self, key: Hashable, bound: Callable[[], int]) -> Remembered[Any, Any]:
+        """The memory named ``key`` (made on first use, holding ``bound()`` texts a generation)."""
+        memory = self._memories.get(key)
+        if memory is None:
+            memory = self._memories[key] = Remembered(bound)
+        return memory
+
+    def held(self, key: Hashable) -> Remembered[Any, Any]:
+        """The memory named ``key`` as it is (empty if never used), to look at, not to fill."""
+        return self._memories.get(key) or Remembered(lambda: 0)
+
+    def use(self, key: Hashable, every: int) -> None:
+        """One more read with ``key``'s memory: at every ``every``-th it turns, so what is no longer seen goes."""
+        self._uses[key] += 1
+        if self._uses[key] % every == 0 and key in self._memories:
+            self._memories[key].turn()

@@ -28,6 +28,7 @@ import aiohttp
 from vllm_capacity import __version__
 from vllm_capacity.redaction import redact, redact_url, url_secrets
 from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.remembered import ReaderMemory
 from vllm_capacity.sources.vllm_records import VllmMetrics
 from vllm_capacity.sources.vllm_stream import MetricsStream
 from vllm_capacity.units import KiB, MiB
@@ -79,6 +80,8 @@ class VllmClient:
         self._session: aiohttp.ClientSession | None = None  # made on first use, inside the event loop
         # one thread: parses never run side by side, and one thread means one more malloc arena, not several
         self._parser = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-parse")
+        # what the lines of this server's /metrics read as, keyed by each whole line: bounded, and this client's
+        self._reader = ReaderMemory()
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -178,7 +181,7 @@ class VllmClient:
 
     async def fetch_metrics(self, *, latency: bool = True) -> VllmMetrics:
         # the body is scanned as it arrives, a megabyte of lines at a time, and never held whole (MetricsStream)
-        stream = MetricsStream(latency=latency)
+        stream = MetricsStream(latency=latency, reader=self._reader)
         _, content_type = await self._get("/metrics", accept="text/plain;version=0.0.4;q=1,*/*;q=0.1", sink=stream.feed)
         self._check_metrics_type(content_type)
         if stream.size <= INLINE_PARSE_BYTES:  # a parse shorter than the hand-off to a thread and back

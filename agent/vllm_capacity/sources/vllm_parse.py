@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 
 from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.remembered import ReaderMemory
 from vllm_capacity.sources.vllm_records import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
@@ -120,22 +121,20 @@ def _plausible_config(labels: Mapping[str, str]) -> list[str]:
 _V1_RUNNING_HELP = "Number of requests in model execution batches"
 
 
-def parse_metrics(text: str, *, latency: bool = True) -> VllmMetrics:
+def parse_metrics(text: str, *, latency: bool = True, reader: ReaderMemory | None = None) -> VllmMetrics:
     """Parse a vLLM /metrics body. Raises :class:`SourceError` when it is not a (whole) vLLM exposition.
-    ``latency``: read the latency histograms' buckets too (the agent does every few seconds, not every cycle)."""
-    return _parse(text, latency)
-
-
-def _parse(text: str, latency: bool) -> VllmMetrics:
+    ``latency``: read the latency histograms' buckets too (the agent does every few seconds, not every cycle);
+    ``reader``: the reader's memory of lines read before (a fresh one when none is given: the same result)."""
     _check_body(text)
     names, meta = (WANTED, META) if latency else (WANTED_WITHOUT_LATENCY, PRESENCE_ONLY)
-    return read_selected(select_lines(text, names, meta))
+    reader = ReaderMemory() if reader is None else reader
+    return read_selected(select_lines(text, names, meta, reader=reader), reader)
 
 
-def read_selected(selected: Selection) -> VllmMetrics:
+def read_selected(selected: Selection, reader: ReaderMemory | None = None) -> VllmMetrics:
     """The families of the selected lines, parsed and reduced to what the derivations need."""
     try:
-        families = parse_selected(selected)
+        families = parse_selected(selected, reader)
     except (ValueError, TypeError, IndexError, OverflowError) as err:  # OverflowError: an integer beyond a float
         raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not valid Prometheus text: {err}") from err
     scan = _Scan()

@@ -12,7 +12,8 @@ definition and a fast implementation that the tests hold to it:
    form (an exemplar, odd spacing, a quoted name, a duplicated label...) it hands all selected lines to
    prometheus-client's parser. Either way the result is ``list(text_string_to_metric_families(selected))``, never an
    approximation of it. A line read before is remembered whole with what it read as (most come back unchanged every
-   read: HELP, TYPE, a counter that did not move), in two bounded generations.
+   read: HELP, TYPE, a counter that did not move), in two bounded generations, in the memory of the reader that
+   reads (:class:`~vllm_capacity.sources.remembered.ReaderMemory`, the client's): no module keeps any.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from vllm_capacity.sources.remembered import Remembered
+from vllm_capacity.sources.remembered import ReaderMemory, Remembered
 from vllm_capacity.sources.vllm_select import MAX_SELECTED
 
 # The comment and sample forms the fast path reads; anything else goes to prometheus-client.
@@ -36,11 +37,11 @@ _SERIES_FORM = re.compile(rf"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{{((?:{_LABEL}(?:,{_L
 _VALUES = re.compile(rf" ({_VALUE})(?: ({_VALUE}))?")
 
 
-#: series part of a sample line -> (name, labels), as read before (a generation holds MAX_SELECTED; both memories
-#: turn every SERIES_GENERATION parses too, in parse_selected)
-_SERIES: Remembered[str, tuple[str, dict[str, str]]] = Remembered(lambda: MAX_SELECTED)
+#: the reader's memories of the parse (ReaderMemory): the series part of a sample line -> (name, labels), as read
+#: before (a generation holds MAX_SELECTED), and each selected line -> what it read as (MAX_LINES); both turn every
+#: SERIES_GENERATION parses too
+SERIES, LINES = "series", "lines"
 SERIES_GENERATION = 64
-_parses = 0
 _LABELS = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', re.DOTALL)
 # the parser's unescaping of label values and HELP text
 _ESCAPES = {"\\\\": "\\", "\\n": "\n", '\\"': '"'}
@@ -59,16 +60,16 @@ class _NotCanonical(Exception):
     """A selected line the fast path does not read: prometheus-client reads them all instead."""
 
 
-def parse_selected(lines: list[str]) -> list[Metric]:
+def parse_selected(lines: list[str], reader: ReaderMemory | None = None) -> list[Metric]:
     """``list(text_string_to_metric_families("\\n".join(lines)))``, read by the fast path when every line is in the
-    canonical form, else by prometheus-client. Raises what the parser raises (ValueError and kin)."""
-    global _parses  # counts the parses for the series cache's generations
-    _parses += 1
-    if _parses % SERIES_GENERATION == 0:
-        _SERIES.turn()
-        _LINES.turn()
+    canonical form, else by prometheus-client. Raises what the parser raises (ValueError and kin). What lines and
+    series read as is remembered in ``reader`` (a fresh memory when none is given: the same result, slower)."""
+    reader = ReaderMemory() if reader is None else reader
+    for key in (SERIES, LINES):
+        reader.use(key, SERIES_GENERATION)
+    series: _Series = reader.of(SERIES, lambda: MAX_SELECTED)
     try:
-        return list(_families(_items(lines)))
+        return list(_families(_items(lines, reader.of(LINES, lambda: MAX_LINES), series)))
     except _NotCanonical:
         return list(text_string_to_metric_families("\n".join(lines) + "\n"))
 
@@ -79,26 +80,26 @@ _Item = tuple[str, str, str | None] | Sample  # ("HELP", name, its text unescape
 #: read-only like every parse result. A generation holds MAX_LINES: a line that changed is a new entry, and a thousand
 #: engines change most of theirs every read.
 MAX_LINES = 4096
-_LINES: Remembered[str, _Item] = Remembered(lambda: MAX_LINES)
+_Series = Remembered[str, tuple[str, dict[str, str]]]
 
 
-def _items(lines: list[str]) -> list[_Item]:
-    known, items = _LINES.current, []
+def _items(lines: list[str], remembered: Remembered[str, _Item], series: _Series) -> list[_Item]:
+    known, items = remembered.current, []
     for line in lines:
         item = known.get(line)
         if item is None:
-            item = _LINES.recall(line)
+            item = remembered.recall(line)
             if item is None:
-                item = _item(line)
-                _LINES.remember(line, item)
-            known = _LINES.current  # a new generation may have begun
+                item = _item(line, series)
+                remembered.remember(line, item)
+            known = remembered.current  # a new generation may have begun
         items.append(item)
     return items
 
 
-def _item(line: str) -> _Item:
+def _item(line: str, series: _Series) -> _Item:
     if not line.startswith("#"):
-        return _sample(line)
+        return _sample(line, series)
     meta = _META.fullmatch(line)
     if meta is None:
         raise _NotCanonical
@@ -108,15 +109,15 @@ def _item(line: str) -> _Item:
     return kind, name, rest
 
 
-def _sample(line: str) -> Sample:
+def _sample(line: str, remembered: _Series) -> Sample:
     # The series part (name and labels) is read once and remembered: the same series come back every scrape with
     # only their values changed. In a canonical line the series part ends at the last "}" (values hold none), or
     # at the first space when there are no labels.
     brace = line.rfind("}")
     cut = brace + 1 if brace > 0 else line.find(" ")
-    series = (_SERIES.current.get(line[:cut]) or _SERIES.recall(line[:cut])) if cut > 0 else None
+    series = (remembered.current.get(line[:cut]) or remembered.recall(line[:cut])) if cut > 0 else None
     if series is None:
-        series = _series(line[:cut] if cut > 0 else line)
+        series = _series(line[:cut] if cut > 0 else line, remembered)
     m = _VALUES.fullmatch(line, cut)
     if m is None:
         raise _NotCanonical
@@ -128,7 +129,7 @@ def _sample(line: str) -> Sample:
     return Sample(series[0], dict(series[1]), _number(value_text), timestamp)
 
 
-def _series(text: str) -> tuple[str, dict[str, str]]:
+def _series(text: str, remembered: _Series) -> tuple[str, dict[str, str]]:
     m = _SERIES_FORM.fullmatch(text)
     if m is None:
         raise _NotCanonical
@@ -139,7 +140,7 @@ def _series(text: str) -> tuple[str, dict[str, str]]:
             if label in labels or label.startswith("__"):  # a duplicate is the parser's error; __ names are reserved
                 raise _NotCanonical
             labels[label] = _LABEL_ESCAPE.sub(_unescape, raw) if "\\" in raw else raw
-    _SERIES.remember(text, (name, labels))
+    remembered.remember(text, (name, labels))
     return name, labels
 
 

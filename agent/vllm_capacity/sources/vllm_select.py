@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from vllm_capacity.sources.remembered import Remembered
+from vllm_capacity.sources.remembered import ReaderMemory, Remembered
 
 #: Longest selected line read (vLLM 0.32's longest, cache_config_info, is about 700 characters).
 MAX_LINE = 8192
@@ -180,6 +180,7 @@ def select_lines(
     sample_names: Sequence[str],
     meta_names: Sequence[str],
     selected: Selection | None = None,
+    reader: ReaderMemory | None = None,
 ) -> Selection:
     """The same lines as :func:`select_lines_plainly`, found without visiting the lines that name nothing wanted.
 
@@ -187,13 +188,13 @@ def select_lines(
     starts with one of the names: one regular expression finds both kinds from the newline before them, jumping from
     newline to newline in C. Only a comment's name token is searched, never its text (HELP text is most of a
     comment's length: searching it for every name cost three quarters of the scan). What each line found was is
-    remembered (:class:`_Scanner`).
+    remembered in ``reader``, the reader's memory (a fresh one when none is given: the same selection, slower).
 
     ``text`` may be the body's bytes when they are ASCII (vLLM's are; ``MetricsStream`` sees to it): then only the
     selected lines are ever decoded, and a body of megabytes is never copied into a string. ``selected``, to go on
     with: a selection of the same names."""
     scanner = _scanner(tuple(sample_names), tuple(meta_names))
-    return _select(scanner, scanner.lines(text), sample_names, meta_names, selected)
+    return _select(scanner, scanner.lines(text), sample_names, meta_names, selected, reader)
 
 
 def found_lines(
@@ -208,10 +209,15 @@ def found_lines(
 
 
 def select_found(
-    found: list[str | bytes], sample_names: Sequence[str], meta_names: Sequence[str], selected: Selection | None = None
+    found: list[str | bytes],
+    sample_names: Sequence[str],
+    meta_names: Sequence[str],
+    selected: Selection | None = None,
+    reader: ReaderMemory | None = None,
 ) -> Selection:
     """:func:`select_lines` of the text where :func:`found_lines` found ``found``."""
-    return _select(_scanner(tuple(sample_names), tuple(meta_names)), found, sample_names, meta_names, selected)
+    scanner = _scanner(tuple(sample_names), tuple(meta_names))
+    return _select(scanner, found, sample_names, meta_names, selected, reader)
 
 
 def _select(
@@ -220,9 +226,10 @@ def _select(
     sample_names: Sequence[str],
     meta_names: Sequence[str],
     selected: Selection | None,
+    reader: ReaderMemory | None,
 ) -> Selection:
     selected = Selection(sample_names, meta_names) if selected is None else selected
-    for batch in scanner.known(found):
+    for batch in scanner.known(found, ReaderMemory() if reader is None else reader):
         selected.add_all(batch)
     return selected
 
@@ -235,18 +242,18 @@ _Found = tuple[str, str] | tuple[()]  # (the stripped line, its family), or () f
 
 
 class _Scanner:
-    """:func:`select_lines` for one set of names: the expression (one for bytes, one for text), and what each line
-    found before was. Most lines come back every read (a HELP, a TYPE, a gauge or a counter that did not move), and a
-    line that was read before is not decoded, stripped and cut again (at one engine two thirds of the selection's
-    CPU). The memory turns every :data:`FOUND_GENERATION` selections and when a generation holds :data:`MAX_FOUND`,
-    as the parse's memories do."""
+    """:func:`select_lines` for one set of names: the expression (one for bytes, one for text); nothing of a body.
+    What each line found was is remembered in the reader's memory (:class:`ReaderMemory`, under :attr:`key`): most
+    lines come back every read (a HELP, a TYPE, a gauge or a counter that did not move), and a line that was read
+    before is not decoded, stripped and cut again (at one engine two thirds of the selection's CPU). That memory
+    turns every :data:`FOUND_GENERATION` selections and when a generation holds :data:`MAX_FOUND`, as the parse's
+    memories do."""
 
     def __init__(self, sample_names: tuple[str, ...], meta_names: tuple[str, ...]) -> None:
+        self.key = ("found", sample_names, meta_names)
         self.patterns = {binary: _starts_pattern(sample_names, meta_names, binary) for binary in (True, False)}
         self.samples = frozenset(sample_names)
         self.selection = Selection(sample_names, meta_names)  # its family(), for the lines found
-        self.memory: Remembered[str | bytes, _Found] = Remembered(lambda: MAX_FOUND)
-        self.selections = 0
 
     def _first(self, text: str | bytes) -> list[str | bytes]:
         """The first line, when it is one to look at (the expression finds lines from the newline before them)."""
@@ -270,17 +277,16 @@ class _Scanner:
         found += self.patterns[isinstance(text, bytes)].findall(text, max(start - 1, 0), end)
         return found
 
-    def known(self, found: Iterable[str | bytes]) -> Iterator[list[tuple[str, str]]]:
+    def known(self, found: Iterable[str | bytes], reader: ReaderMemory) -> Iterator[list[tuple[str, str]]]:
         """The selected lines' (stripped line, family), in order, a batch at a time."""
-        self.selections += 1
-        if self.selections % FOUND_GENERATION == 0:
-            self.memory.turn()
-        memory, batch = self.memory.current, []
+        reader.use(self.key, FOUND_GENERATION)
+        remembered: Remembered[str | bytes, _Found] = reader.of(self.key, lambda: MAX_FOUND)
+        memory, batch = remembered.current, []
         for raw in found:
             known = memory.get(raw)
             if known is None:
-                known = self._recall(raw)
-                memory = self.memory.current  # a new generation may have begun
+                known = self._recall(raw, remembered)
+                memory = remembered.current  # a new generation may have begun
             if known:
                 batch.append(known)
                 if len(batch) == FOUND_BATCH:
@@ -288,17 +294,17 @@ class _Scanner:
                     batch = []
         yield batch
 
-    def _recall(self, raw: str | bytes) -> _Found:
-        known = self.memory.recall(raw)
+    def _recall(self, raw: str | bytes, remembered: Remembered[str | bytes, _Found]) -> _Found:
+        known = remembered.recall(raw)
         if known is None:
             classified = _classified(raw.decode("ascii") if isinstance(raw, bytes) else raw, self.samples)
             known = () if classified is None else (classified[0], self.selection.family(classified[1]))
             if len(raw) <= MAX_LINE:  # a line over the bound is its family's end, never worth remembering
-                self.memory.remember(raw, known)
+                remembered.remember(raw, known)
         return known
 
 
-@functools.cache
+@functools.cache  # the expressions of a set of names: a function of the names alone
 def _scanner(sample_names: tuple[str, ...], meta_names: tuple[str, ...]) -> _Scanner:
     return _Scanner(sample_names, meta_names)
 

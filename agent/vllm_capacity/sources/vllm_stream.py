@@ -1,6 +1,7 @@
 """vLLM's ``/metrics`` body read as it arrives (:class:`MetricsStream`): never held whole, scanned a segment of whole
 lines at a time, with the same checks and the same result as :func:`~vllm_capacity.sources.vllm_parse.parse_metrics`
-of the whole text. Each body is read whole: nothing of the last one is kept.
+of the whole text. Each body is read whole: nothing of the last one is kept but what the reader's memory
+(:class:`~vllm_capacity.sources.remembered.ReaderMemory`, the client's) holds of lines, keyed by each whole line.
 """
 
 from __future__ import annotations
@@ -9,16 +10,19 @@ import re
 from typing import Any
 
 from vllm_capacity.sources import Reason, SourceError
+from vllm_capacity.sources.remembered import ReaderMemory
 from vllm_capacity.sources.vllm_parse import LEADING_SPACE, LEADING_SPACE_BYTES, check_head, read_selected
 from vllm_capacity.sources.vllm_records import META, PRESENCE_ONLY, WANTED, WANTED_WITHOUT_LATENCY, VllmMetrics
 from vllm_capacity.sources.vllm_select import Selection, found_lines, select_found, select_lines
 
 
-def parse_metrics_body(body: bytes | bytearray, *, latency: bool = True) -> VllmMetrics:
+def parse_metrics_body(
+    body: bytes | bytearray, *, latency: bool = True, reader: ReaderMemory | None = None
+) -> VllmMetrics:
     """:func:`~vllm_capacity.sources.vllm_parse.parse_metrics` of the body's bytes, as :class:`MetricsStream` reads
     them off the network: a megabyte at a time, ASCII segments (vLLM's) never copied into a string and any other
     decoded alone (one emoji in a 31 MiB body decoded all of it: 203 MiB)."""
-    stream = MetricsStream(latency=latency)
+    stream = MetricsStream(latency=latency, reader=reader)
     view = memoryview(body)
     for at in range(0, len(body), 1 << 20):
         stream.feed(view[at : at + (1 << 20)])
@@ -37,7 +41,8 @@ class MetricsStream:
     the same order, and the same result as a parse of the whole body (the tests hold it to that). Nothing is kept
     from one body to the next."""
 
-    def __init__(self, *, latency: bool = True, segment: int = 1 << 20) -> None:
+    def __init__(self, *, latency: bool = True, segment: int = 1 << 20, reader: ReaderMemory | None = None) -> None:
+        self._reader = ReaderMemory() if reader is None else reader  # the client's, that outlives the body
         self._names: tuple[str, ...] = WANTED if latency else WANTED_WITHOUT_LATENCY
         self._meta: tuple[str, ...] = META if latency else PRESENCE_ONLY
         self.selected: Selection | None = None  # a body of many found lines' selection, a segment at a time
@@ -80,8 +85,8 @@ class MetricsStream:
             )
         if self._found is None:
             assert self.selected is not None  # the found lines were selected as they passed the bound
-            return read_selected(self.selected)
-        return read_selected(select_found(self._found, self._names, self._meta))
+            return read_selected(self.selected, self._reader)
+        return read_selected(select_found(self._found, self._names, self._meta, reader=self._reader), self._reader)
 
     def _take(self) -> bytes:
         """What is pending, as one bytes (the chunk itself when there is one), and nothing pending after."""
@@ -114,7 +119,7 @@ class MetricsStream:
         if not select:
             return
         if self._found is None:
-            self.selected = select_lines(text, self._names, self._meta, self.selected)
+            self.selected = select_lines(text, self._names, self._meta, self.selected, self._reader)
             return
         self._keep(found_lines(text, self._names, self._meta))
 
@@ -133,5 +138,5 @@ class MetricsStream:
         self._found += found
         self._found_chars += sum(map(len, found))
         if self._found_chars > FOUND_CHARS:  # many lines: selected a segment at a time from here, never kept
-            self.selected = select_found(self._found, self._names, self._meta, self.selected)
+            self.selected = select_found(self._found, self._names, self._meta, self.selected, self._reader)
             self._found = None
