@@ -865,7 +865,7 @@ async def test_a_small_snapshot_renders_on_the_loop_a_large_one_in_the_worker_th
     from vllm_capacity.derive import derive_all
     from vllm_capacity.exposition.render import INLINE_RENDER_ENGINES, RenderCache
     from vllm_capacity.snapshot import Snapshot
-    from vllm_capacity.sources.vllm_parse import parse_metrics
+    from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
     threads: list[str] = []
     failing = [True]
@@ -912,7 +912,7 @@ async def test_a_render_in_the_worker_thread_shows_the_snapshot_it_began_with_wh
     from vllm_capacity.derive import derive_all
     from vllm_capacity.exposition.render import INLINE_RENDER_ENGINES, RenderCache, build_registry
     from vllm_capacity.snapshot import Snapshot, SourceState
-    from vllm_capacity.sources.vllm_parse import parse_metrics
+    from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
     began = Snapshot(
         up=True,
@@ -1060,7 +1060,7 @@ def test_the_same_record_again_carries_and_teaches_what_an_equal_copy_would() ->
 
     from vllm_capacity.live.counters import Counters
     from vllm_capacity.live.sustained import SustainedLearner
-    from vllm_capacity.sources.vllm_parse import parse_metrics
+    from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
     preempting = with_value(SATURATED, "vllm:num_preemptions_total", "90.0")
     steps = [SATURATED, without_queue(SATURATED), without_queue(preempting), preempting, SATURATED]
@@ -1100,7 +1100,7 @@ def test_an_idle_read_derives_what_the_whole_derivation_gives() -> None:
     views, preemptions, sustained levels), made in place, and of the facts, gives what ``derive_all`` gives."""
     from vllm_capacity import derive
     from vllm_capacity.live.derived import Derived
-    from vllm_capacity.sources.vllm_parse import parse_metrics
+    from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
     key = ("tiny-llama", "0")
     metrics = parse_metrics(SATURATED, latency=False)

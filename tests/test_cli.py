@@ -546,7 +546,7 @@ def test_the_report_shows_the_learned_curve_and_its_knee() -> None:
     from vllm_capacity.cli.report import render_text
     from vllm_capacity.derive import EngineInputs, LatencyView, derive_engine
     from vllm_capacity.snapshot import Snapshot
-    from vllm_capacity.sources.vllm_parse import parse_metrics
+    from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
     (m,) = parse_metrics(fixture_text("v1-0.32.0-cpu-saturated.prom")).engines
     view = LatencyView(
@@ -767,7 +767,7 @@ def test_the_report_shows_speculative_acceptance_next_to_capacity() -> None:
     from vllm_capacity.cli.report_json import render_json
     from vllm_capacity.derive import EngineInputs, derive_engine
     from vllm_capacity.snapshot import Snapshot
-    from vllm_capacity.sources.vllm_parse import parse_metrics
+    from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
     (m,) = parse_metrics(fixture_text("v1-0.32.0-cpu-saturated.prom")).engines
     plain = derive_engine(m, EngineInputs(schema="v1-capacity", max_model_len=1024))

@@ -174,8 +174,8 @@ def test_no_import_cycle() -> None:
 
 def test_the_checks_see_what_they_check() -> None:
     """The graph and the limits are read from the package itself: a module, an import and a layer each exist."""
-    assert len(MODULES) > 40 and "sources.vllm_parse" in MODULES
-    assert "sources.vllm_records" in GRAPH["sources.vllm_parse"]
+    assert len(MODULES) > 40 and "sources.vllm_metrics.parse" in MODULES
+    assert "sources.vllm_metrics.records" in GRAPH["sources.vllm_metrics.parse"]
     assert _layer("exposition") > _layer("snapshot") > _layer("derive.capacity") > _layer("sources.nvml")
     assert _parameters(ast.parse("def f(self, a, *b, c, **d): pass").body[0]) == 4  # type: ignore[arg-type]
 

@@ -13,8 +13,8 @@ from vllm_capacity import derive, sizing
 from vllm_capacity.sizing import NotModelled, PlanInputs, cpu_tier_tokens
 from vllm_capacity.sizing.offload import HOST_PAGE_BYTES, OFFLOAD_RULES
 from vllm_capacity.sources.model_config import parse_config
-from vllm_capacity.sources.vllm_parse import parse_metrics
-from vllm_capacity.sources.vllm_records import SCHEMA_V0, SCHEMA_V1_CAPACITY, CacheConfig
+from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
+from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V0, SCHEMA_V1_CAPACITY, CacheConfig
 
 GiB = 2**30
 LLAMA_8B = parse_config(

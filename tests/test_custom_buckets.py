@@ -18,7 +18,7 @@ from support.payloads import with_value, without_queue
 from vllm_capacity.derive.latency_curve import parse_objective
 from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.vllm import VllmClient
-from vllm_capacity.sources.vllm_parse import parse_metrics
+from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 from vllm_capacity.web.app import make_app
 
 SATURATED = fixture_text("v1-0.32.0-cpu-saturated.prom")

@@ -11,8 +11,8 @@ from support.files import fixture_text
 from vllm_capacity import derive, sizing
 from vllm_capacity.sizing import PlanInputs
 from vllm_capacity.sources.model_config import parse_config
-from vllm_capacity.sources.vllm_parse import parse_metrics
-from vllm_capacity.sources.vllm_records import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_LEGACY
+from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
+from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_LEGACY
 
 MML_GEMMA = derive.ServerFacts(max_model_len={"gemma-12b": 32768})  # /v1/models of the worked example's server
 MML_8192 = derive.ServerFacts(fallback_max_model_len=8192)  # --max-model-len, no /v1/models
@@ -264,7 +264,7 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
     """With --model-config the agent lays out vLLM's groups for vLLM's own budget (cache_config_info's
     kv_cache_memory_bytes, block size, dtype, Mamba mode): the blocks a max_model_len request holds by layer kind
     (why a Gemma 3 serves only ~2 requests of 32K), and whether vLLM's capacity agrees within a block per group."""
-    from vllm_capacity.sources.vllm_records import CacheConfig
+    from vllm_capacity.sources.vllm_metrics.records import CacheConfig
 
     gemma = parse_config(
         {"num_hidden_layers": 62, "num_attention_heads": 32, "num_key_value_heads": 16, "head_dim": 128,
@@ -305,7 +305,7 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
     assumed one layer of the model's shape, and said so); a server that speculates in a way the agent cannot size
     gets no layout, never a false disagreement."""
     from vllm_capacity.sizing import Speculation
-    from vllm_capacity.sources.vllm_records import CacheConfig
+    from vllm_capacity.sources.vllm_metrics.records import CacheConfig
 
     llama = parse_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                           "head_dim": 128, "torch_dtype": "bfloat16"})  # fmt: skip
@@ -343,7 +343,7 @@ def test_lora_slots_from_vllms_series() -> None:
     batch, and a request waiting for a slot is one vLLM defers while every slot is in use; V0's lists are its
     running and waiting queues. Lists recorded at a step before the server went idle count for nothing; several engines
     share one series: none."""
-    from vllm_capacity.sources.vllm_records import SCHEMA_V0, SCHEMA_V1_CAPACITY, EngineMetrics, LoraRequests
+    from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V0, SCHEMA_V1_CAPACITY, EngineMetrics, LoraRequests
 
     v1 = LoraRequests(max_loras=1, running=("sql",), waiting=("sql",))
     deferred = EngineMetrics("m", "0", running=4, waiting=4, waiting_by_reason={"capacity": 0, "deferred": 4})
@@ -386,7 +386,7 @@ def test_no_derived_value_is_ever_non_finite() -> None:
     """A property over derive_engine: whatever plausible values vLLM reports (denormal numbers, zeros, 2^53, a
     usage of 1e-320 once made max_concurrency{basis=observed_context} and the headroom +Inf), every number derived
     is finite. 3,000 engines drawn from the extremes and ordinary values, with and without the agent's history."""
-    from vllm_capacity.sources.vllm_records import SCHEMA_V1_CAPACITY, CacheConfig, EngineMetrics
+    from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V1_CAPACITY, CacheConfig, EngineMetrics
 
     rng = random.Random(27)
     extremes = [0.0, 5e-324, 1e-320, 1e-300, 1e-9, 0.5, 1.0, 3.0, 1e6, 1e15, 2.0**53]

@@ -28,8 +28,8 @@ from support.files import run_plan
 from vllm_capacity.derive import ServerFacts, derive_all
 from vllm_capacity.derive.latency_curve import histogram_quantile
 from vllm_capacity.sources.vllm import parse_models
-from vllm_capacity.sources.vllm_parse import parse_metrics
-from vllm_capacity.sources.vllm_records import SCHEMA_V1_CAPACITY
+from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
+from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V1_CAPACITY
 
 pytestmark = pytest.mark.realvllm
 INTERVAL = 0.1  # the agent's minimum: vLLM's cache is full only for moments

@@ -24,7 +24,7 @@ import lab
 from support.exposition import samples
 from support.files import PROBES, selected_cases
 from vllm_capacity import derive
-from vllm_capacity.sources.vllm_parse import parse_metrics
+from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
 pytestmark = pytest.mark.realvllm
 

@@ -24,7 +24,7 @@ from vllm_capacity.snapshot import Snapshot, SourceState
 from vllm_capacity.sources.model_config import load_config
 from vllm_capacity.sources.nvml import NvmlSource
 from vllm_capacity.sources.vllm_log import StartupFigures
-from vllm_capacity.sources.vllm_parse import parse_metrics
+from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "alerts.md"
 

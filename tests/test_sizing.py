@@ -882,7 +882,7 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
     does not settle it, and the plan says what it assumed. Checked against vLLM's own layout code in
     test_real_vllm_cache_formats.py."""
     from vllm_capacity import derive
-    from vllm_capacity.sources.vllm_records import CacheConfig
+    from vllm_capacity.sources.vllm_metrics.records import CacheConfig
 
     v32 = parse_config({**DEEPSEEK_V2_LITE, "index_topk": 2048, "index_head_dim": 128, "index_n_heads": 64,
                         "num_nextn_predict_layers": 1})  # fmt: skip

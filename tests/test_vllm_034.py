@@ -19,7 +19,7 @@ from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.nvml import NvmlSource
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
-from vllm_capacity.sources.vllm_records import CacheConfig
+from vllm_capacity.sources.vllm_metrics.records import CacheConfig
 
 MODELS = '{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":32768}]}'
 TOTAL = int(79.19 * GiB)
@@ -82,7 +82,7 @@ def test_malformed_new_lines_carry_no_figure() -> None:
 
 
 def test_an_unknown_extensible_flag_or_rejection_reason_is_named_and_adds_nothing() -> None:
-    from vllm_capacity.sources.vllm_parse import parse_metrics
+    from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
     good = parse_metrics(metrics_034(rejections=(3, 4)))
     assert good.implausible == () and good.engines[0].cache_config.resolved_gpu_memory_utilization == (
@@ -345,7 +345,7 @@ def _engine(body: str):
     from support.files import FIXTURES
     from vllm_capacity.derive import EngineInputs, ServerFacts, derive_engine
     from vllm_capacity.sources.model_config import load_config
-    from vllm_capacity.sources.vllm_parse import parse_metrics
+    from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
     (m,) = parse_metrics(body).engines
     facts = ServerFacts(geometry=load_config(FIXTURES / "models" / "tiny-llama" / "config.json"), version="0.34.0")

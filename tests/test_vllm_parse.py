@@ -6,9 +6,9 @@ import pytest
 
 from support.files import fixture_text
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.remembered import ReaderMemory
-from vllm_capacity.sources.vllm_parse import parse_metrics
-from vllm_capacity.sources.vllm_records import (
+from vllm_capacity.sources.vllm_metrics.memory import ReaderMemory
+from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
+from vllm_capacity.sources.vllm_metrics.records import (
     META,
     SCHEMA_V0,
     SCHEMA_V1,
@@ -17,8 +17,8 @@ from vllm_capacity.sources.vllm_records import (
     WANTED,
     LoraRequests,
 )
-from vllm_capacity.sources.vllm_select import select_lines
-from vllm_capacity.sources.vllm_stream import MetricsStream
+from vllm_capacity.sources.vllm_metrics.select import select_lines
+from vllm_capacity.sources.vllm_metrics.stream import MetricsStream
 
 
 def test_current_v1_capture() -> None:
@@ -252,7 +252,7 @@ def test_lora_requests_the_newest_series_is_read() -> None:
 
 def _counted_reads(monkeypatch) -> list[int]:
     """A list that grows by one at each real read of selected lines (``read_selected``) by a stream."""
-    from vllm_capacity.sources import vllm_stream
+    from vllm_capacity.sources.vllm_metrics import stream as vllm_stream
 
     reads: list[int] = []
     real = vllm_stream.read_selected

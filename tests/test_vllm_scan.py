@@ -26,12 +26,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from support.files import fixture_text
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.remembered import ReaderMemory
-from vllm_capacity.sources.vllm_parse import parse_metrics
-from vllm_capacity.sources.vllm_records import LATENCY_BUCKETS, META, WANTED, VllmMetrics
-from vllm_capacity.sources.vllm_scan import parse_selected
-from vllm_capacity.sources.vllm_select import MAX_LINE, family_key, select_lines, select_lines_plainly
-from vllm_capacity.sources.vllm_stream import MetricsStream, parse_metrics_body
+from vllm_capacity.sources.vllm_metrics.memory import ReaderMemory
+from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
+from vllm_capacity.sources.vllm_metrics.records import LATENCY_BUCKETS, META, WANTED, VllmMetrics
+from vllm_capacity.sources.vllm_metrics.scan import parse_selected
+from vllm_capacity.sources.vllm_metrics.select import MAX_LINE, family_key, select_lines, select_lines_plainly
+from vllm_capacity.sources.vllm_metrics.stream import MetricsStream, parse_metrics_body
 
 CASES = int(os.environ.get("VLLM_CAPACITY_SCAN_CASES", "2000"))
 CAPTURES = (
@@ -293,7 +293,7 @@ def test_only_the_name_of_a_help_or_type_line_is_searched() -> None:
 
 def test_the_fast_path_reads_canonical_lines_itself(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a real capture the library is never called (a canonical line it would have to read is a slow cycle)."""
-    import vllm_capacity.sources.vllm_scan as scan
+    import vllm_capacity.sources.vllm_metrics.scan as scan
 
     def refuse(_: str) -> None:
         raise AssertionError("the library parser was called")
@@ -331,7 +331,7 @@ def test_the_bounds_fall_alike_on_lines_found_a_batch_at_a_time(
 ) -> None:
     """select_lines adds the lines it finds a batch at a time, all at once when no bound is passed: with bounds that
     8 engines pass part way through a batch, it leaves out exactly what the line-by-line definition leaves out."""
-    import vllm_capacity.sources.vllm_select as select
+    import vllm_capacity.sources.vllm_metrics.select as select
     from support.payloads import data_parallel
 
     body = data_parallel(8)
@@ -448,8 +448,8 @@ def test_series_no_longer_served_are_forgotten() -> None:
     """The series cache (a series' name and labels, read once) kept every series until it was full: 5,000 models
     served in turn held ~20 MiB of them. Series no longer served are dropped within two generations now, and the
     series still served stay read (the second generation moves them back)."""
-    import vllm_capacity.sources.vllm_scan as scan
-    import vllm_capacity.sources.vllm_select as select
+    import vllm_capacity.sources.vllm_metrics.scan as scan
+    import vllm_capacity.sources.vllm_metrics.select as select
 
     reader = ReaderMemory()
     body = fixture_text("v1-0.32.0-cpu-saturated.prom")
@@ -470,8 +470,8 @@ def test_remembered_lines_stay_bounded_and_read_as_the_parser_reads_them(monkeyp
     """A selected line read once is remembered whole (a HELP, a TYPE, a value that did not move come back every
     read); a line whose value changes every read is a new entry each time. The memory stays bounded
     (MAX_LINES a generation, and MAX_FOUND for what each line found was) and every read is still the parser's."""
-    import vllm_capacity.sources.vllm_scan as scan
-    import vllm_capacity.sources.vllm_select as select
+    import vllm_capacity.sources.vllm_metrics.scan as scan
+    import vllm_capacity.sources.vllm_metrics.select as select
 
     monkeypatch.setattr(scan, "MAX_LINES", 64)  # the bounds' logic, at a size a test runs through quickly
     monkeypatch.setattr(select, "MAX_FOUND", 64)

@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_capacity import sizing
-from vllm_capacity.sources.vllm_records import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_CAPACITY, SCHEMA_V1_LEGACY
+from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_CAPACITY, SCHEMA_V1_LEGACY
 
 
 def blocks_per_engine(num_gpu_blocks: int | None, dp_engines: int, schema: str) -> int | None:

@@ -40,7 +40,7 @@ from vllm_capacity.derive.layout import (
     planned_layout,
 )
 from vllm_capacity.sources.vllm_log import EngineFigures
-from vllm_capacity.sources.vllm_records import EngineMetrics, VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import EngineMetrics, VllmMetrics
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from vllm_capacity.sources.vllm_records import SCHEMA_V0, EngineMetrics, LoraRequests
+from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V0, EngineMetrics, LoraRequests
 
 
 @dataclass(frozen=True)

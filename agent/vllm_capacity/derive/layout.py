@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from vllm_capacity import sizing
 from vllm_capacity.derive.facts import ServerFacts
 from vllm_capacity.geometry import Geometry
-from vllm_capacity.sources.vllm_records import SCHEMA_V0, CacheConfig
+from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V0, CacheConfig
 
 
 @dataclass(frozen=True)

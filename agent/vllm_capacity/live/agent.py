@@ -37,7 +37,7 @@ from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.nvml_scope import vllm_pids_in_namespace
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
-from vllm_capacity.sources.vllm_records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
 
 if TYPE_CHECKING:  # given by cli.py with --nvml auto or on; never imported with --nvml off (NVML's binding)
     from vllm_capacity.sources.nvml import NvmlSource

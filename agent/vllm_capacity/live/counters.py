@@ -11,7 +11,7 @@ from vllm_capacity.live.status import SourceBook, internal
 from vllm_capacity.snapshot import EngineKey
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
-from vllm_capacity.sources.vllm_records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
 
 SOURCE_MODELS = "vllm_models"
 

@@ -18,7 +18,7 @@ from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.gpu import GpuReading
 from vllm_capacity.sources.nvml_scope import vllm_pids_in_namespace
 from vllm_capacity.sources.vllm_log import RankFigures
-from vllm_capacity.sources.vllm_records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
 
 _T = TypeVar("_T")
 

@@ -24,7 +24,7 @@ from vllm_capacity.derive.latency_curve import (
 )
 from vllm_capacity.live.status import first_time
 from vllm_capacity.snapshot import EngineKey
-from vllm_capacity.sources.vllm_records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
 
 LATENCY_EVERY = 5.0  # seconds: how often a cycle reads vLLM's latency histograms (most of its lines) to learn from
 

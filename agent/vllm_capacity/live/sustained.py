@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from vllm_capacity import derive
 from vllm_capacity.derive.facts import EngineKey
 from vllm_capacity.derive.latency_curve import DEFAULT_HALF_LIFE
-from vllm_capacity.sources.vllm_records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
 
 
 class SustainedLearner:

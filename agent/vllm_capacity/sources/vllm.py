@@ -1,6 +1,6 @@
 """vLLM's HTTP API: ``/metrics`` every interval, ``/v1/models`` (max_model_len) and ``/version`` now and then.
 
-I/O only: bodies are handed to :mod:`vllm_capacity.sources.vllm_stream` as they arrive, and a large one is finished
+I/O only: bodies are handed to :mod:`.vllm_metrics.stream` as they arrive, and a large one is finished
 in a worker thread, so that the event loop (and with it ``/healthz`` and the agent's own ``/metrics``) never waits on
 work proportional to the body. Every
 failure becomes a :class:`SourceError` with the :class:`Reason` of the HTTP part (connect, timeout, http_5xx,
@@ -28,9 +28,9 @@ import aiohttp
 from vllm_capacity import __version__
 from vllm_capacity.redaction import redact, redact_url, url_secrets
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.remembered import ReaderMemory
-from vllm_capacity.sources.vllm_records import VllmMetrics
-from vllm_capacity.sources.vllm_stream import MetricsStream
+from vllm_capacity.sources.vllm_metrics.memory import ReaderMemory
+from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.stream import MetricsStream
 from vllm_capacity.units import KiB, MiB
 
 DEFAULT_MAX_BODY_BYTES = 32 * MiB

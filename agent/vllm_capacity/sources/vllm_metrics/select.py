@@ -1,5 +1,5 @@
 """Select the lines of a vLLM ``/metrics`` body that concern the families the agent reads: step 1 of
-:mod:`vllm_capacity.sources.vllm_scan`, with a plain definition and a fast implementation that the tests hold to it.
+:mod:`.scan`, with a plain definition and a fast implementation that the tests hold to it.
 
 A line is selected when, stripped as the parser strips it, it is either a HELP or TYPE comment whose name token (the
 word after HELP or TYPE, after its opening quote if quoted) starts with one of the names the agent reads (also those
@@ -27,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from vllm_capacity.sources.remembered import ReaderMemory, Remembered
+from vllm_capacity.sources.vllm_metrics.memory import ReaderMemory, Remembered
 
 #: Longest selected line read (vLLM 0.32's longest, cache_config_info, is about 700 characters).
 MAX_LINE = 8192

@@ -1,5 +1,5 @@
 """vLLM's ``/metrics`` as plain data: the names the agent reads (per metric-name generation), the schema
-generations, and the records a parse gives (:mod:`vllm_capacity.sources.vllm_parse` makes them).
+generations, and the records a parse gives (:mod:`vllm_capacity.sources.vllm_metrics.parse` makes them).
 
 Mostly declarations: the names and their comments are the table of what each vLLM release serves
 (``docs/metrics.md`` has it whole).

@@ -1,7 +1,7 @@
 """vLLM's ``/metrics`` body read as it arrives (:class:`MetricsStream`): never held whole, scanned a segment of whole
-lines at a time, with the same checks and the same result as :func:`~vllm_capacity.sources.vllm_parse.parse_metrics`
-of the whole text. Each body is read whole: nothing of the last one is kept but what the reader's memory
-(:class:`~vllm_capacity.sources.remembered.ReaderMemory`, the client's) holds of lines, keyed by each whole line.
+lines at a time, with the same checks and the same result as :func:`~.parse.parse_metrics` of
+the whole text. Each body is read whole: nothing of the last one is kept but what the reader's memory
+(:class:`~.memory.ReaderMemory`, the client's) holds of lines, keyed by each whole line.
 """
 
 from __future__ import annotations
@@ -10,16 +10,16 @@ import re
 from typing import Any
 
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.remembered import ReaderMemory
-from vllm_capacity.sources.vllm_parse import LEADING_SPACE, LEADING_SPACE_BYTES, check_head, read_selected
-from vllm_capacity.sources.vllm_records import META, PRESENCE_ONLY, WANTED, WANTED_WITHOUT_LATENCY, VllmMetrics
-from vllm_capacity.sources.vllm_select import Selection, found_lines, select_found, select_lines
+from vllm_capacity.sources.vllm_metrics.memory import ReaderMemory
+from vllm_capacity.sources.vllm_metrics.parse import LEADING_SPACE, LEADING_SPACE_BYTES, check_head, read_selected
+from vllm_capacity.sources.vllm_metrics.records import META, PRESENCE_ONLY, WANTED, WANTED_WITHOUT_LATENCY, VllmMetrics
+from vllm_capacity.sources.vllm_metrics.select import Selection, found_lines, select_found, select_lines
 
 
 def parse_metrics_body(
     body: bytes | bytearray, *, latency: bool = True, reader: ReaderMemory | None = None
 ) -> VllmMetrics:
-    """:func:`~vllm_capacity.sources.vllm_parse.parse_metrics` of the body's bytes, as :class:`MetricsStream` reads
+    """:func:`~.parse.parse_metrics` of the body's bytes, as :class:`MetricsStream` reads
     them off the network: a megabyte at a time, ASCII segments (vLLM's) never copied into a string and any other
     decoded alone (one emoji in a 31 MiB body decoded all of it: 203 MiB)."""
     stream = MetricsStream(latency=latency, reader=reader)

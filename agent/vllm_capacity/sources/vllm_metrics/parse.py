@@ -1,10 +1,10 @@
 """Parse vLLM's ``/metrics`` text into plain data, for every metric-name generation (legacy V0 to current V1).
 
 Pure: text in, :class:`VllmMetrics` out. The grammar is prometheus-client's own text parser, applied to the lines of
-the families the agent reads (:mod:`vllm_capacity.sources.vllm_select` finds them,
-:mod:`vllm_capacity.sources.vllm_scan` reads the canonical ones itself, with the parser's exact result).
+the families the agent reads (:mod:`vllm_capacity.sources.vllm_metrics.select` finds them,
+:mod:`vllm_capacity.sources.vllm_metrics.scan` reads the canonical ones itself, with the parser's exact result).
 
-What each name and label means, per vLLM release: :mod:`vllm_capacity.sources.vllm_records`.
+What each name and label means, per vLLM release: :mod:`vllm_capacity.sources.vllm_metrics.records`.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from prometheus_client.metrics_core import Metric
 
 from vllm_capacity.sources import Reason, SourceError
-from vllm_capacity.sources.remembered import ReaderMemory
-from vllm_capacity.sources.vllm_records import (
+from vllm_capacity.sources.vllm_metrics.memory import ReaderMemory
+from vllm_capacity.sources.vllm_metrics.records import (
     ADMISSION_REJECTIONS,
     CACHE_CONFIG,
     CPU_TIER,
@@ -56,8 +56,8 @@ from vllm_capacity.sources.vllm_records import (
     VllmMetrics,
     label_float,
 )
-from vllm_capacity.sources.vllm_scan import parse_selected
-from vllm_capacity.sources.vllm_select import Selection, select_lines
+from vllm_capacity.sources.vllm_metrics.scan import parse_selected
+from vllm_capacity.sources.vllm_metrics.select import Selection, select_lines
 
 _WANTED_SET = frozenset(WANTED)
 #: The per-engine values: every wanted family but the cache config, the process start and the sleep state (read

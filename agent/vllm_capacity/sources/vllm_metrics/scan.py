@@ -5,7 +5,7 @@ reads; prometheus-client's parser takes a second over the whole body. This is do
 definition and a fast implementation that the tests hold to it:
 
 1. **Select** the lines that concern the families the agent reads, within bounds:
-   :mod:`vllm_capacity.sources.vllm_select`.
+   :mod:`vllm_capacity.sources.vllm_metrics.select`.
 2. **Parse** the selected lines (this module). :func:`parse_selected` reads lines in the canonical form every
    prometheus-client exposition uses (``# HELP name doc``, ``# TYPE name type``, ``name{label="value",...} value
    [timestamp]``) itself and runs the parser's own family state machine over them; the moment a line is in any other
@@ -13,7 +13,7 @@ definition and a fast implementation that the tests hold to it:
    prometheus-client's parser. Either way the result is ``list(text_string_to_metric_families(selected))``, never an
    approximation of it. A line read before is remembered whole with what it read as (most come back unchanged every
    read: HELP, TYPE, a counter that did not move), in two bounded generations, in the memory of the reader that
-   reads (:class:`~vllm_capacity.sources.remembered.ReaderMemory`, the client's): no module keeps any.
+   reads (:class:`~vllm_capacity.sources.vllm_metrics.memory.ReaderMemory`, the client's): no module keeps any.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from vllm_capacity.sources.remembered import ReaderMemory, Remembered
-from vllm_capacity.sources.vllm_select import MAX_SELECTED
+from vllm_capacity.sources.vllm_metrics.memory import ReaderMemory, Remembered
+from vllm_capacity.sources.vllm_metrics.select import MAX_SELECTED
 
 # The comment and sample forms the fast path reads; anything else goes to prometheus-client.
 _WS = " \t\n\r\x0b\x0c"  # string.whitespace: what the parser's tokenizer splits comment lines on
