@@ -252,3 +252,17 @@ def test_no_module_keeps_state_between_reads() -> None:
             if isinstance(value, ast.Call) and ast.unparse(value.func) in ("Remembered", "ReaderMemory"):
                 found.append(f"{module}: line {node.lineno}: {ast.unparse(node)[:80]}")
     assert not found, "\n".join(found)
+
+
+def test_one_name_is_defined_once() -> None:
+    """The (model_name, engine) key was defined three times: each type alias the package names is defined once."""
+    defined: dict[str, list[str]] = {}
+    for module, path in MODULES.items():
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+                if name[:1].isupper() and not name.isupper() and isinstance(node.value, ast.Subscript):
+                    defined.setdefault(name, []).append(module)
+    assert "EngineKey" in defined
+    twice = {name: modules for name, modules in defined.items() if len(modules) > 1}
+    assert not twice, twice

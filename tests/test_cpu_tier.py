@@ -10,7 +10,7 @@ import pytest
 from support.files import fixture_text
 from support.model_configs import DEEPSEEK_V4_FLASH
 from vllm_capacity import derive, sizing
-from vllm_capacity.sizing import NotModelled, PlanInputs, cpu_tier_tokens
+from vllm_capacity.sizing import NotModelled, PlanInputs, SizingRules, cpu_tier_tokens
 from vllm_capacity.sizing.offload import HOST_PAGE_BYTES, OFFLOAD_RULES
 from vllm_capacity.sources.model_config import parse_config
 from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
@@ -48,8 +48,8 @@ def test_plan_shows_the_cpu_tier_and_refuses_what_it_does_not_model() -> None:
     same = sizing.plan(LLAMA_8B, PlanInputs(kv_cache_memory_bytes=40 * GiB, max_model_len=32768, tp=2))
     assert (same.num_gpu_blocks, same.cpu_tier_tokens) == (plan.num_gpu_blocks, None)  # the GPU side is unchanged
     with pytest.raises(NotModelled, match="V1 feature"):
-        sizing.plan(LLAMA_8B, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, engine="v0", version=(0, 9, 2),
-                kv_offloading_bytes=GiB))  # fmt: skip
+        sizing.plan(LLAMA_8B, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, engine_version="v0",
+                                         version=(0, 9, 2), kv_offloading_bytes=GiB))  # fmt: skip
 
 
 MLA = parse_config({"num_hidden_layers": 4, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"})
@@ -73,7 +73,8 @@ def test_an_mla_models_ranks_share_one_copy_under_tp_alone() -> None:
         (tp, pp): derive.cpu_capacity_tokens(
             cc, SCHEMA_V1_CAPACITY,
             derive.planned_layout(cc, derive.ServerFacts(geometry=MLA, tp=tp, pp=pp), max_model_len=4096,
-                                  capacity_tokens=None, pool_bytes=GiB, rules=("v1", (0, 32, 0)), device=None),
+                                  capacity_tokens=None, pool_bytes=GiB, rules=SizingRules("v1", (0, 32, 0)),
+                                  device=None),
             tp=tp, pp=pp, version=(0, 32, 0),
         )
         for tp, pp in ((1, 1), (4, 1), (1, 2))
@@ -98,7 +99,7 @@ def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:
     cc = CacheConfig(labels)
     layout = derive.planned_layout(
         cc, derive.ServerFacts(geometry=LLAMA_8B, tp=2), max_model_len=32768, capacity_tokens=None,
-        pool_bytes=40 * GiB, rules=("v1", (0, 32, 0)), device=None,
+        pool_bytes=40 * GiB, rules=SizingRules("v1", (0, 32, 0)), device=None,
     )  # fmt: skip
     assert layout is not None
     tokens = derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, tp=2, pp=1, version=(0, 32, 0))
@@ -124,7 +125,7 @@ def test_live_deepseek_v4_gets_its_layout_but_no_cpu_tier_and_no_one_bytes_per_t
     cc = CacheConfig(labels)
     layout = derive.planned_layout(
         cc, derive.ServerFacts(geometry=v4), max_model_len=131072, capacity_tokens=None,
-        pool_bytes=20 * GiB, rules=("v1", (0, 32, 0)), device=None,
+        pool_bytes=20 * GiB, rules=SizingRules("v1", (0, 32, 0)), device=None,
     )  # fmt: skip
     assert layout is not None and layout.packed
     assert layout.groups == {"sliding": 4, "full": 1}

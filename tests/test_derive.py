@@ -72,9 +72,9 @@ def test_unknown_capacity_stays_unknown() -> None:
     ],
 )
 def test_max_concurrency_formulas(schema: str, blocks: int, block_size: int, max_model_len: int, expected: float):
-    engine, version = derive.sizing_rules(schema, None)  # /version unknown: the generation's rules
+    rules = derive.sizing_rules(schema, None)  # /version unknown: the generation's rules
     got = derive.max_concurrency_at_max_model_len(
-        reported=None, blocks=blocks, block_size=block_size, max_model_len=max_model_len, engine=engine, version=version
+        reported=None, blocks=blocks, block_size=block_size, max_model_len=max_model_len, rules=rules
     )
     assert round(got, 2) == expected
 
@@ -111,7 +111,11 @@ def test_live_and_plan_agree_on_the_same_cache(engine: str, version: tuple, max_
     plan = sizing.plan(
         geometry,
         PlanInputs(
-            kv_cache_memory_bytes=9 * 2**30, max_model_len=max_model_len, block_size=16, engine=engine, version=version
+            kv_cache_memory_bytes=9 * 2**30,
+            max_model_len=max_model_len,
+            block_size=16,
+            engine_version=engine,
+            version=version,
         ),
     )
     live = derive.max_concurrency_at_max_model_len(
@@ -119,15 +123,14 @@ def test_live_and_plan_agree_on_the_same_cache(engine: str, version: tuple, max_
         blocks=plan.num_gpu_blocks,
         block_size=16,
         max_model_len=max_model_len,
-        engine=engine,
-        version=version,
+        rules=sizing.SizingRules(engine, version),
     )
     assert live == plan.max_concurrency
 
 
 def test_reported_concurrency_wins() -> None:
     got = derive.max_concurrency_at_max_model_len(
-        reported=4.0, blocks=10, block_size=16, max_model_len=1000, engine="v1", version=(0, 24, 0)
+        reported=4.0, blocks=10, block_size=16, max_model_len=1000, rules=sizing.SizingRules("v1", (0, 24, 0))
     )
     assert got == 4.0
 
@@ -275,7 +278,7 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
         gemma, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=32768, max_num_batched_tokens=8192)
     )
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
-    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 33, 0))}
+    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": sizing.SizingRules("v1", (0, 33, 0))}
     gemma_8192 = derive.ServerFacts(geometry=gemma, max_num_batched_tokens=8192)
     layout = derive.planned_layout(cc, gemma_8192, capacity_tokens=plan.kv_cache_tokens, device="GPU", **kw)
     assert layout is not None and layout.mismatch is False
@@ -314,7 +317,7 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
         llama, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=32768, speculation=Speculation("eagle", 2))
     )
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
-    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": ("v1", (0, 32, 0)),
+    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": sizing.SizingRules("v1", (0, 32, 0)),
           "capacity_tokens": eagle.kv_cache_tokens, "device": "GPU"}  # fmt: skip
 
     def logged(speculation: tuple[str, int] | None) -> derive.ServerFacts:

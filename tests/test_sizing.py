@@ -110,7 +110,7 @@ def test_plan_reproduces_vllms_logged_figures(case_id: str, tmp_path: Path) -> N
             tp=case["tp"],
             block_size=case["block_size"] or 16,
             version=parse_version(version) if version else (0, 33, 0),
-            engine=engine,
+            engine_version=engine,
             speculation=SPECULATIVE.get(case_id),
         ),
     )
@@ -493,10 +493,11 @@ def test_sliding_layers_before_hybrid_groups_are_sized_as_full() -> None:
     as_full = parse_config(_hf_config("google/gemma-3-27b-it"))
     for version, engine in (((0, 6, 6), "v0"), ((0, 8, 5), "v1")):
         old = sizing.plan(
-            g, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=8192, version=version, engine=engine)
+            g, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=8192, version=version, engine_version=engine)
         )
         dense = sizing.plan(
-            as_full, PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=8192, version=version, engine=engine)
+            as_full,
+            PlanInputs(kv_cache_memory_bytes=20 * GiB, max_model_len=8192, version=version, engine_version=engine),
         )
         assert (old.num_gpu_blocks, old.kv_cache_tokens, old.max_concurrency) == (
             dense.num_gpu_blocks,
@@ -507,7 +508,7 @@ def test_sliding_layers_before_hybrid_groups_are_sized_as_full() -> None:
     # V0 keeps Mamba state outside the KV budget: only the 4 attention layers count
     v0 = sizing.plan(
         parse_config(GRANITE_4_H_1B),
-        PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, engine="v0", version=(0, 6, 6)),
+        PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, engine_version="v0", version=(0, 6, 6)),
     )
     assert v0.kv_bytes_per_token == 4 * 2 * 4 * 128 * 2
     with pytest.raises(NotModelled, match=r"before 0\.9\.1 did not serve"):
@@ -560,7 +561,9 @@ def test_what_the_hybrid_planner_does_not_model_is_named() -> None:
     attention_free = parse_config({**GRANITE_4_H_1B, "layer_types": ["mamba"] * 40})
     for engine in ("v0", "v1"):
         with pytest.raises(NotModelled, match="no attention layer"):
-            sizing.plan(attention_free, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, engine=engine))
+            sizing.plan(
+                attention_free, PlanInputs(kv_cache_memory_bytes=GiB, max_model_len=4096, engine_version=engine)
+            )
     with pytest.raises(GeometryError, match="beside other layer kinds") as err:  # a chunk and a sliding window
         parse_config({**_hf_config("meta-llama/Llama-3.1-8B-Instruct"), "attention_chunk_size": 8192,
                       "sliding_window": 4096})  # fmt: skip
@@ -864,11 +867,11 @@ def test_mla_before_0_7_1_was_cached_as_padded_multi_head_attention() -> None:
     g = parse_config(DEEPSEEK_V2_LITE)
     kw = {"kv_cache_memory_bytes": int(case["kv_cache_memory_gib"] * GiB), "max_model_len": 8192,
           "kv_cache_dtype": "float16"}  # fmt: skip
-    old = sizing.plan(g, PlanInputs(**kw, version=(0, 6, 4), engine="v0"))
+    old = sizing.plan(g, PlanInputs(**kw, version=(0, 6, 4), engine_version="v0"))
     assert old.kv_bytes_per_token == case["bytes_per_token_formula"] == 27 * 2 * 16 * 256 * 2
     assert old.num_gpu_blocks == case["num_gpu_blocks"] and f"{old.max_concurrency:.2f}" == f"{case['max_concurrency']}"
     assert "multi-head attention" in old.notes[0]
-    new = sizing.plan(g, PlanInputs(**kw, version=MLA_LATENT_CACHE, engine="v0"))
+    new = sizing.plan(g, PlanInputs(**kw, version=MLA_LATENT_CACHE, engine_version="v0"))
     assert new.kv_bytes_per_token == 27 * 576 * 2 and new.num_gpu_blocks > 14 * old.num_gpu_blocks
     with pytest.raises(NotModelled, match="num_attention_heads"):
         sizing.plan(
@@ -922,8 +925,8 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
     assert derive.model_kv_bytes_per_token(v32, "fp8_ds_mla", 8, 1) == 27 * (656 + 132)
     assert derive.model_kv_bytes_per_token(v32, "fp8", 8, 1) is None
     assert derive.model_kv_bytes_per_token(parse_config(DEEPSEEK_V2_LITE), "auto", 8, 1) == 27 * 576 * 2
-    live = {"max_model_len": 163840, "capacity_tokens": None, "pool_bytes": 40 * GiB, "rules": ("v1", (0, 32, 0)),
-            "device": "GPU"}  # fmt: skip
+    live = {"max_model_len": 163840, "capacity_tokens": None, "pool_bytes": 40 * GiB,
+            "rules": sizing.SizingRules("v1", (0, 32, 0)), "device": "GPU"}  # fmt: skip
     tp8 = derive.ServerFacts(geometry=v32, tp=8)
     auto = derive.planned_layout(CacheConfig({"block_size": "64", "cache_dtype": "auto"}), tp8, **live)
     assert auto is not None and "not an SM120" in auto.assumed
@@ -1024,7 +1027,7 @@ def test_gemma4_full_layers_of_global_head_dim_in_pages_of_one_size() -> None:
         sizing.plan(g, PlanInputs(**kw, version=(0, 18, 0)))
     with pytest.raises(NotModelled, match=r"planned from vLLM 0\.19\.0"):
         sizing.plan(
-            g, PlanInputs(**kw, engine="v0", version=(0, 9, 2))
+            g, PlanInputs(**kw, engine_version="v0", version=(0, 9, 2))
         )  # not sized as one group of the first shape either
     odd_config = {**GEMMA4, "per_layer_config": {"5": {"num_key_value_heads": 3, "head_dim": 512},
                                                 "11": {"num_key_value_heads": 3, "head_dim": 512}}}  # fmt: skip

@@ -218,7 +218,9 @@ def test_where_the_speculative_rules_apply() -> None:
 def test_what_is_refused_is_named() -> None:
     target = parse_config(LLAMA_8B)
     with pytest.raises(NotModelled, match="V0"):
-        sizing.plan(target, PlanInputs(**KW, version=(0, 9, 1), engine="v0", speculation=Speculation("eagle", 2)))
+        sizing.plan(
+            target, PlanInputs(**KW, version=(0, 9, 1), engine_version="v0", speculation=Speculation("eagle", 2))
+        )
     with pytest.raises(NotModelled, match="pipeline parallelism"):
         sizing.plan(target, PlanInputs(**KW, pp=2, speculation=Speculation("eagle", 2)))
     with pytest.raises(NotModelled, match="a mla drafter beside full"):

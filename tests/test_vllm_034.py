@@ -16,6 +16,7 @@ from support.fake_nvml import FakeGpu, FakeNvml
 from support.vllm034 import CAPACITY, EXTENDED, GiB, Start034, metrics_034
 from vllm_capacity.exposition.render import build_registry
 from vllm_capacity.live.agent import Agent, AgentSettings
+from vllm_capacity.sizing import SizingRules
 from vllm_capacity.sources.nvml import NvmlSource
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sources.vllm_log import LogFollower, StartupFigures
@@ -349,7 +350,7 @@ def _engine(body: str):
 
     (m,) = parse_metrics(body).engines
     facts = ServerFacts(geometry=load_config(FIXTURES / "models" / "tiny-llama" / "config.json"), version="0.34.0")
-    inputs = EngineInputs(schema="v1-capacity", max_model_len=1024, rules=("v1", (0, 34, 0)))
+    inputs = EngineInputs(schema="v1-capacity", max_model_len=1024, rules=SizingRules("v1", (0, 34, 0)))
     return derive_engine(m, inputs, facts)
 
 

@@ -9,8 +9,6 @@ from vllm_capacity.derive import EngineCapacity
 from vllm_capacity.derive.budget import GpuBudget
 from vllm_capacity.sources.gpu import GpuReading
 
-EngineKey = tuple[str, str]  # (model_name, engine)
-
 
 @dataclass(frozen=True)
 class SourceState:

@@ -13,14 +13,14 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from vllm_capacity import __version__
 from vllm_capacity.derive.latency_curve import ITL, TTFT, Objective, parse_objective
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.redaction import redact_url
-from vllm_capacity.sizing import NEWEST_VERSION
+from vllm_capacity.sizing import NEWEST_VERSION, EngineVersion
 from vllm_capacity.units import GiB, format_duration, parse_duration, parse_listen, parse_size
 
 ENV_PREFIX = "VLLM_CAPACITY_"
@@ -461,7 +461,7 @@ PLAN_OPTIONS = (
     ),
     Option("--max-model-len", _positive_int, None, "context length to plan for (default: max_position_embeddings)"),
     Option("--vllm-version", _version, NEWEST_VERSION, "whose sizing rules to apply (e.g. 0.10.2)"),
-    Option("--engine", _choice("v0", "v1"), None, "v0 or v1 (default: v0 before 0.8, else v1)"),
+    Option("--engine", _choice("v0", "v1"), None, "v0 or v1 (default: v0 before 0.8, else v1)", key="engine_version"),
     Option(
         "--max-num-batched-tokens",
         _positive_int,
@@ -622,6 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+Switch = Literal["auto", "on", "off"]  # auto: as the release or the machine decides
+OnOff = Literal["on", "off"]
+TextOrJson = Literal["text", "json"]
+LogFormat = Literal["json", "logfmt", "console"]
+
+
 @dataclass(frozen=True)
 class SourceConfig:
     """What serve and report read vLLM (and the model, its log, the GPUs) with; a field per option."""
@@ -636,7 +642,7 @@ class SourceConfig:
     model_dir: Geometry | None
     tp: int
     pp: int
-    nvml: str
+    nvml: Switch
     gpus: list[str] | str | None
     slo_itl: Objective | None
     slo_ttft: Objective | None
@@ -655,13 +661,13 @@ class ServeConfig(SourceConfig):
     probe_listen: tuple[str, int] | None
     web_max_requests: int
     web_disable_exporter_metrics: bool
-    log_format: str
+    log_format: LogFormat
     log_level: str
 
 
 @dataclass(frozen=True)
 class ReportConfig(SourceConfig):
-    format: str
+    format: TextOrJson
     watch: float | None
 
 
@@ -675,30 +681,30 @@ class PlanConfig:
     block_size: int | None
     max_model_len: int | None
     vllm_version: tuple[int, int, int]
-    engine: str | None
+    engine_version: EngineVersion | None  # --engine
     max_num_batched_tokens: int | None
     max_num_seqs: int | None
-    async_scheduling: str
-    mamba_cache_mode: str
-    mamba_ssm_cache_dtype: str
-    chunked_local_hybrid: str
-    speculative_method: str | None
+    async_scheduling: OnOff
+    mamba_cache_mode: Literal["auto", "none", "align"]
+    mamba_ssm_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"]
+    chunked_local_hybrid: Switch
+    speculative_method: Literal["eagle", "eagle3", "mtp", "draft_model", "dflash", "ngram"] | None
     num_speculative_tokens: int | None
     draft_model_config_path: Path | None
     kv_offloading_size: int | None
     max_loras: int | None
     max_lora_rank: int | None
-    fully_sharded_loras: str
+    fully_sharded_loras: OnOff
     encoder_cache_tokens: int | None
     kv_cache_memory: int | None
     gpu_memory: int | None
     gpu_memory_utilization: float | None
-    extensible_kv_cache: str
-    platform: str
+    extensible_kv_cache: Switch
+    platform: Literal["cuda", "rocm", "xpu", "tpu", "cpu"]
     weights_memory: int | None
     activation_memory: int | None
     cuda_graph_memory: int | None
-    format: str
+    format: TextOrJson
 
 
 Config = ServeConfig | ReportConfig | PlanConfig

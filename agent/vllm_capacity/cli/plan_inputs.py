@@ -23,7 +23,7 @@ from vllm_capacity.sizing import (
     sampler_peak_bytes,
 )
 from vllm_capacity.sizing.errors import NotModelled
-from vllm_capacity.sizing.inputs import resolved_engine
+from vllm_capacity.sizing.inputs import resolved_engine_version
 from vllm_capacity.sizing.lora import Lora, lora_slots
 from vllm_capacity.sizing.memory import EXTENSIBLE_MARGIN_FLOOR, encoder_cache_bytes
 from vllm_capacity.sizing.speculative import DRAFT_CONFIG_NEEDED
@@ -126,7 +126,7 @@ def gpu_budget(values: PlanConfig, geometry: Geometry) -> MemoryBudget | None:
         if values.model_dir_path is None:
             raise MissingInput("--gpu-memory needs --weights-memory, or --model-dir to read the weights from")
         weights = model_dir_weights_bytes(values.model_dir_path) // (values.tp * values.pp)
-    v1 = resolved_engine(values.engine, values.vllm_version) == "v1"
+    v1 = resolved_engine_version(values.engine_version, values.vllm_version) == "v1"
     extensible = extensible_kv_cache(values)
     budget = MemoryBudget(
         values.gpu_memory,
@@ -202,7 +202,7 @@ def plan_inputs(values: PlanConfig, geometry: Geometry, budget: MemoryBudget | N
         kv_cache_dtype=values.kv_cache_dtype,
         block_size=values.block_size or default_block_size(values.vllm_version),
         version=values.vllm_version,
-        engine=values.engine,
+        engine_version=values.engine_version,
         max_num_batched_tokens=values.max_num_batched_tokens or default_max_num_batched_tokens(values.gpu_memory),
         async_scheduling=values.async_scheduling == "on",
         mamba_cache_mode=values.mamba_cache_mode,

@@ -89,14 +89,14 @@ GENERATION_OLDEST = {
 }
 
 
-def sizing_rules(schema: str, version: str | None) -> tuple[str, tuple[int, int, int]]:
+def sizing_rules(schema: str, version: str | None) -> sizing.SizingRules:
     """The engine (v0, v1) and the release whose sizing rules apply: vLLM's /version when it answered, else the
     oldest release of the metric generation it serves."""
-    engine = "v0" if schema == SCHEMA_V0 else "v1"
+    engine_version: sizing.EngineVersion = "v0" if schema == SCHEMA_V0 else "v1"
     if version:
         with contextlib.suppress(ValueError):
-            return engine, sizing.parse_version(version)
-    return engine, GENERATION_OLDEST.get(schema, GENERATION_OLDEST[SCHEMA_V1])
+            return sizing.SizingRules(engine_version, sizing.parse_version(version))
+    return sizing.SizingRules(engine_version, GENERATION_OLDEST.get(schema, GENERATION_OLDEST[SCHEMA_V1]))
 
 
 def max_concurrency_at_max_model_len(
@@ -105,16 +105,17 @@ def max_concurrency_at_max_model_len(
     blocks: int | None,
     block_size: int | None,
     max_model_len: int | None,
-    engine: str,
-    version: tuple[int, int, int],
+    rules: sizing.SizingRules,
 ) -> float | None:
     """Requests of exactly ``max_model_len`` tokens that fit in the KV cache ("Maximum concurrency ... 6.37x"):
-    vLLM's own figure when it reports one, else its formula for ``engine`` and ``version``."""
+    vLLM's own figure when it reports one, else its formula under ``rules``."""
     if reported is not None:
         return reported
     if blocks is None or block_size is None or not max_model_len or block_size <= 0:
         return None
-    return sizing.max_concurrency(blocks, block_size, max_model_len, engine=engine, version=version)
+    return sizing.max_concurrency(
+        blocks, block_size, max_model_len, engine_version=rules.engine_version, version=rules.release
+    )
 
 
 def mean_context_tokens(used: float | None, running: float | None) -> float | None:

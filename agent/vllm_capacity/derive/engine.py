@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vllm_capacity import sizing
 from vllm_capacity.derive.capacity import (
     Bounds,
     blocks_per_engine,
@@ -117,7 +118,7 @@ class EngineInputs:
     dp_engines: int = 1
     max_model_len: int | None = None
     startup: EngineFigures | None = None
-    rules: tuple[str, tuple[int, int, int]] | None = None  # (engine, version) of sizing_rules; None: the schema's
+    rules: sizing.SizingRules | None = None  # sizing_rules of the server's version; None: the metric generation's
     preemptions_total: float | None = None  # vLLM's counter as the agent carries it over restarts
     latency: LatencyView = field(default_factory=LatencyView)
     preempted: bool = False
@@ -179,7 +180,7 @@ def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = N
         cache_info=dict(cc.labels) if cc else {},
         spec_decode=spec_decode(m),
         layout=layout,
-        **_cpu_tier(m, cpu_capacity_tokens(cc, inputs.schema, layout, tp=facts.tp, pp=facts.pp, version=rules[1])),
+        **_cpu_tier(m, cpu_capacity_tokens(cc, inputs.schema, layout, tp=facts.tp, pp=facts.pp, version=rules.release)),
         lora=inputs.lora,
         **_startup_fields(startup),
         **_load_fields(m, inputs, facts, cap=cap, used=used, max_conc_obs=max_conc_obs),
@@ -274,7 +275,7 @@ def _load_fields(
 
 
 def _cache_size(
-    m: EngineMetrics, inputs: EngineInputs, rules: tuple[str, tuple[int, int, int]]
+    m: EngineMetrics, inputs: EngineInputs, rules: sizing.SizingRules
 ) -> tuple[int | None, int | None, float | None]:
     """The engine's blocks, capacity in tokens and maximum concurrency at max_model_len: from vLLM's metrics,
     else from its startup log (V1 0.8.x reports no block count)."""
@@ -286,14 +287,12 @@ def _cache_size(
     cap = capacity_tokens(cc.kv_cache_size_tokens if cc else None, blocks, block_size)
     if cap is None and startup is not None:
         cap = startup.kv_cache_tokens  # V1 0.8.x: only the log says it
-    engine, rules_version = rules
     max_conc = max_concurrency_at_max_model_len(
         reported=cc.kv_cache_max_concurrency if cc else None,
         blocks=blocks,
         block_size=block_size,
         max_model_len=max_model_len,
-        engine=engine,
-        version=rules_version,
+        rules=rules,
     )
     if max_conc is None and startup is not None and startup.max_model_len == max_model_len:
         max_conc = startup.max_concurrency

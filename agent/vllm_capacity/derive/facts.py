@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 from vllm_capacity.derive.features import LatencyView, Sustained
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sources.vllm_log import EngineFigures
-
-EngineKey = tuple[str, str]  # (model_name, engine)
+from vllm_capacity.sources.vllm_metrics.records import EngineKey
 
 
 @dataclass(frozen=True)

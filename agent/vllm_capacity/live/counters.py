@@ -8,10 +8,9 @@ from collections.abc import Callable
 
 from vllm_capacity import derive
 from vllm_capacity.live.status import SourceBook, internal
-from vllm_capacity.snapshot import EngineKey
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
-from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import EngineKey, VllmMetrics
 
 SOURCE_MODELS = "vllm_models"
 

@@ -7,9 +7,8 @@ from typing import Any
 
 from vllm_capacity import derive
 from vllm_capacity.derive import EngineCapacity, ServerFacts
-from vllm_capacity.derive.facts import EngineKey
 from vllm_capacity.live.status import first_time
-from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import EngineKey, VllmMetrics
 
 DISAGREEMENT = 0.02  # model_config vs startup_log bytes per token: log when they differ by more
 

@@ -23,8 +23,7 @@ from vllm_capacity.derive.latency_curve import (
     slo_bound,
 )
 from vllm_capacity.live.status import first_time
-from vllm_capacity.snapshot import EngineKey
-from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import EngineKey, VllmMetrics
 
 LATENCY_EVERY = 5.0  # seconds: how often a cycle reads vLLM's latency histograms (most of its lines) to learn from
 

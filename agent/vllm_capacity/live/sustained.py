@@ -10,9 +10,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from vllm_capacity import derive
-from vllm_capacity.derive.facts import EngineKey
 from vllm_capacity.derive.latency_curve import DEFAULT_HALF_LIFE
-from vllm_capacity.sources.vllm_metrics.records import VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import EngineKey, VllmMetrics
 
 
 class SustainedLearner:

@@ -65,6 +65,9 @@ from vllm_capacity.sizing.versions import (
     PER_TOKEN_HEAD_SCALES,
     SPARSE_INDEXER,
     UNIFIED_PAGE_SIZES,
+    EngineVersion,
+    SizingRules,
+    Version,
     dotted,
     parse_version,
 )
@@ -73,13 +76,16 @@ from vllm_capacity.units import GiB
 __all__ = [
     "NEWEST_RULES",
     "NEWEST_VERSION",
+    "EngineVersion",
     "ImpossiblePlan",
     "KvGroup",
     "KvPlan",
     "MemoryBudget",
     "NotModelled",
     "PlanInputs",
+    "SizingRules",
     "Speculation",
+    "Version",
     "bytes_per_token_per_layer",
     "cpu_tier_tokens",
     "default_max_num_batched_tokens",
@@ -99,7 +105,7 @@ __all__ = [
 def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     """Size the KV cache as vLLM ``inputs.version`` does for a per-rank budget of ``inputs.kv_cache_memory_bytes``."""
     inputs.check()
-    engine = inputs.resolved_engine
+    engine_version = inputs.resolved_engine_version
     if inputs.kv_cache_memory_bytes <= 0:
         raise ImpossiblePlan(f"no memory is left for the KV cache ({inputs.kv_cache_memory_bytes / GiB:.2f} GiB)")
     if geometry.unmodelled_cache:
@@ -130,17 +136,17 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
             tp=inputs.tp,
             pp=inputs.pp,
             kv_dtype_bytes=kv_dtype_bytes(inputs.kv_cache_dtype, geometry.dtype),
-            engine=engine,
+            engine_version=engine_version,
             version=inputs.version,
         )
         notes += drafted
-    as_read, read_as = _as_the_release_reads(geometry, inputs, engine)
+    as_read, read_as = _as_the_release_reads(geometry, inputs, engine_version)
     block_size, raised = attention_only_hybrid_block(as_read, inputs)
     if raised:
         inputs = replace(inputs, block_size=block_size)
         read_as.append(raised)
     try:
-        result = _sized(as_read, inputs, engine, draft)
+        result = _sized(as_read, inputs, engine_version, draft)
     except ImpossiblePlan as refused:  # raised again unless the release checked before it sized (and started)
         result = started_below_one(geometry, as_read, inputs, draft, refused)
     geometry = as_read
@@ -150,11 +156,13 @@ def plan(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     return result
 
 
-def _as_the_release_reads(geometry: Geometry, inputs: PlanInputs, engine: str) -> tuple[Geometry, list[str]]:
+def _as_the_release_reads(
+    geometry: Geometry, inputs: PlanInputs, engine_version: EngineVersion
+) -> tuple[Geometry, list[str]]:
     """The layers as the release sizes them, and what that notes: chunked layers as full attention where its hybrid
     manager is off, an MLA latent as multi-head attention before the latent cache."""
     notes = []
-    if "chunked" in geometry.layer_kinds and engine == "v1" and inputs.version >= HYBRID_GROUPS:
+    if "chunked" in geometry.layer_kinds and engine_version == "v1" and inputs.version >= HYBRID_GROUPS:
         hybrid, why = chunked_local_groups(inputs)
         if not hybrid:
             kinds = tuple("full" if k == "chunked" else k for k in geometry.layer_kinds)
@@ -166,15 +174,15 @@ def _as_the_release_reads(geometry: Geometry, inputs: PlanInputs, engine: str) -
     return geometry, notes
 
 
-def _sized(geometry: Geometry, inputs: PlanInputs, engine: str, draft: DraftPages | None) -> KvPlan:
+def _sized(geometry: Geometry, inputs: PlanInputs, engine_version: EngineVersion, draft: DraftPages | None) -> KvPlan:
     """One KV-cache group for a model of one layer kind; the hybrid groups where the release makes them; else the
     single group older releases force every kind into (said in the plan's notes)."""
     if geometry.uniform:
         return plan_dense(geometry, inputs, draft)
-    if engine == "v1" and inputs.version >= HYBRID_GROUPS:
+    if engine_version == "v1" and inputs.version >= HYBRID_GROUPS:
         return plan_hybrid(geometry, inputs)
-    flat, note = as_single_group(geometry, engine)
-    result = plan_dense(flat, replace(inputs, engine=engine))
+    flat, note = as_single_group(geometry, engine_version)
+    result = plan_dense(flat, replace(inputs, engine_version=engine_version))
     result.notes.insert(0, note)  # before what sizing the single group notes, after what led to it
     return result
 
@@ -182,7 +190,7 @@ def _sized(geometry: Geometry, inputs: PlanInputs, engine: str, draft: DraftPage
 def _sparse_attention(geometry: Geometry, inputs: PlanInputs) -> list[str]:
     """What a plan of a DeepSeek sparse-attention model notes: each layer's indexer keys beside the latent, in the
     same group, and the latent's format where the dtype alone does not settle it (assumed, and said)."""
-    if inputs.resolved_engine != "v1" or inputs.version < SPARSE_INDEXER:
+    if inputs.resolved_engine_version != "v1" or inputs.version < SPARSE_INDEXER:
         raise NotModelled(
             f"{geometry.architecture}: DeepSeek sparse attention's indexer cache is planned as vLLM "
             f"{dotted(SPARSE_INDEXER)} (V1) lays it out; earlier releases were not read"
@@ -200,7 +208,7 @@ def _per_token_head(geometry: Geometry, rows: Geometry, inputs: PlanInputs) -> l
     """What a plan under per-token-head quantisation notes (each head's K and V rows with a float32 scale: ``rows``,
     :func:`packed_rows`'), where it was read: vLLM 0.32, the full-attention layers of a model without other kinds."""
     name = inputs.kv_cache_dtype.lower()
-    if inputs.resolved_engine != "v1" or inputs.version < PER_TOKEN_HEAD_SCALES:
+    if inputs.resolved_engine_version != "v1" or inputs.version < PER_TOKEN_HEAD_SCALES:
         raise NotModelled(
             f"--kv-cache-dtype {name} is planned as vLLM {dotted(PER_TOKEN_HEAD_SCALES)} (V1) stores it; earlier "
             "releases were not read"
@@ -221,7 +229,7 @@ def _per_token_head(geometry: Geometry, rows: Geometry, inputs: PlanInputs) -> l
 def _with_full_shape(geometry: Geometry, inputs: PlanInputs) -> Geometry:
     """A model whose full-attention layers have a shape of their own (Gemma 4): planned where vLLM's page
     unification was read, as one shape when every KV layer is a full one."""
-    if inputs.version < UNIFIED_PAGE_SIZES or inputs.resolved_engine != "v1":
+    if inputs.version < UNIFIED_PAGE_SIZES or inputs.resolved_engine_version != "v1":
         raise NotModelled(
             f"{geometry.architecture}: full-attention layers of another shape than the others are planned from vLLM "
             f"{dotted(UNIFIED_PAGE_SIZES)} (V1), whose unify_kv_cache_spec_page_size was read"
@@ -235,7 +243,7 @@ def _with_full_shape(geometry: Geometry, inputs: PlanInputs) -> Geometry:
 
 def _with_cpu_tier(result: KvPlan, geometry: Geometry, inputs: PlanInputs) -> KvPlan:
     """The plan with the CPU tier of ``--kv-offloading-size`` (V1's native offloading)."""
-    if inputs.resolved_engine != "v1":
+    if inputs.resolved_engine_version != "v1":
         raise NotModelled("KV offloading (--kv-offloading-size) is a V1 feature; V0's CPU tier is its swap space")
     assert inputs.kv_offloading_bytes is not None
     ranks = inputs.tp * inputs.pp

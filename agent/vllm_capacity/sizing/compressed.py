@@ -84,7 +84,7 @@ def plan_compressed(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
 def _refuse_unread(geometry: Geometry, inputs: PlanInputs) -> None:
     """Refuse what vLLM 0.32 was not read doing with DeepSeek-V4 (NotModelled)."""
     refused = None
-    if inputs.resolved_engine != "v1" or inputs.version < DEEPSEEK_V4:
+    if inputs.resolved_engine_version != "v1" or inputs.version < DEEPSEEK_V4:
         refused = f"is planned as vLLM {dotted(DEEPSEEK_V4)} (V1) lays it out; earlier releases were not read"
     elif inputs.pp > 1:
         refused = "under pipeline parallelism: how the stages split its layers' caches is not modelled; use PP 1"

@@ -22,20 +22,22 @@ from vllm_capacity.sizing.versions import (
     CHUNKED_LOCAL_GROUPS,
     TOKENS_FROM_CONCURRENCY,
     WHOLE_BLOCKS_PER_REQUEST,
+    EngineVersion,
+    Version,
     dotted,
 )
 from vllm_capacity.units import GiB
 
 
 def max_concurrency(
-    blocks: int, block_size: int, max_model_len: int, *, engine: str, version: tuple[int, int, int]
+    blocks: int, block_size: int, max_model_len: int, *, engine_version: EngineVersion, version: Version
 ) -> float:
     """vLLM's "Maximum concurrency for N tokens per request" of a full-attention cache of ``blocks`` blocks, as
-    ``engine`` (v0 or v1) of ``version`` computes it: V0 and V1 before 0.9.1 ``blocks x block_size / max_model_len``
-    (V0's executor_base.py); V1 from 0.9.1 ``blocks / ceil(max_model_len / block_size)``: a request needs whole blocks
-    (``get_max_concurrency_for_kv_cache_config`` in vllm/v1/core/kv_cache_utils.py). The live agent and the planner
-    both use this one function."""
-    if engine == "v0" or version < WHOLE_BLOCKS_PER_REQUEST:
+    ``engine_version`` (v0 or v1) of ``version`` computes it: V0 and V1 before 0.9.1 ``blocks x block_size /
+    max_model_len`` (V0's executor_base.py); V1 from 0.9.1 ``blocks / ceil(max_model_len / block_size)``: a request
+    needs whole blocks (``get_max_concurrency_for_kv_cache_config`` in vllm/v1/core/kv_cache_utils.py). The live
+    agent and the planner both use this one function."""
+    if engine_version == "v0" or version < WHOLE_BLOCKS_PER_REQUEST:
         return blocks * block_size / max_model_len
     return blocks / math.ceil(max_model_len / block_size)
 
@@ -47,8 +49,8 @@ def plan_dense(
     ``draft``: a speculative drafter's layers whose pages differ from the model's, in the same group (a block then
     costs every layer's page). ``refuse_below_one`` False: a cache that cannot hold one request of max_model_len is
     planned (where the release checked something else and started)."""
-    engine, version, block_size, max_model_len = (
-        inputs.resolved_engine,
+    engine_version, version, block_size, max_model_len = (
+        inputs.resolved_engine_version,
         inputs.version,
         inputs.block_size,
         inputs.max_model_len,
@@ -59,19 +61,19 @@ def plan_dense(
     layers = layers_per_rank(geometry.kv_layers, inputs.pp)
     page = per_layer * block_size
     bytes_per_token = per_layer * layers + (draft.bytes_per_token if draft else 0)
-    if engine == "v0":
+    if engine_version == "v0":
         blocks = int(kv_cache_memory_bytes // (page * layers))
     elif draft:
         blocks = int(kv_cache_memory_bytes // (bytes_per_token * block_size))  # UniformTypeKVCacheSpecs' page sum
     else:
         blocks = int(kv_cache_memory_bytes // page // layers)
     blocks_per_request = math.ceil(max_model_len / block_size)
-    concurrency = max_concurrency(blocks, block_size, max_model_len, engine=engine, version=version)
-    if engine == "v0" or version < WHOLE_BLOCKS_PER_REQUEST:
-        rules = f"{engine} <= 0.9.0: blocks x block_size / max_model_len"
+    concurrency = max_concurrency(blocks, block_size, max_model_len, engine_version=engine_version, version=version)
+    if engine_version == "v0" or version < WHOLE_BLOCKS_PER_REQUEST:
+        rules = f"{engine_version} <= 0.9.0: blocks x block_size / max_model_len"
     else:
         rules = "v1 >= 0.9.1: blocks / ceil(max_model_len / block_size)"
-    from_concurrency = engine == "v1" and version >= TOKENS_FROM_CONCURRENCY
+    from_concurrency = engine_version == "v1" and version >= TOKENS_FROM_CONCURRENCY
     tokens = int(concurrency * max_model_len) if from_concurrency else blocks * block_size
     if blocks < blocks_per_request and refuse_below_one:
         needed = blocks_per_request * block_size * bytes_per_token
@@ -96,10 +98,10 @@ def plan_dense(
     )
 
 
-def as_single_group(geometry: Geometry, engine: str) -> tuple[Geometry, str]:
+def as_single_group(geometry: Geometry, engine_version: EngineVersion) -> tuple[Geometry, str]:
     """Before V1 0.9.1 there are no KV-cache groups: vLLM sizes every attention layer like full attention."""
     kinds = set(geometry.layer_kinds)
-    if kinds & set(STATE_KINDS) and engine == "v1":
+    if kinds & set(STATE_KINDS) and engine_version == "v1":
         raise NotModelled(
             f"{geometry.architecture} has Mamba / linear-attention layers: vLLM V1 before 0.9.1 did not serve such "
             "hybrid models (V0 did: pass --engine v0)"
@@ -113,7 +115,7 @@ def as_single_group(geometry: Geometry, engine: str) -> tuple[Geometry, str]:
         for k in geometry.layer_kinds
     )
     which = "sliding-window and chunked" if "chunked" in kinds else "sliding-window"
-    note = f"{engine} before 0.9.1 sizes {which} layers like full attention"
+    note = f"{engine_version} before 0.9.1 sizes {which} layers like full attention"
     if "mamba" in kinds:
         note += "; V0 keeps the Mamba state outside the KV-cache budget, so only attention layers count"
     return replace(geometry, layer_kinds=flat), note
@@ -128,7 +130,7 @@ def started_below_one(
     (CHECK_AFTER_UNIFYING). Planned below 1x with a note there; raises ``refused`` (the sizing's own refusal)
     anywhere else, and ImpossiblePlan in vLLM's terms where that release refused too."""
     chunked = geometry.layer_kinds.count("chunked")
-    unified_later = chunked and "chunked" not in as_read.layer_kinds and inputs.resolved_engine == "v1"
+    unified_later = chunked and "chunked" not in as_read.layer_kinds and inputs.resolved_engine_version == "v1"
     if not unified_later or not as_read.uniform or not CHUNKED_LOCAL_GROUPS <= inputs.version < CHECK_AFTER_UNIFYING:
         raise refused
     plan = plan_dense(as_read, inputs, draft, refuse_below_one=False)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from vllm_capacity.sizing.lora import Lora
 from vllm_capacity.sizing.speculative import Speculation
-from vllm_capacity.sizing.versions import NEWEST_RULES, V1_BY_DEFAULT
+from vllm_capacity.sizing.versions import NEWEST_RULES, V1_BY_DEFAULT, EngineVersion, Version
 from vllm_capacity.units import GiB
 
 
@@ -14,8 +14,8 @@ from vllm_capacity.units import GiB
 class PlanInputs:
     """One vLLM configuration to size, per GPU rank. ``max_num_batched_tokens`` and ``async_scheduling`` matter only
     for sliding-window layers, the ``mamba_*`` options only for state layers (vLLM's flags of the same names;
-    vLLM's CPU backend turns async scheduling off). ``engine`` None: the version's default engine. ``speculation``:
-    vLLM's ``--speculative-config``, whose drafter shares the pool."""
+    vLLM's CPU backend turns async scheduling off). ``engine_version`` (V0 or V1; None: the version's default).
+    ``speculation``: vLLM's ``--speculative-config``, whose drafter shares the pool."""
 
     kv_cache_memory_bytes: int
     max_model_len: int
@@ -24,7 +24,7 @@ class PlanInputs:
     kv_cache_dtype: str = "auto"
     block_size: int = 16
     version: tuple[int, int, int] = (*NEWEST_RULES, 0)
-    engine: str | None = None
+    engine_version: EngineVersion | None = None  # --engine
     max_num_batched_tokens: int = 2048
     mamba_cache_mode: str = "auto"
     mamba_ssm_cache_dtype: str = "auto"
@@ -39,8 +39,8 @@ class PlanInputs:
         """Raise ValueError for inputs no vLLM would accept."""
         if min(self.tp, self.pp, self.block_size, self.max_model_len, self.max_num_batched_tokens) < 1:
             raise ValueError("tp, pp, block_size, max_model_len and max_num_batched_tokens must be positive")
-        if self.engine not in (None, "v0", "v1"):
-            raise ValueError(f"engine {self.engine!r} is not v0 or v1")
+        if self.engine_version not in (None, "v0", "v1"):
+            raise ValueError(f"engine {self.engine_version!r} is not v0 or v1")
         if self.speculation is not None:
             self.speculation.check()
         if self.lora is not None:
@@ -55,14 +55,14 @@ class PlanInputs:
         return self.speculation.lookahead_tokens(self.version) if self.speculation else 0
 
     @property
-    def resolved_engine(self) -> str:
+    def resolved_engine_version(self) -> EngineVersion:
         """The engine vLLM ``version`` runs: the one asked for, else its default."""
-        return resolved_engine(self.engine, self.version)
+        return resolved_engine_version(self.engine_version, self.version)
 
 
-def resolved_engine(engine: str | None, version: tuple[int, int, int]) -> str:
-    """The engine vLLM ``version`` runs: ``engine`` where one was asked for, else that version's default."""
-    return engine or ("v0" if version < V1_BY_DEFAULT else "v1")
+def resolved_engine_version(engine_version: EngineVersion | None, version: Version) -> EngineVersion:
+    """The engine vLLM ``version`` runs (V0, V1): the one asked for, else that version's default."""
+    return engine_version or ("v0" if version < V1_BY_DEFAULT else "v1")
 
 
 # `vllm serve`'s defaults by the GPU's memory, one row a tier (0.32 ``arg_utils``, for the OpenAI server, as from

@@ -38,10 +38,10 @@ from vllm_capacity.sizing.versions import (
     GEMMA4_UNIFIED_MTP,
     MIXED_PAGE_SIZES,
     SPECULATIVE_RULES,
+    EngineVersion,
+    Version,
     dotted,
 )
-
-Version = tuple[int, int, int]
 
 METHODS = ("eagle", "eagle3", "mtp", "draft_model", "dflash", "ngram")
 # drafters with KV layers of their own, and look-ahead slots
@@ -188,14 +188,14 @@ class DraftPages:
     layers: int
 
 
-def with_drafter(
-    target: Geometry, speculation: Speculation, *, tp: int, pp: int, kv_dtype_bytes: int, engine: str, version: Version
-) -> tuple[Geometry, DraftPages | None, list[str]]:
-    """The target with the drafter's layers added when their pages match (one pool, more layers), or the drafter's
-    pages apart when they do not (vLLM's single group of per-layer page sizes); the notes say what was assumed."""
+def _as_run(
+    speculation: Speculation, *, pp: int, engine_version: EngineVersion, version: Version
+) -> tuple[Speculation, str, list[str]]:
+    """The speculation as vLLM ``version`` runs it, its name for the notes, and the notes of how it runs; NotModelled
+    where the planner does not follow it (V0, pipeline parallelism, a release before the rules were read)."""
     speculation.check()
     name = f"speculative decoding ({speculation.method}, {speculation.num_speculative_tokens} token(s))"
-    if engine != "v1":
+    if engine_version != "v1":
         raise NotModelled(f"{name} under V0: its draft worker kept a cache of its own, which is not modelled")
     if version < SPECULATIVE_RULES:
         raise NotModelled(f"{name} is planned from vLLM {dotted(SPECULATIVE_RULES)}, not before")
@@ -210,6 +210,22 @@ def with_drafter(
             "(vLLM's num_lookahead_tokens), capped at max_model_len: the concurrency at max_model_len is unchanged, "
             "a shorter request may hold one block more"
         )
+    return speculation, name, notes
+
+
+def with_drafter(
+    target: Geometry,
+    speculation: Speculation,
+    *,
+    tp: int,
+    pp: int,
+    kv_dtype_bytes: int,
+    engine_version: EngineVersion,
+    version: Version,
+) -> tuple[Geometry, DraftPages | None, list[str]]:
+    """The target with the drafter's layers added when their pages match (one pool, more layers), or the drafter's
+    pages apart when they do not (vLLM's single group of per-layer page sizes); the notes say what was assumed."""
+    speculation, name, notes = _as_run(speculation, pp=pp, engine_version=engine_version, version=version)
     if is_gemma4_assistant(target, speculation):
         _check_gemma4_assistant(target, speculation, version)
         what = f"Gemma 4's assistant{f' {speculation.draft.architecture}' if speculation.draft else ''}"

@@ -123,7 +123,7 @@ def attention_only_hybrid_block(geometry: Geometry, inputs: PlanInputs) -> tuple
     if (
         geometry.architecture not in ATTENTION_ONLY_HYBRID_CLASSES
         or geometry.state is not None
-        or inputs.resolved_engine != "v1"
+        or inputs.resolved_engine_version != "v1"
         or not ATTENTION_ONLY_HYBRID_RAISED <= inputs.version < ATTENTION_ONLY_HYBRID
     ):
         return inputs.block_size, None

@@ -10,6 +10,18 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Literal, NamedTuple
+
+Version = tuple[int, int, int]  # a vLLM release, (0, 34, 0)
+#: vLLM's V0 or V1 engine: what sizes the cache. Not the data-parallel engine, the index the metrics label ``engine``.
+EngineVersion = Literal["v0", "v1"]
+
+
+class SizingRules(NamedTuple):
+    """Whose KV-cache sizing rules apply: the engine (V0 or V1) and the release."""
+
+    engine_version: EngineVersion
+    release: Version
 
 
 def dotted(version: tuple[int, ...]) -> str:

@@ -51,6 +51,7 @@ from vllm_capacity.sources.vllm_metrics.records import (
     WANTED,
     WANTED_WITHOUT_LATENCY,
     CacheConfig,
+    EngineKey,
     EngineMetrics,
     LoraRequests,
     VllmMetrics,
@@ -178,7 +179,6 @@ def _check_body(text: str) -> None:
 
 LEADING_SPACE_BYTES = re.compile(rb"[ \t\n\r\x0b\x0c\x1c-\x1f]*")  # what str.strip strips, in ASCII
 LEADING_SPACE = re.compile(r"\s*")
-EngineSlot = tuple[str, str]  # (model_name, engine)
 # cache_config_info's labels -> what they say: the same labels come back every scrape (bounded: cleared when full)
 _CACHE_CONFIGS: dict[frozenset[tuple[str, str]], tuple[list[str], CacheConfig]] = {}
 
@@ -232,11 +232,11 @@ def _finite(value: float) -> float | None:
 class _Scan:
     """What the wanted families say, gathered sample by sample."""
 
-    values: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)
-    waiting_by_reason: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)
-    buckets: dict[EngineSlot, dict[str, dict[float, float]]] = field(default_factory=dict)
-    sleep: dict[EngineSlot, str] = field(default_factory=dict)
-    step_sums: dict[EngineSlot, float] = field(default_factory=dict)
+    values: dict[EngineKey, dict[str, float]] = field(default_factory=dict)
+    waiting_by_reason: dict[EngineKey, dict[str, float]] = field(default_factory=dict)
+    buckets: dict[EngineKey, dict[str, dict[float, float]]] = field(default_factory=dict)
+    sleep: dict[EngineKey, str] = field(default_factory=dict)
+    step_sums: dict[EngineKey, float] = field(default_factory=dict)
     cache_configs: dict[str, CacheConfig] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
     latency_families: set[str] = field(default_factory=set)
@@ -247,7 +247,7 @@ class _Scan:
     process_start: float | None = None
     lora: tuple[float, Mapping[str, str]] | None = None  # the newest lora_requests_info series: (value, labels)
     rejections: dict[tuple[str, str], float] = field(default_factory=dict)  # (model_name, reason) -> total
-    cpu_tier: dict[EngineSlot, dict[str, float]] = field(default_factory=dict)  # the CPU tier vLLM reports
+    cpu_tier: dict[EngineKey, dict[str, float]] = field(default_factory=dict)  # the CPU tier vLLM reports
 
     def add(self, family: Metric) -> None:
         if family.name in PRESENCE_ONLY:
@@ -284,7 +284,7 @@ class _Scan:
             else:
                 self._store_apart(name, key, labels, value)
 
-    def _store_apart(self, name: str, key: EngineSlot, labels: Mapping[str, str], value: float) -> None:
+    def _store_apart(self, name: str, key: EngineKey, labels: Mapping[str, str], value: float) -> None:
         """A plausible value of a family read apart from the per-engine values."""
         if name == PROCESS_START:
             self.process_start = value
@@ -337,7 +337,7 @@ class _Scan:
             for (model_name, engine), slot in sorted(self.values.items())
         )
 
-    def _latency(self, key: EngineSlot) -> dict[str, tuple[tuple[float, float], ...]]:
+    def _latency(self, key: EngineKey) -> dict[str, tuple[tuple[float, float], ...]]:
         """Each kind's buckets, whole (ending with +Inf) and cumulative (never decreasing along le), else left out."""
         out: dict[str, tuple[tuple[float, float], ...]] = {}
         for name, by_le in self.buckets.get(key, {}).items():

@@ -202,6 +202,10 @@ class CacheConfig:
         return self.labels.get("cache_dtype")
 
 
+#: one engine of one model, as vLLM labels its series: (model_name, engine), ``engine`` the data-parallel index ("0")
+EngineKey = tuple[str, str]
+
+
 @dataclass(frozen=True)
 class EngineMetrics:
     """What one engine (``model_name``, ``engine``) reports. ``None`` means vLLM did not report it."""
