@@ -16,6 +16,7 @@ from support.doubles import FakeClock, FakeVllm
 from support.exposition import samples, value
 from support.files import VLLM_FIXTURES, fixture_text
 from support.payloads import with_value, without_queue
+from vllm_capacity.derive.facts import ServedModel
 from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.web.app import make_app
@@ -340,7 +341,7 @@ async def test_disagreeing_bytes_per_token_is_logged_once(fake_vllm: FakeVllm) -
     vllm = VllmClient(fake_vllm.url, timeout=10)
     agent = Agent(
         vllm,
-        AgentSettings(interval=0.1, geometry=wrong),
+        AgentSettings(interval=0.1, model=ServedModel(wrong)),
         vllm_log=LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log"),
     )
     with structlog.testing.capture_logs() as logs:

@@ -72,9 +72,9 @@ def test_an_mla_models_ranks_share_one_copy_under_tp_alone() -> None:
     live = {
         (tp, pp): derive.cpu_capacity_tokens(
             cc, SCHEMA_V1_CAPACITY,
-            derive.planned_layout(cc, derive.ServerFacts(geometry=MLA, tp=tp, pp=pp), max_model_len=4096,
-                                  capacity_tokens=None, pool_bytes=GiB, rules=SizingRules("v1", (0, 32, 0)),
-                                  device=None),
+            derive.planned_layout(cc, derive.ServerFacts(model=derive.ServedModel(MLA, tp=tp, pp=pp)),
+                                  max_model_len=4096, capacity_tokens=None, pool_bytes=GiB,
+                                  rules=SizingRules("v1", (0, 32, 0)), device=None),
             tp=tp, pp=pp, version=(0, 32, 0),
         )
         for tp, pp in ((1, 1), (4, 1), (1, 2))
@@ -98,7 +98,7 @@ def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:
               "kv_offloading_backend": "native"}  # fmt: skip
     cc = CacheConfig(labels)
     layout = derive.planned_layout(
-        cc, derive.ServerFacts(geometry=LLAMA_8B, tp=2), max_model_len=32768, capacity_tokens=None,
+        cc, derive.ServerFacts(model=derive.ServedModel(LLAMA_8B, tp=2)), max_model_len=32768, capacity_tokens=None,
         pool_bytes=40 * GiB, rules=SizingRules("v1", (0, 32, 0)), device=None,
     )  # fmt: skip
     assert layout is not None
@@ -124,11 +124,11 @@ def test_live_deepseek_v4_gets_its_layout_but_no_cpu_tier_and_no_one_bytes_per_t
               "kv_offloading_backend": "native"}  # fmt: skip
     cc = CacheConfig(labels)
     layout = derive.planned_layout(
-        cc, derive.ServerFacts(geometry=v4), max_model_len=131072, capacity_tokens=None,
+        cc, derive.ServerFacts(model=derive.ServedModel(v4)), max_model_len=131072, capacity_tokens=None,
         pool_bytes=20 * GiB, rules=SizingRules("v1", (0, 32, 0)), device=None,
     )  # fmt: skip
     assert layout is not None and layout.packed
     assert layout.groups == {"sliding": 4, "full": 1}
     assert derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, tp=1, pp=1, version=(0, 32, 0)) is None
     assert derive.model_kv_bytes_per_token(v4, "auto", tp=1, pp=1) is None
-    assert derive.planned_bytes_per_token(v4, cc, 1, 1, layout) is None
+    assert derive.planned_bytes_per_token(derive.ServedModel(v4), cc, layout) is None

@@ -279,14 +279,16 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
     )
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
     kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": sizing.SizingRules("v1", (0, 33, 0))}
-    gemma_8192 = derive.ServerFacts(geometry=gemma, max_num_batched_tokens=8192)
+    gemma_8192 = derive.ServerFacts(model=derive.ServedModel(gemma), max_num_batched_tokens=8192)
     layout = derive.planned_layout(cc, gemma_8192, capacity_tokens=plan.kv_cache_tokens, device="GPU", **kw)
     assert layout is not None and layout.mismatch is False
     assert layout.groups == {"sliding": 6, "full": 1}
     assert layout.blocks_per_request == {"sliding": 6 * (-(-(1023 + 16384) // 16) + 1), "full": 2048}
     assert sum(layout.blocks_per_request.values()) == round(plan.num_gpu_blocks / plan.max_concurrency)
     # vLLM's capacity off by more than a block per group (7 groups x 16 tokens): flagged, with what was assumed
-    gemma_alone = derive.ServerFacts(geometry=gemma)  # no max_num_batched_tokens in the log: 2048 assumed
+    gemma_alone = derive.ServerFacts(
+        model=derive.ServedModel(gemma)
+    )  # no max_num_batched_tokens in the log: 2048 assumed
     off = derive.planned_layout(cc, gemma_alone, capacity_tokens=plan.kv_cache_tokens + 7 * 16 + 1, device="CPU", **kw)
     assert off is not None and off.mismatch is True
     assert off.assumed == "max_num_batched_tokens 2048 (assumed), async scheduling off (CPU backend)"
@@ -295,12 +297,19 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
     # a dense model: one group; nothing without a config, a budget, or where the planner refuses
     llama = parse_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                           "head_dim": 128, "torch_dtype": "bfloat16"})  # fmt: skip
-    dense = derive.planned_layout(cc, derive.ServerFacts(geometry=llama), capacity_tokens=None, device=None, **kw)
+    dense = derive.planned_layout(
+        cc, derive.ServerFacts(model=derive.ServedModel(llama)), capacity_tokens=None, device=None, **kw
+    )
     assert dense is not None and (dense.groups, dense.blocks_per_request, dense.mismatch) == (
         {"full": 1}, {"full": 2048}, None)  # fmt: skip
     assert derive.planned_layout(cc, derive.NO_FACTS, capacity_tokens=1, device=None, **kw) is None
     tiny = {**kw, "pool_bytes": 2**20}  # one request of 32K does not fit: the planner refuses, no layout
-    assert derive.planned_layout(cc, derive.ServerFacts(geometry=llama), capacity_tokens=1, device=None, **tiny) is None
+    assert (
+        derive.planned_layout(
+            cc, derive.ServerFacts(model=derive.ServedModel(llama)), capacity_tokens=1, device=None, **tiny
+        )
+        is None
+    )
 
 
 def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
@@ -321,7 +330,7 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
           "capacity_tokens": eagle.kv_cache_tokens, "device": "GPU"}  # fmt: skip
 
     def logged(speculation: tuple[str, int] | None) -> derive.ServerFacts:
-        return derive.ServerFacts(geometry=llama, speculation=speculation)
+        return derive.ServerFacts(model=derive.ServedModel(llama), speculation=speculation)
 
     told = derive.planned_layout(cc, logged(("eagle", 2)), **kw, counting=True)
     assert told is not None and told.mismatch is False and "eagle speculation of 2 tokens" in told.assumed
@@ -332,9 +341,10 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
     assert alone is not None and alone.mismatch is True
     # bytes per token from the model: the head's layer counts too where the log names it (vLLM's figure has it)
     per_layer = 2 * 8 * 128 * 2
-    assert derive.planned_bytes_per_token(llama, cc, 1, 1, told) == 33 * per_layer == eagle.kv_bytes_per_token
-    assert derive.planned_bytes_per_token(llama, cc, 1, 1, alone) == 32 * per_layer
-    assert derive.planned_bytes_per_token(llama, cc, 1, 1, None) == 32 * per_layer  # no layout: the geometry's
+    model = derive.ServedModel(llama)
+    assert derive.planned_bytes_per_token(model, cc, told) == 33 * per_layer == eagle.kv_bytes_per_token
+    assert derive.planned_bytes_per_token(model, cc, alone) == 32 * per_layer
+    assert derive.planned_bytes_per_token(model, cc, None) == 32 * per_layer  # no layout: the geometry's
     # methods: n-gram family without layers, MTP of the model's own kind, a separate draft model not sized
     assert derive.live_speculation(derive.LiveSpeculation(("suffix", 4)))[0] == Speculation("ngram", 4)
     assert derive.live_speculation(derive.LiveSpeculation(("deepseek_mtp", 1)))[0] == Speculation("mtp", 1)

@@ -21,6 +21,7 @@ from support import payloads
 from support.doubles import FakeClock, FakeVllm
 from support.fake_nvml import SEED_LOG, FakeNvml, seed_gpu
 from support.files import FIXTURES, VLLM_FIXTURES, fixture_text
+from vllm_capacity.derive.facts import ServedModel
 from vllm_capacity.derive.latency_curve import parse_objective
 from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.model_config import load_config
@@ -87,7 +88,7 @@ MODES: dict[str, tuple[str, str, Callable[[Path], dict], Drive, str]] = {
     "CPU tier, V1 offloading": (
         payloads.with_cache_label(SATURATED, "kv_offloading_size", "4.0"), TINY,
         lambda _: {"vllm_log": LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log"),
-                   "geometry": load_config(FIXTURES / "models" / "tiny-llama" / "config.json")},
+                   "model": ServedModel(load_config(FIXTURES / "models" / "tiny-llama" / "config.json"))},
         _twice, r"vllm_capacity_kv_cache_cpu_capacity_tokens\{",
     ),
     "CPU tier, V0 swap": (

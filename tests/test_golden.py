@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from support.doubles import FakeVllm
 from support.files import FIXTURES, VLLM_FIXTURES, fixture_text
+from vllm_capacity.derive.facts import ServedModel
 from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.model_config import load_config
 from vllm_capacity.sources.vllm import VllmClient
@@ -50,7 +51,9 @@ async def _agent_output(fake: FakeVllm, fixture: str, models: str, *, process_me
     settings = AgentSettings(interval=1)
     log = None
     if with_log:
-        settings = AgentSettings(interval=1, geometry=load_config(FIXTURES / "models" / "tiny-llama" / "config.json"))
+        settings = AgentSettings(
+            interval=1, model=ServedModel(load_config(FIXTURES / "models" / "tiny-llama" / "config.json"))
+        )
         log = LogFollower(VLLM_FIXTURES / "v1-0.32.0-cpu-startup.log")
     agent = Agent(vllm, settings, vllm_log=log, clock=lambda: 1_800_000_000.0)
     async with TestClient(TestServer(make_app(agent, process_metrics=process_metrics))) as http:

@@ -927,7 +927,7 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
     assert derive.model_kv_bytes_per_token(parse_config(DEEPSEEK_V2_LITE), "auto", 8, 1) == 27 * 576 * 2
     live = {"max_model_len": 163840, "capacity_tokens": None, "pool_bytes": 40 * GiB,
             "rules": sizing.SizingRules("v1", (0, 32, 0)), "device": "GPU"}  # fmt: skip
-    tp8 = derive.ServerFacts(geometry=v32, tp=8)
+    tp8 = derive.ServerFacts(model=derive.ServedModel(v32, tp=8))
     auto = derive.planned_layout(CacheConfig({"block_size": "64", "cache_dtype": "auto"}), tp8, **live)
     assert auto is not None and "not an SM120" in auto.assumed
     assert auto.planned_tokens == per_format["auto"].kv_cache_tokens

@@ -14,6 +14,7 @@ from support.doubles import FakeVllm
 from support.exposition import samples, value
 from support.fake_nvml import FakeGpu, FakeNvml
 from support.vllm034 import CAPACITY, EXTENDED, GiB, Start034, metrics_034
+from vllm_capacity.derive.facts import ServedModel
 from vllm_capacity.exposition.render import build_registry
 from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sizing import SizingRules
@@ -349,7 +350,9 @@ def _engine(body: str):
     from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 
     (m,) = parse_metrics(body).engines
-    facts = ServerFacts(geometry=load_config(FIXTURES / "models" / "tiny-llama" / "config.json"), version="0.34.0")
+    facts = ServerFacts(
+        model=ServedModel(load_config(FIXTURES / "models" / "tiny-llama" / "config.json")), version="0.34.0"
+    )
     inputs = EngineInputs(schema="v1-capacity", max_model_len=1024, rules=SizingRules("v1", (0, 34, 0)))
     return derive_engine(m, inputs, facts)
 

@@ -39,6 +39,7 @@ def check_combination(values: SourceConfig) -> None:
 def build_agent(values: SourceConfig, interval: float, serve: ServeConfig | None = None) -> Agent:
     """The agent ``serve`` and ``report`` run (``serve``: the options only it has): the model, log, GPU and latency
     options, and the client of vLLM."""
+    from vllm_capacity.derive.facts import ServedModel
     from vllm_capacity.live.agent import Agent, AgentSettings
     from vllm_capacity.sources.vllm_log import LogFollower, might_carry_figures
 
@@ -68,9 +69,7 @@ def build_agent(values: SourceConfig, interval: float, serve: ServeConfig | None
         interval=interval,
         max_model_len=values.max_model_len,
         models_refresh=serve.models_refresh if serve else AgentSettings.models_refresh,
-        geometry=values.model_config or values.model_dir,
-        tp=values.tp,
-        pp=values.pp,
+        model=ServedModel(values.model_config or values.model_dir, values.tp, values.pp),
         max_num_seqs=serve.max_num_seqs if serve else None,
         max_num_batched_tokens=serve.max_num_batched_tokens if serve else None,
         nvml_required=values.nvml == "on",

@@ -33,7 +33,7 @@ from vllm_capacity.derive.engine import (
     engine_inputs,
     max_model_len_from_cache_config,
 )
-from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServerFacts
+from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServedModel, ServerFacts
 from vllm_capacity.derive.features import (
     NO_SUSTAINED,
     LatencyView,
@@ -70,6 +70,7 @@ __all__ = [
     "LiveSpeculation",
     "LoraSlots",
     "PlannedLayout",
+    "ServedModel",
     "ServerFacts",
     "SpecDecode",
     "Sustained",

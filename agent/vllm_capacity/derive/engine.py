@@ -41,7 +41,7 @@ from vllm_capacity.derive.layout import (
     planned_layout,
 )
 from vllm_capacity.sources.vllm_log import EngineFigures
-from vllm_capacity.sources.vllm_metrics.records import EngineMetrics, VllmMetrics
+from vllm_capacity.sources.vllm_metrics.records import CacheConfig, EngineMetrics, VllmMetrics
 
 
 @dataclass(frozen=True)
@@ -134,15 +134,7 @@ def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = N
     blocks, cap, max_conc = _cache_size(m, inputs, rules)
     used = used_tokens(m.kv_cache_usage, cap)
     overridden = cc is not None and cc.num_gpu_blocks_override is not None
-    startup = inputs.startup
-    if startup is not None and cc is not None and cc.extensible_kv_cache and not startup.extensible:
-        # 0.34 sized the cache after warm-up and the log read has no post-warm-up line (yet): its "Available KV cache
-        # memory" is the estimate before warm-up, never the pool; the log's other figures (weights) stand
-        startup = replace(startup, kv_cache_memory_bytes=None)
-    pool = startup.kv_pool_bytes if startup is not None else None
-    blocks_bytes = startup.kv_blocks_bytes if startup is not None else None  # what vLLM's block arithmetic divides
-    if pool is None and cc is not None and not overridden:
-        pool = blocks_bytes = cc.kv_cache_memory_bytes
+    startup, pool, blocks_bytes = _pool(cc, inputs.startup, overridden)
     mean_ctx = mean_context_tokens(used, m.running)
     max_conc_obs = max_concurrency_at_context(cap, mean_ctx)
     layout = planned_layout(
@@ -174,17 +166,36 @@ def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = N
         waiting_for_capacity=m.waiting_for_capacity,
         swapped=m.swapped,
         kv_bytes_per_token_cache_config=kv_bytes_per_token(cc.kv_cache_memory_bytes if cc else None, cap, overridden),
-        kv_bytes_per_token_model_config=planned_bytes_per_token(facts.geometry, cc, facts.tp, facts.pp, layout),
+        kv_bytes_per_token_model_config=planned_bytes_per_token(facts.model, cc, layout),
         kv_pool_bytes=pool,
         preemptions_total=inputs.preemptions_total,
         cache_info=dict(cc.labels) if cc else {},
         spec_decode=spec_decode(m),
         layout=layout,
-        **_cpu_tier(m, cpu_capacity_tokens(cc, inputs.schema, layout, tp=facts.tp, pp=facts.pp, version=rules.release)),
+        **_cpu_tier(
+            m,
+            cpu_capacity_tokens(cc, inputs.schema, layout, tp=facts.model.tp, pp=facts.model.pp, version=rules.release),
+        ),
         lora=inputs.lora,
         **_startup_fields(startup),
         **_load_fields(m, inputs, facts, cap=cap, used=used, max_conc_obs=max_conc_obs),
     )
+
+
+def _pool(
+    cc: CacheConfig | None, startup: EngineFigures | None, overridden: bool
+) -> tuple[EngineFigures | None, float | None, float | None]:
+    """The start-up figures that hold for this cache, the KV pool's bytes, and the bytes vLLM's block arithmetic
+    divides: from the start-up log, else from the cache config (unless its blocks were forced by an override)."""
+    if startup is not None and cc is not None and cc.extensible_kv_cache and not startup.extensible:
+        # 0.34 sized the cache after warm-up and the log read has no post-warm-up line (yet): its "Available KV cache
+        # memory" is the estimate before warm-up, never the pool; the log's other figures (weights) stand
+        startup = replace(startup, kv_cache_memory_bytes=None)
+    pool = startup.kv_pool_bytes if startup is not None else None
+    blocks_bytes = startup.kv_blocks_bytes if startup is not None else None
+    if pool is None and cc is not None and not overridden:
+        pool = blocks_bytes = cc.kv_cache_memory_bytes
+    return startup, pool, blocks_bytes
 
 
 def _cpu_tier(m: EngineMetrics, planned: int | None) -> dict[str, Any]:

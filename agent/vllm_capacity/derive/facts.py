@@ -15,15 +15,23 @@ from vllm_capacity.sources.vllm_metrics.records import EngineKey
 
 
 @dataclass(frozen=True)
+class ServedModel:
+    """The model as the operator describes it to the agent (--model-config or --model-dir, --tp, --pp): one record,
+    passed from the command line to the agent and on to the derivations as it is."""
+
+    geometry: Geometry | None = None
+    tp: int = 1
+    pp: int = 1
+
+
+@dataclass(frozen=True)
 class ServerFacts:
     """The server as the agent knows it beside its metrics."""
 
     max_model_len: Mapping[str, int] = field(default_factory=dict)  # model_name -> /v1/models' max_model_len
     fallback_max_model_len: int | None = None  # --max-model-len, for when /v1/models gives none
     startup: Mapping[str, EngineFigures] = field(default_factory=dict)  # engine -> its start-up log figures
-    geometry: Geometry | None = None  # --model-config
-    tp: int = 1
-    pp: int = 1
+    model: ServedModel = field(default_factory=ServedModel)  # --model-config, --tp, --pp
     version: str | None = None  # vLLM's /version: whose sizing rules apply (None: the metric generation's)
     max_num_seqs: int | None = None  # --max-num-seqs, else the log's
     max_num_batched_tokens: int | None = None  # the log's "Chunked prefill is enabled with max_num_batched_tokens"

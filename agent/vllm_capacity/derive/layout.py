@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_capacity import sizing
-from vllm_capacity.derive.facts import ServerFacts
+from vllm_capacity.derive.facts import ServedModel, ServerFacts
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V0, CacheConfig
 
@@ -49,7 +49,10 @@ def planned_layout(
     A speculative drafter is planned from the engine's logged config (:func:`live_speculation`; ``counting``: vLLM
     counts drafts); where it cannot be known, there is no layout rather than one that would disagree with vLLM for
     want of it."""
-    geometry, tp, pp, max_num_batched_tokens = facts.geometry, facts.tp, facts.pp, facts.max_num_batched_tokens
+    (geometry, tp, pp), max_num_batched_tokens = (
+        (facts.model.geometry, facts.model.tp, facts.model.pp),
+        facts.max_num_batched_tokens,
+    )
     if geometry is None or cc is None or not max_model_len or not pool_bytes or cc.block_size is None:
         return None
     if _backend_decides(geometry, cc.cache_dtype):
@@ -204,12 +207,10 @@ def _backend_decides(geometry: Geometry, cache_dtype: str | None) -> bool:
     return sizing.sparse_latent_assumption(geometry, name) is not None and name != "auto"
 
 
-def planned_bytes_per_token(
-    geometry: Geometry | None, cc: CacheConfig | None, tp: int, pp: int, layout: PlannedLayout | None
-) -> float | None:
+def planned_bytes_per_token(model: ServedModel, cc: CacheConfig | None, layout: PlannedLayout | None) -> float | None:
     """The model's bytes per token per rank: the planned layout's where there is one (it knows the release's rules
     and the drafter the engine logged, whose layers share the pool), else the geometry's alone."""
-    alone = model_kv_bytes_per_token(geometry, cc.cache_dtype if cc else None, tp, pp)
+    alone = model_kv_bytes_per_token(model.geometry, cc.cache_dtype if cc else None, model.tp, model.pp)
     if alone is None or layout is None or not layout.kv_bytes_per_token:
         return alone
     return layout.kv_bytes_per_token

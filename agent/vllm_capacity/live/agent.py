@@ -16,15 +16,14 @@ import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import structlog
 
 from vllm_capacity import derive
-from vllm_capacity.derive import EngineCapacity
+from vllm_capacity.derive import EngineCapacity, ServedModel
 from vllm_capacity.derive.latency_curve import DEFAULT_HALF_LIFE, Objective
-from vllm_capacity.geometry import Geometry
 from vllm_capacity.live.counters import SOURCE_MODELS, Counters, ModelsReader
 from vllm_capacity.live.derived import Derived
 from vllm_capacity.live.gpus import GpuReader
@@ -69,9 +68,7 @@ class AgentSettings:
     interval: float  # --interval: seconds between reads of vLLM
     max_model_len: int | None = None  # --max-model-len: when /v1/models does not say
     models_refresh: float = 300.0  # --models-refresh: seconds between reads of /v1/models and /version
-    geometry: Geometry | None = None  # --model-config / --model-dir
-    tp: int = 1  # --tp
-    pp: int = 1  # --pp
+    model: ServedModel = field(default_factory=ServedModel)  # --model-config / --model-dir, --tp, --pp
     max_num_seqs: int | None = None  # --max-num-seqs; else what vLLM's start-up log says
     max_num_batched_tokens: int | None = None  # --max-num-batched-tokens; else what vLLM's start-up log says
     nvml_required: bool = False  # --nvml on: NVML's absence is a failure, not "no GPU here"
@@ -226,9 +223,7 @@ class Agent:
             max_model_len=self.models.max_model_len,
             fallback_max_model_len=self.settings.max_model_len,
             startup=self.startup_log.engines if self.startup_log is not None else {},
-            geometry=self.settings.geometry,
-            tp=self.settings.tp,
-            pp=self.settings.pp,
+            model=self.settings.model,
             version=self.models.version,
             max_num_seqs=self.settings.max_num_seqs or self.figures.max_num_seqs,
             max_num_batched_tokens=self.settings.max_num_batched_tokens or self.figures.max_num_batched_tokens,
