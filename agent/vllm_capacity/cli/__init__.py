@@ -74,6 +74,7 @@ def _plan(values: PlanConfig) -> int:
     from vllm_capacity import sizing
     from vllm_capacity.cli import plan as planning
     from vllm_capacity.cli import plan_inputs
+    from vllm_capacity.cli.plan_json import render_json as plan_json
     from vllm_capacity.geometry import GeometryError
 
     try:
@@ -96,7 +97,7 @@ def _plan(values: PlanConfig) -> int:
         )
         print(f"vllm-capacity plan: {kind}: {err}", file=sys.stderr)
         return code
-    render = planning.render_json if values.format == "json" else planning.render_text
+    render = plan_json if values.format == "json" else planning.render_text
     sys.stdout.write(render(result, geometry, inputs, budget))
     return 0
 

@@ -1,9 +1,8 @@
-"""`vllm-capacity plan`: vLLM's capacity math offline, from a model's config.json, rendered for people or scripts."""
+"""`vllm-capacity plan`: vLLM's capacity math offline, from a model's config.json, for people (JSON: ``plan_json``)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from vllm_capacity import sizing
 from vllm_capacity.cli.plan_inputs import encoder_bytes, lora_bytes
@@ -301,42 +300,3 @@ def render_text(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: Me
     if notes:
         lines += ["", "How vLLM sizes this model", *(f"  - {note}" for note in notes)]
     return "\n".join(lines) + "\n"
-
-
-def render_json(plan: KvPlan, geometry: Geometry, inputs: PlanInputs, budget: MemoryBudget | None) -> str:
-    doc = {
-        "kv_bytes_per_token": plan.kv_bytes_per_token,
-        "num_gpu_blocks": plan.num_gpu_blocks,
-        "kv_cache_tokens": plan.kv_cache_tokens,
-        "max_concurrency": plan.max_concurrency,
-        "max_model_len": plan.max_model_len,
-        "block_size": plan.block_size,
-        "kv_layers_per_rank": plan.kv_layers_per_rank,
-        "cpu_tier_tokens": plan.cpu_tier_tokens,
-        "rules": plan.rules,
-        "notes": [*plan.notes, *memory_notes(geometry, inputs, budget)],
-        "groups": [
-            {"kind": g.kind, "layers": g.layers, "blocks_per_request": g.blocks_per_request} for g in plan.groups
-        ],
-        "group_size": plan.group_size or None,
-        "page_bytes": plan.page_bytes,
-        "concurrency_at_context": {str(c): plan.concurrency_at(c) for c in CONTEXTS if c <= plan.max_model_len},
-        "memory_budget": {
-            "gpu_memory_bytes": budget.gpu_memory_bytes if budget else None,
-            "gpu_memory_utilization": budget.gpu_memory_utilization if budget else None,
-            "budget_bytes": budget.budget_bytes if budget else None,
-            "weights_bytes": budget.weights_bytes if budget else None,
-            "activation_bytes": budget.activation_bytes if budget else None,
-            "cuda_graph_bytes": budget.cuda_graph_bytes if budget else None,
-            "cuda_graphs_in_budget": budget.graphs_in_budget if budget else None,
-            "extensible_kv_cache": budget.extensible if budget else None,
-            "extensible_margin_bytes": budget.margin_bytes if budget and budget.extensible else None,
-            "not_given": list(budget.not_given) if budget else None,
-            "lora_bytes": budget.lora_bytes if budget else None,
-            "encoder_cache_bytes": budget.encoder_cache_bytes if budget else None,
-            "kv_cache_bytes": plan.kv_cache_memory_bytes,
-        },
-        "geometry": asdict(geometry),
-        "inputs": {k: v for k, v in asdict(inputs).items() if k != "kv_cache_memory_bytes"},
-    }
-    return json.dumps(doc, indent=2, sort_keys=True) + "\n"

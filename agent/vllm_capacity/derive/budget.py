@@ -106,16 +106,20 @@ def gpu_budget(
     hidden = _unlisted(gpu, vllm_mem, other_mem)
     if hidden is not None:  # someone's memory no listed process holds: whose cannot be told
         return GpuBudget(comps | shares, budget, tuple(p.pid for p in ours), how, partly_hidden_bytes=hidden)
-    if other_mem is not None:
-        comps["other_processes"] = other_mem
-    overcommitted = None
-    if vllm_mem is not None and other_mem is not None:
-        system = total - free - vllm_mem - other_mem
-        if system >= 0:
-            comps["system"] = float(system)
-        else:
-            overcommitted = float(-system)
-    return GpuBudget(comps | shares, budget, tuple(p.pid for p in ours), how, overcommitted)
+    rest, overcommitted = _beside_vllm(total - free, vllm_mem, other_mem)
+    return GpuBudget(comps | rest | shares, budget, tuple(p.pid for p in ours), how, overcommitted)
+
+
+def _beside_vllm(used: float, vllm_mem: float | None, other_mem: float | None) -> tuple[dict[str, float], float | None]:
+    """What other processes hold, and the system's share (in use, less vLLM's and theirs); when the processes hold
+    more than is in use (NVML's figures from two moments), no system share but how much over."""
+    rest = {} if other_mem is None else {"other_processes": other_mem}
+    if vllm_mem is None or other_mem is None:
+        return rest, None
+    system = used - vllm_mem - other_mem
+    if system < 0:
+        return rest, float(-system)
+    return {**rest, "system": float(system)}, None
 
 
 def _unlisted(gpu: GpuReading, vllm_mem: float | None, other_mem: float | None) -> float | None:

@@ -49,10 +49,7 @@ def planned_layout(
     A speculative drafter is planned from the engine's logged config (:func:`live_speculation`; ``counting``: vLLM
     counts drafts); where it cannot be known, there is no layout rather than one that would disagree with vLLM for
     want of it."""
-    (geometry, tp, pp), max_num_batched_tokens = (
-        (facts.model.geometry, facts.model.tp, facts.model.pp),
-        facts.max_num_batched_tokens,
-    )
+    geometry = facts.model.geometry
     if geometry is None or cc is None or not max_model_len or not pool_bytes or cc.block_size is None:
         return None
     if _backend_decides(geometry, cc.cache_dtype):
@@ -60,17 +57,16 @@ def planned_layout(
     spec, spec_assumed = live_speculation(LiveSpeculation(facts.speculation, counting))
     if spec is _UNKNOWN:
         return None
-    batched = max_num_batched_tokens or 2048
     inputs = sizing.PlanInputs(
         kv_cache_memory_bytes=int(pool_bytes),
         max_model_len=max_model_len,
-        tp=tp,
-        pp=pp,
+        tp=facts.model.tp,
+        pp=facts.model.pp,
         kv_cache_dtype=cc.cache_dtype or "auto",
         block_size=cc.block_size,
         version=rules.release,
         engine_version=rules.engine_version,
-        max_num_batched_tokens=batched,
+        max_num_batched_tokens=facts.max_num_batched_tokens or 2048,
         mamba_cache_mode=cc.labels.get("mamba_cache_mode", "auto"),
         mamba_ssm_cache_dtype=cc.labels.get("mamba_ssm_cache_dtype", "auto"),
         async_scheduling=device != "CPU",
@@ -83,13 +79,19 @@ def planned_layout(
     mismatch = None
     if capacity_tokens is not None:
         mismatch = abs(capacity_tokens - plan.kv_cache_tokens) > plan.block_size * sum(groups.values())
-    assumed = f"max_num_batched_tokens {batched}{'' if max_num_batched_tokens else ' (assumed)'}, async scheduling "
-    assumed += ("off (CPU backend)" if device == "CPU" else "on") + spec_assumed
-    if sizing.sparse_latent_assumption(geometry, inputs.kv_cache_dtype):
-        assumed += ", a 16-bit latent (not an SM120 GPU's fp8_ds_mla)"
+    assumed = _assumed(geometry, inputs, logged=facts.max_num_batched_tokens is not None) + spec_assumed
     latent = "mla" in geometry.layer_kinds
     return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block,
                          latent, plan.kv_bytes_per_token, geometry.compressed is not None)  # fmt: skip
+
+
+def _assumed(geometry: Geometry, inputs: sizing.PlanInputs, *, logged: bool) -> str:
+    """What the live plan assumed that vLLM does not report (``logged``: the log gave max_num_batched_tokens)."""
+    assumed = f"max_num_batched_tokens {inputs.max_num_batched_tokens}{'' if logged else ' (assumed)'}, "
+    assumed += f"async scheduling {'on' if inputs.async_scheduling else 'off (CPU backend)'}"
+    if sizing.sparse_latent_assumption(geometry, inputs.kv_cache_dtype):
+        assumed += ", a 16-bit latent (not an SM120 GPU's fp8_ds_mla)"
+    return assumed
 
 
 def _groups(plan: sizing.KvPlan, geometry: Geometry, max_model_len: int) -> tuple[dict[str, int], dict[str, int]]:

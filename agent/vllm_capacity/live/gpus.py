@@ -174,16 +174,7 @@ class GpuReader:
             down = {g.index: gpu_budget(g, vllm_up=False) for g in gpus}
             self._count_doubts(gpus, down)
             return down
-        weights = only(e.weights_bytes for e in engines)
-        pool = only(e.kv_pool_bytes for e in engines)
-        resolved = only(e.cache_config.resolved_gpu_memory_utilization for e in metrics.engines if e.cache_config)
-        utilization = resolved[0] if resolved else None
-        # under pipeline parallelism the stages hold different layers: their weights and KV differ, and one rank's
-        # figure would be wrong on the others' GPUs. A GPU takes its own rank's weights (the worker PID of its log
-        # lines running on it), the engine's figures only where every rank loaded the same weights (tensor
-        # parallelism: vLLM then sizes every rank's KV cache to the smallest, the engine's figure).
-        if not alike(r.weights_bytes for r in ranks.values()):
-            weights = pool = None
+        weights, pool, utilization = _engine_figures(engines, metrics, ranks)
         budgets = {}
         for g in gpus:
             mine = next((ranks[p.pid] for p in g.processes or () if p.pid in ranks), None)
@@ -234,3 +225,19 @@ class GpuReader:
         self.sources.errors[(SOURCE_NVML, reason)] += 1
         if first_time(self._logged, (reason, g.uuid)):
             self.logger.warning(event, source=SOURCE_NVML, gpu=g.index, uuid=g.uuid, hint=hint, **extra)
+
+
+def _engine_figures(
+    engines: tuple[EngineCapacity, ...], metrics: VllmMetrics, ranks: Mapping[int, RankFigures]
+) -> tuple[float | None, float | None, float | None]:
+    """The weights, the KV pool and the resolved gpu_memory_utilization every engine agrees on (None where they
+    differ). Under pipeline parallelism the stages hold different layers: their weights and KV differ, and one
+    rank's figure would be wrong on the others' GPUs; a GPU then takes its own rank's weights (the worker PID of its
+    log lines running on it), the engine's figures only where every rank loaded the same weights (tensor
+    parallelism: vLLM then sizes every rank's KV cache to the smallest, the engine's figure)."""
+    weights = only(e.weights_bytes for e in engines)
+    pool = only(e.kv_pool_bytes for e in engines)
+    resolved = only(e.cache_config.resolved_gpu_memory_utilization for e in metrics.engines if e.cache_config)
+    if not alike(r.weights_bytes for r in ranks.values()):
+        weights = pool = None
+    return weights, pool, resolved[0] if resolved else None

@@ -86,22 +86,7 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
     if (compressed := compressed_attention(cfg, num_layers)) is not None:  # DeepSeek-V4
         return _deepseek_v4(doc, cfg, str(architecture), dtype, compressed)
     if cfg.get("kv_lora_rank") is not None:  # MLA (DeepSeek V2/V3): one latent vector per token and layer
-        kimi = kimi_delta_layers(cfg, num_layers)  # Kimi Linear: MLA beside KDA state layers
-        return Geometry(
-            str(architecture),
-            num_layers,
-            1,
-            required_int(cfg, "kv_lora_rank") + required_int(cfg, "qk_rope_head_dim"),
-            dtype,
-            tuple(kimi[0]) if kimi else ("mla",) * num_layers,
-            None,
-            _max_pos(cfg),
-            kimi[1] if kimi else None,
-            mtp_layers=_mtp_layers(cfg),
-            mla_heads=positive_int(cfg, "num_attention_heads"),
-            **_sparse_indexer(cfg),
-            **_beside_the_cache(doc, cfg),
-        )
+        return _mla(doc, cfg, str(architecture), dtype, num_layers)
     heads, kv_heads = _heads(cfg)
     head_dim = _head_dim(cfg, heads)
     kinds, window = dflash_sliding(cfg, *layer_kinds(cfg, num_layers))
@@ -126,6 +111,27 @@ def parse_config(doc: dict[str, Any]) -> Geometry:
         full_shape=full_shape,
         unused_state=unused_state,
         num_heads=heads,
+    )
+
+
+def _mla(doc: dict[str, Any], cfg: dict[str, Any], architecture: str, dtype: str | None, num_layers: int) -> Geometry:
+    """An MLA model (DeepSeek V2/V3): one latent vector per token and layer; Kimi Linear's MLA beside KDA state
+    layers."""
+    kimi = kimi_delta_layers(cfg, num_layers)
+    return Geometry(
+        architecture,
+        num_layers,
+        1,
+        required_int(cfg, "kv_lora_rank") + required_int(cfg, "qk_rope_head_dim"),
+        dtype,
+        tuple(kimi[0]) if kimi else ("mla",) * num_layers,
+        None,
+        _max_pos(cfg),
+        kimi[1] if kimi else None,
+        mtp_layers=_mtp_layers(cfg),
+        mla_heads=positive_int(cfg, "num_attention_heads"),
+        **_sparse_indexer(cfg),
+        **_beside_the_cache(doc, cfg),
     )
 
 
