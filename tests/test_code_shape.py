@@ -30,9 +30,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("", "units", "geometry", "redaction", "log", "web.tls", "web.listener", "web.config"),
     ("sources",),  # vLLM's API and log, model configs, NVML: I/O, plain data out
     ("sizing",),  # vLLM's KV-cache sizing rules, pure
-    ("derive",),  # what the agent derives from one read, pure
+    ("derive", "levers"),  # what the agent derives from one read; limits and levers from many: pure
     ("snapshot", "exposition.catalogue"),  # the one consistent view, and the catalogue of what is exported
-    ("live",),  # the loop and its readers
+    ("live", "sweep"),  # the loop and its readers; the sweep's load and its reads
     ("exposition", "cli.report", "cli.report_json"),  # renders of a snapshot
     ("web", "cli", "__main__"),  # the front ends: the web app, the commands
 )

@@ -1,4 +1,5 @@
-"""Command line: ``vllm-capacity serve`` (the sidecar), ``report`` (one snapshot) and ``plan`` (offline).
+"""Command line: ``vllm-capacity serve`` (the sidecar), ``report`` (one snapshot), ``plan`` (offline) and ``sweep``
+(a concurrency sweep against a server).
 
 The options, their environment twins and the typed configuration of each command are in
 :mod:`vllm_capacity.cli.options`; this module runs the commands. Invalid flags or values exit with status 2 and one
@@ -24,6 +25,7 @@ from vllm_capacity.cli.options import (
     config,
 )
 from vllm_capacity.cli.serve import build_agent, check_combination, note_early_stop, run_serve
+from vllm_capacity.cli.sweep_config import SweepConfig
 from vllm_capacity.redaction import redact_url
 
 
@@ -102,6 +104,24 @@ def _plan(values: PlanConfig) -> int:
     return 0
 
 
+def _sweep(values: SweepConfig) -> int:
+    """The sweep; its checks' UsageError (exit 2) reach main's one line."""
+    import asyncio
+
+    from vllm_capacity import log
+    from vllm_capacity.cli.sweep import check_output, run_sweep
+
+    check_output(values.output)
+    log.configure("console", "error")
+    code, report = asyncio.run(run_sweep(values, sys.stderr))
+    if values.output:
+        with open(values.output, "w", encoding="utf-8") as f:
+            f.write(report)
+    else:
+        sys.stdout.write(report)
+    return code
+
+
 def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = None) -> int:
     # --help and usage errors import nothing beyond argparse and the options (asyncio, aiohttp, structlog come later)
     serving = (sys.argv[1:] if argv is None else list(argv))[:1] == ["serve"]
@@ -115,6 +135,8 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
         values = config(ns.command, ns, dict(os.environ if environ is None else environ))
         if isinstance(values, PlanConfig):
             return _plan(values)
+        if isinstance(values, SweepConfig):
+            return _sweep(values)
         check_combination(values)  # before anything starts
     except UsageError as err:
         print(f"vllm-capacity {ns.command}: error: {err}", file=sys.stderr)

@@ -10,6 +10,7 @@ given. An invalid value raises :class:`UsageError` naming the flag (or variable)
 from __future__ import annotations
 
 import argparse
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from vllm_capacity import __version__
+from vllm_capacity.cli.sweep_config import SweepConfig
 from vllm_capacity.derive.latency_curve import ITL, TTFT, Objective, parse_objective
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.redaction import redact_url
@@ -593,6 +595,38 @@ PLAN_OPTIONS = (
 )
 
 
+def _concurrencies(text: str) -> tuple[int, ...]:
+    """``1,2,4,8``: positive whole numbers, each larger than the one before."""
+    values = tuple(_positive_int(t.strip()) for t in text.split(","))
+    if any(b <= a for a, b in itertools.pairwise(values)):
+        raise ValueError(f"{text!r}: each concurrency must be larger than the one before")
+    if values[-1] > 4096:
+        raise ValueError(f"{text!r}: at most 4096 concurrent requests")
+    return values
+
+
+SWEEP_OPTIONS = (
+    VLLM_URL,
+    Option("--model", str, None, "the served model to load (default: the first /v1/models lists)"),
+    API_KEY_FILE,
+    Option("--concurrency", _concurrencies, "1,2,4,8,16,32,64", "concurrent requests of each step, ascending"),
+    Option("--requests-per-step", _positive_int, None, "requests each step sends (default: 4 x its concurrency, >= 8)"),
+    Option("--duration-per-step", _duration(1.0, 3600.0), None, "or how long each step sends them (e.g. 30s)"),
+    Option("--warmup-requests", _count, "1", "requests before the first step, left out of every figure"),
+    Option("--prompt-tokens", _positive_int, "1500", "tokens of each prompt (token IDs: no tokenizer needed)"),
+    Option("--max-tokens", _positive_int, "200", "tokens each request generates, exactly (ignore_eos)"),
+    Option("--slo-ttft", _objective(TTFT), None, "time-to-first-token objective, e.g. p99<=1s: the knee holds it"),
+    Option("--slo-itl", _objective(ITL), None, "inter-token latency objective, e.g. p99<=50ms"),
+    Option("--model-config", _model_config, None, "the served model's config.json: the levers' figures by the planner"),
+    Option("--max-num-seqs", _positive_int, None, "vLLM's --max-num-seqs, to name it when it binds"),
+    Option("--max-num-batched-tokens", _positive_int, None, "vLLM's --max-num-batched-tokens, to name a full budget"),
+    Option("--sample-interval", _duration(0.1, 60.0), "500ms", "how often vLLM's /metrics is read during a step"),
+    Option("--timeout", _duration(1.0, 3600.0), "10m", "deadline of each request (and 10 s for each /metrics read)"),
+    Option("--format", _choice("text", "json", "csv"), "text", "text for people, json or csv for scripts"),
+    Option("--output", str, None, "write the report to this file (default: standard output)"),
+)
+
+
 PLAN_DOES_NOT_FIT = 1  # a valid plan whose answer is no: vLLM would refuse to start
 PLAN_NOT_MODELLED = 3  # valid input the planner cannot size (a kind or vLLM version it does not model)
 PLAN_EXIT_CODES = f"""exit status:
@@ -619,6 +653,8 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add(plan, PLAN_OPTIONS)
+    sweep = sub.add_parser("sweep", help="a concurrency sweep against a vLLM server: the knee, its limit, the levers")
+    _add(sweep, SWEEP_OPTIONS)
     return parser
 
 
@@ -707,11 +743,12 @@ class PlanConfig:
     format: TextOrJson
 
 
-Config = ServeConfig | ReportConfig | PlanConfig
+Config = ServeConfig | ReportConfig | PlanConfig | SweepConfig
 COMMANDS: dict[str, tuple[type[Config], tuple[Option, ...]]] = {
     "serve": (ServeConfig, SERVE_OPTIONS),
     "report": (ReportConfig, REPORT_OPTIONS),
     "plan": (PlanConfig, PLAN_OPTIONS),
+    "sweep": (SweepConfig, SWEEP_OPTIONS),
 }
 
 

@@ -1,0 +1,31 @@
+"""What ``vllm-capacity sweep`` is asked: a field per option (the options themselves: :mod:`.options`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from vllm_capacity.derive.latency_curve import Objective
+from vllm_capacity.geometry import Geometry
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    vllm_url: str
+    model: str | None
+    api_key_file: str | None
+    concurrency: tuple[int, ...]
+    requests_per_step: int | None
+    duration_per_step: float | None
+    warmup_requests: int
+    prompt_tokens: int
+    max_tokens: int
+    slo_ttft: Objective | None
+    slo_itl: Objective | None
+    model_config: Geometry | None
+    max_num_seqs: int | None
+    max_num_batched_tokens: int | None
+    sample_interval: float
+    timeout: float
+    format: Literal["text", "json", "csv"]
+    output: str | None

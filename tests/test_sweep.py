@@ -1,0 +1,202 @@
+"""``vllm-capacity sweep``: the limits-and-levers engine on plain readings, then whole sweeps against a simulated
+vLLM (tests/support/sim_vllm.py) that is KV-bound, batch-bound or budget-bound on demand, its reports, its checks
+(exit 2 and one line), Ctrl-C and vLLM dying mid-sweep."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from support.sim_vllm import SimVllm, serving
+from vllm_capacity import cli
+from vllm_capacity.cli.sweep import run_sweep
+from vllm_capacity.cli.sweep_config import SweepConfig
+from vllm_capacity.derive.latency_curve import parse_objective
+from vllm_capacity.levers.advice import Situation, levers
+from vllm_capacity.levers.knee import StepFigures, find_knee
+from vllm_capacity.levers.limits import Binding, Reading, ServerLimits, binding_limit
+from vllm_capacity.sources.model_config import load_config
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def _readings(n: int, **values: float) -> list[Reading]:
+    """``n`` reads a second apart; a value given as a tuple (start, step) grows by step each read."""
+    out = []
+    for i in range(n):
+        fields = {k: (v[0] + v[1] * i if isinstance(v, tuple) else v) for k, v in values.items()}
+        out.append(Reading(at=float(i), **fields))
+    return out
+
+
+def test_the_binding_limit_is_vllms_evidence_most_of_the_stretch() -> None:
+    kv = _readings(6, running=8, waiting=3, waiting_for_capacity=3, kv_usage=0.97, preemptions_total=(10, 2))
+    found = binding_limit(kv, ServerLimits())
+    assert (found.limit, found.share, found.preemptions) == ("kv_cache", 1.0, 10)
+    assert "KV cache 97% full at most" in found.evidence and "10 preemptions" in found.evidence
+    seqs = _readings(5, running=4, waiting=6, waiting_for_capacity=6, kv_usage=0.3, preemptions_total=5)
+    assert binding_limit(seqs, ServerLimits(max_num_seqs=4)).limit == "max_num_seqs"
+    budget = _readings(5, running=3, waiting=4, waiting_for_capacity=4, kv_usage=0.3, steps_total=(0, 10),
+                       step_tokens_sum=(0, 10 * 1900))  # fmt: skip
+    assert binding_limit(budget, ServerLimits(max_num_batched_tokens=2048)).limit == "token_budget"
+    calm = _readings(5, running=2, waiting=0, kv_usage=0.2)
+    assert binding_limit(calm, ServerLimits()).limit == "none"
+    # a limit named in a quarter of the step binds it, though nothing waited for the rest
+    late = calm[:4] + _readings(2, running=8, waiting=2, kv_usage=0.95, preemptions_total=(0, 1))
+    assert binding_limit(late, ServerLimits()).limit == "kv_cache"
+    assert binding_limit(calm[:1], ServerLimits()).limit == "unknown"
+
+
+def _step(c: int, tps: float, itl99: float, limit: str = "none") -> StepFigures:
+    return StepFigures(c, tps, {"itl": {0.99: itl99}, "ttft": {0.99: 0.1}}, Binding(limit, 1.0, f"{limit} at {c}"))
+
+
+def test_the_knee_holds_the_objective_else_the_last_doubling_that_paid() -> None:
+    steps = [_step(1, 50, 0.02), _step(2, 95, 0.03), _step(4, 180, 0.04), _step(8, 190, 0.09, "kv_cache")]
+    itl = parse_objective("itl", "p99<=50ms")
+    knee = find_knee(steps, [itl])
+    assert (knee.concurrency, knee.limit) == (4, "kv_cache") and "itl p99 90 ms > 50 ms" in knee.reason
+    plain = find_knee(steps, [])
+    assert (plain.concurrency, plain.limit) == (4, "kv_cache") and "+6%" in plain.reason
+    growing = find_knee(steps[:3], [])
+    assert growing.concurrency == 4 and "beyond" in growing.reason
+    assert find_knee([_step(1, 50, 0.09)], [itl]).concurrency is None
+
+
+def test_levers_for_the_kv_cache_and_none_that_cannot_help() -> None:
+    kv = Situation("kv_cache", 8, 1700, kv_capacity_tokens=25_600, kv_usage_max=0.99, max_model_len=32768,
+                   kv_cache_dtype="auto", block_size=16, max_num_seqs=256)  # fmt: skip
+    found = {lever.flag: lever for lever in levers(kv)}
+    assert set(found) == {"--kv-cache-dtype", "--max-model-len"}  # not --max-num-seqs: the KV cache binds
+    assert "25,600 tokens (15.1 requests of 1,700) -> 51,200 (30.1)" in found["--kv-cache-dtype"].effect
+    assert found["--max-model-len"].value == "2048"
+    # with the model's config the planner gives the ratio: Llama's 16-bit KV to fp8, exactly 2
+    llama = load_config(FIXTURES / "models" / "tiny-llama" / "config.json")
+    planned = levers(Situation(**{**kv.__dict__, "geometry": llama}))
+    assert "the planner's figure" in planned[0].effect
+    fp8 = Situation(**{**kv.__dict__, "kv_cache_dtype": "fp8"})
+    assert [lever.flag for lever in levers(fp8)] == ["--max-model-len"]
+    seqs = Situation("max_num_seqs", 4, 400, kv_capacity_tokens=4096, kv_usage_max=0.4, max_num_seqs=4)
+    (lever,) = levers(seqs)
+    assert (lever.flag, lever.value) == ("--max-num-seqs", "8") and "10.2 requests of 400" in lever.effect
+    assert levers(Situation("max_num_seqs", 4, 400, kv_usage_max=0.95, max_num_seqs=4)) == []
+    assert levers(Situation("unknown", 4, 400)) == []
+
+
+def _values(url: str, **over: object) -> SweepConfig:
+    base = dict(vllm_url=url, model=None, api_key_file=None, concurrency=(1, 2, 4), requests_per_step=8,
+                duration_per_step=None, warmup_requests=1, prompt_tokens=380, max_tokens=20, slo_ttft=None,
+                slo_itl=None, model_config=None, max_num_seqs=None, max_num_batched_tokens=None,
+                sample_interval=0.05, timeout=30.0, format="json", output=None)  # fmt: skip
+    return SweepConfig(**{**base, **over})  # type: ignore[arg-type]
+
+
+async def _sweep(sim: SimVllm, **over: object) -> tuple[int, dict]:
+    async with serving(sim) as (url, _):
+        code, report = await run_sweep(_values(url, **over), io.StringIO())
+    return code, json.loads(report)
+
+
+async def test_a_kv_bound_server_is_named_kv_cache_with_fp8_and_max_model_len() -> None:
+    # 4,096 tokens of KV cache, requests of 400: ten fit, so 16 at once wait on the cache
+    code, doc = await _sweep(SimVllm(token_delay=0.002), concurrency=(2, 16), requests_per_step=32)
+    assert code == 0
+    low, high = doc["steps"]
+    assert low["requests"] == high["requests"] == 32 and low["errors"] == {}
+    assert high["limit"] == "kv_cache" and high["kv_cache_usage_ratio_max"] >= 0.9
+    assert high["requests_waiting_max"] > 0 and high["kv_cache_capacity_tokens"] == 4096
+    assert doc["knee"]["limit"] == "kv_cache"
+    assert {lever["flag"] for lever in doc["levers"]} >= {"--kv-cache-dtype"}
+    for kind in ("ttft", "tpot", "itl", "e2e"):
+        assert high[f"{kind}_seconds"]["p50"] <= high[f"{kind}_seconds"]["p99"]
+    assert high["output_tokens_per_second"] > low["output_tokens_per_second"] * 0.5
+
+
+async def test_a_batch_bound_server_is_named_max_num_seqs() -> None:
+    code, doc = await _sweep(SimVllm(max_running=2, token_delay=0.001), concurrency=(1, 2, 8), max_num_seqs=2)
+    assert code == 0
+    assert doc["steps"][-1]["limit"] == "max_num_seqs" and doc["steps"][-1]["kv_cache_usage_ratio_max"] < 0.9
+    assert doc["knee"]["limit"] == "max_num_seqs"
+    assert [lever["flag"] for lever in doc["levers"]] in ([], ["--max-num-seqs"])
+
+
+async def test_a_server_whose_steps_fill_the_budget_is_named_token_budget() -> None:
+    sim = SimVllm(max_running=3, token_delay=0.001, step_fill=0.95)
+    code, doc = await _sweep(sim, concurrency=(1, 8), max_num_batched_tokens=2048)
+    assert code == 0 and doc["steps"][-1]["limit"] == "token_budget"
+
+
+async def test_the_text_and_csv_reports_hold_every_step() -> None:
+    async with serving(SimVllm(token_delay=0.001)) as (url, _):
+        _, text = await run_sweep(_values(url, format="text", concurrency=(1, 2), requests_per_step=4), io.StringIO())
+        _, table = await run_sweep(_values(url, format="csv", concurrency=(1, 2), requests_per_step=4), io.StringIO())
+    assert "Knee: concurrency" in text and text.count("\n1 ") + text.count("\n2 ") == 2
+    rows = list(csv.DictReader(io.StringIO(table)))
+    assert [r["concurrency"] for r in rows] == ["1", "2"] and float(rows[0]["ttft_p50_seconds"]) > 0
+
+
+async def test_ctrl_c_keeps_the_finished_steps() -> None:
+    sim = SimVllm(token_delay=0.005)
+    async with serving(sim) as (url, _):
+        task = asyncio.create_task(run_sweep(_values(url, concurrency=(1, 2)), io.StringIO()))
+        while sim.served < 12:  # noqa: ASYNC110  (the warm-up and step 1, then into step 2)
+            await asyncio.sleep(0.01)
+        import os
+        import signal
+
+        os.kill(os.getpid(), signal.SIGINT)
+        code, report = await asyncio.wait_for(task, 10)
+    doc = json.loads(report)
+    assert code == 130 and doc["interrupted"] is True
+    assert [s["concurrency"] for s in doc["steps"]] == [1] and doc["steps"][0]["requests"] == 8
+
+
+async def test_vllm_dying_mid_sweep_fails_that_step_and_keeps_the_rest() -> None:
+    sim = SimVllm(token_delay=0.005)
+    async with serving(sim) as (url, runner):
+        task = asyncio.create_task(run_sweep(_values(url, concurrency=(1, 4, 8)), io.StringIO()))
+        while sim.served < 12:  # noqa: ASYNC110  (the simulation's count, polled)
+            await asyncio.sleep(0.01)
+        await runner.cleanup()
+        code, report = await asyncio.wait_for(task, 30)
+    doc = json.loads(report)
+    assert code == 1
+    assert doc["steps"][0]["requests"] == 8 and doc["steps"][0]["failed"] is None
+    assert doc["steps"][-1]["failed"] and "vLLM stopped answering" in doc["steps"][-1]["failed"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--concurrency", "4,2"], "--concurrency: '4,2': each concurrency must be larger than the one before"),
+        (["--concurrency", "1,x"], "--concurrency: 'x' is not a positive whole number"),
+        (["--slo-itl", "fast"], "--slo-itl: 'fast' is not an objective like p99<=50ms or p90<=2s"),
+        (["--model", "other"], "--model 'other': http://127.0.0.1:PORT serves tiny-llama"),
+        (["--prompt-tokens", "1000"],
+         "--prompt-tokens 1000 + --max-tokens 200 is more than tiny-llama's max_model_len 1024: vLLM would refuse "
+         "every request"),
+        (["--output", "/nonexistent/dir/r.json"], "--output /nonexistent/dir/r.json: /nonexistent/dir does not exist"),
+    ],
+)  # fmt: skip
+def test_what_cannot_run_exits_2_with_one_line(
+    args: list[str], message: str, fake_vllm_thread: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli.main(["sweep", "--vllm-url", fake_vllm_thread, *args], {})
+    err = capsys.readouterr().err.strip()
+    port = fake_vllm_thread.rsplit(":", 1)[1]
+    assert code == 2 and err == f"vllm-capacity sweep: error: {message.replace('PORT', port)}"
+
+
+def test_an_unreachable_server_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["sweep", "--vllm-url", "http://127.0.0.1:9"], {})
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        code == 2
+        and len(err) == 1
+        and err[0].startswith("vllm-capacity sweep: error: cannot read vLLM at http://127.0.0.1:9")
+    )
