@@ -16,6 +16,7 @@ from support.sim_vllm import SimVllm, serving
 from vllm_capacity import cli
 from vllm_capacity.cli.sweep import run_sweep
 from vllm_capacity.cli.sweep_config import SweepConfig
+from vllm_capacity.cli.sweep_html import MISSING
 from vllm_capacity.derive.latency_curve import parse_objective
 from vllm_capacity.levers.advice import Situation, levers
 from vllm_capacity.levers.knee import StepFigures, find_knee
@@ -200,3 +201,52 @@ def test_an_unreachable_server_exits_2_with_one_line(capsys: pytest.CaptureFixtu
         and len(err) == 1
         and err[0].startswith("vllm-capacity sweep: error: cannot read vLLM at http://127.0.0.1:9")
     )
+
+
+def _blue_pixels(png: Path) -> int:
+    """Pixels of matplotlib's first colour (tab:blue) in a screenshot: the charts' lines and markers."""
+    from PIL import Image
+
+    with Image.open(png) as image:
+        raw = image.convert("RGB").tobytes()
+    pixels = zip(raw[0::3], raw[1::3], raw[2::3], strict=True)
+    return sum(1 for r, g, b in pixels if abs(r - 31) < 25 and abs(g - 119) < 25 and abs(b - 180) < 25)
+
+
+async def test_the_html_report_opens_in_chromium_draws_its_charts_and_loads_nothing(tmp_path: Path) -> None:
+    import re
+    import shutil
+    import subprocess
+
+    itl = parse_objective("itl", "p99<=20ms")
+    async with serving(SimVllm(token_delay=0.002)) as (url, _):
+        _, page = await run_sweep(_values(url, format="html", concurrency=(1, 4, 16), slo_itl=itl), io.StringIO())
+    assert page.count("<svg") == 4 and "<script" not in page
+    assert not re.search(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//|url\(\s*["']?\s*(?:https?:)?//""", page)
+    report = tmp_path / "sweep.html"
+    report.write_text(page)
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is not installed: scripts/setup installs it"
+    # no network at all: every host resolves to nothing and every connection goes to a closed port
+    offline = ["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--host-resolver-rules=MAP * ~NOTFOUND", "--proxy-server=127.0.0.1:9",
+               f"--user-data-dir={tmp_path / 'profile'}"]  # fmt: skip
+    dom = subprocess.run(
+        [chromium, *offline, "--dump-dom", report.as_uri()], capture_output=True, text=True, timeout=120
+    )
+    assert dom.returncode == 0 and dom.stdout.count("<svg") == 4 and "Knee: concurrency" in dom.stdout
+    shot = tmp_path / "sweep.png"
+    args = [chromium, *offline, "--window-size=1300,1500", f"--screenshot={shot}", report.as_uri()]
+    subprocess.run(args, capture_output=True, timeout=120, check=True)
+    assert _blue_pixels(shot) > 500  # four charts' lines and markers, not a blank page
+
+
+def test_html_without_matplotlib_says_how_to_install_it(
+    fake_vllm_thread: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import matplotlib.figure raises ImportError
+    code = cli.main(["sweep", "--vllm-url", fake_vllm_thread, "--format", "html"], {})
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err == "vllm-capacity sweep: error: " + MISSING

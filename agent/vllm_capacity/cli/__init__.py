@@ -112,6 +112,11 @@ def _sweep(values: SweepConfig) -> int:
     from vllm_capacity.cli.sweep import check_output, run_sweep
 
     check_output(values.output)
+    if values.format == "html":
+        from vllm_capacity.cli.sweep_html import check_matplotlib
+
+        if (missing := check_matplotlib()) is not None:
+            raise UsageError(missing)
     log.configure("console", "error")
     code, report = asyncio.run(run_sweep(values, sys.stderr))
     if values.output:

@@ -622,7 +622,9 @@ SWEEP_OPTIONS = (
     Option("--max-num-batched-tokens", _positive_int, None, "vLLM's --max-num-batched-tokens, to name a full budget"),
     Option("--sample-interval", _duration(0.1, 60.0), "500ms", "how often vLLM's /metrics is read during a step"),
     Option("--timeout", _duration(1.0, 3600.0), "10m", "deadline of each request (and 10 s for each /metrics read)"),
-    Option("--format", _choice("text", "json", "csv"), "text", "text for people, json or csv for scripts"),
+    Option(
+        "--format", _choice("text", "json", "csv", "html"), "text", "text for people, json or csv for scripts, html"
+    ),
     Option("--output", str, None, "write the report to this file (default: standard output)"),
 )
 

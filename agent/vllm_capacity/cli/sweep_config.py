@@ -27,5 +27,5 @@ class SweepConfig:
     max_num_batched_tokens: int | None
     sample_interval: float
     timeout: float
-    format: Literal["text", "json", "csv"]
+    format: Literal["text", "json", "csv", "html"]
     output: str | None

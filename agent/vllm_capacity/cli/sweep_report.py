@@ -144,4 +144,8 @@ def render_text(result: Sweep, found: list[Lever], values: SweepConfig, model: s
 
 
 def render(fmt: str, result: Sweep, found: list[Lever], values: SweepConfig, model: str) -> str:
+    if fmt == "html":
+        from vllm_capacity.cli.sweep_html import render_html
+
+        return render_html(result, values, model, render_text(result, found, values, model))
     return {"json": render_json, "csv": render_csv}.get(fmt, render_text)(result, found, values, model)
