@@ -188,6 +188,18 @@ async def test_http_endpoints(h: Harness) -> None:
     assert odd.status == 200 and odd.headers["Content-Type"].startswith("text/plain")  # was an HTTP 500
 
 
+async def test_metrics_answer_gzip_when_the_scraper_asks(h: Harness) -> None:
+    """Prometheus sends Accept-Encoding: gzip on every scrape; a 64-engine exposition is ten times smaller so."""
+    import gzip
+
+    await h.agent.cycle()
+    plain = await h.http.get("/metrics", headers={"Accept-Encoding": "identity"})
+    assert "Content-Encoding" not in plain.headers
+    zipped = await h.http.get("/metrics", headers={"Accept-Encoding": "gzip"}, auto_decompress=False)
+    assert zipped.headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(await zipped.read()).decode() == await plain.text()
+
+
 async def test_a_models_list_nested_past_the_parser_is_a_models_failure_not_a_crash(
     h: Harness, fake_vllm: FakeVllm
 ) -> None:

@@ -247,6 +247,31 @@ def test_parser_on_live_captures(vllm: lab.VllmServer) -> None:
     assert d.capacity_tokens == int(_cache_config(raw)["kv_cache_size_tokens"])
 
 
+def test_a_sweep_of_the_real_server_names_the_kv_cache_with_vllms_own_figures(vllm: lab.VllmServer) -> None:
+    """``vllm-capacity sweep`` against the real server of the small cache (25,600 tokens): prompts of 700 tokens hold
+    6 of its 128-token blocks, their 120 output tokens need a 7th, so 40 at once cannot all finish without vLLM
+    preempting some. The sweep's load (token-ID prompts, streamed), its reads of vLLM beside it, and the limit it
+    names, against vLLM's own counters read before and after."""
+    before = value(httpx.get(vllm.url + "/metrics").text, "vllm:num_preemptions_total")
+    command = [sys.executable, "-m", "vllm_capacity", "sweep", "--vllm-url", vllm.url, "--concurrency", "2,40",
+               "--duration-per-step", "4s", "--prompt-tokens", "700", "--max-tokens", "120", "--format", "json",
+               "--sample-interval", "200ms"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    after = value(httpx.get(vllm.url + "/metrics").text, "vllm:num_preemptions_total")
+    low, high = doc["steps"]
+    assert low["errors"] == high["errors"] == {} and high["requests"] >= 40
+    assert low["kv_cache_capacity_tokens"] == high["kv_cache_capacity_tokens"] == CAPACITY  # vLLM's own figure
+    assert high["limit"] == "kv_cache" and 0 < high["preemptions"] <= after - before
+    assert low["limit"] in ("none", "unknown") and low["preemptions"] == 0
+    assert high["output_tokens_per_second"] > low["output_tokens_per_second"]
+    assert 0 < high["ttft_seconds"]["p50"] <= high["ttft_seconds"]["p99"]
+    assert doc["knee"]["limit"] == "kv_cache"
+    assert "--kv-cache-dtype" in {lever["flag"] for lever in doc["levers"]}
+    assert done.stderr.count("sweep: concurrency") == 2  # a line per step as it finished
+
+
 def _load_command(url: str, *args: str, niceness: int = 10) -> list[str]:
     """lab's load.py with ``args``, by default in a process as low in priority as vLLM itself: at the test's own
     priority a long load's threads starve the sidecar on a 2-core machine, which in a pod has CPU of its own."""

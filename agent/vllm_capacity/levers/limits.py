@@ -106,9 +106,13 @@ def binding_limit(readings: Sequence[Reading], limits: ServerLimits) -> Binding:
     counts = Counter(n or "unknown" for n in named)
     pressing = [(n, c) for n, c in counts.most_common() if n != "none"]
     limit, count = pressing[0] if pressing and pressing[0][1] >= PRESSING * len(named) else counts.most_common(1)[0]
-    share = count / len(named)
     preempted = _increase(readings[0].preemptions_total, readings[-1].preemptions_total)
     shed = _increase(readings[0].shed_total, readings[-1].shed_total)
+    if preempted and limit in ("none", "unknown"):
+        # vLLM preempted requests in the stretch: its KV cache ran out, however briefly the reads caught it (under
+        # load its /metrics answers late, and a burst of preemptions falls between two reads)
+        limit, count = "kv_cache", counts["kv_cache"]
+    share = count / len(named)
     return Binding(limit, share, _evidence(limit, share, readings, limits, preempted, shed), preempted, shed)
 
 

@@ -84,7 +84,9 @@ def make_app(
             body, content_type = await asyncio.wait_for(renders.body(request.headers.get("Accept")), deadline)
         except TimeoutError:  # Prometheus has given up by now: say so rather than answer into a closed scrape
             return web.Response(status=503, text=f"the render did not finish within the scrape timeout ({deadline}s)\n")
-        return web.Response(body=body, headers={"Content-Type": content_type})
+        response = web.Response(body=body, headers={"Content-Type": content_type})
+        response.enable_compression()  # gzip when the scraper asks (Prometheus always does); else as it is
+        return response
 
     async def landing(_: web.Request) -> web.Response:
         return web.Response(text=_landing_page(agent, metrics_path), content_type="text/html")
