@@ -52,8 +52,9 @@ def test_the_binding_limit_is_vllms_evidence_most_of_the_stretch() -> None:
     assert binding_limit(late, ServerLimits()).limit == "kv_cache"
     assert binding_limit(calm[:1], ServerLimits()).limit == "unknown"
     # preemptions in the step name the KV cache, though the reads caught it full in none of their moments
-    burst = _readings(8, running=2, waiting=0, kv_usage=0.5, preemptions_total=(0, 0))[:-1] + [
-        Reading(at=9.0, running=2, waiting=0, kv_usage=0.5, preemptions_total=6)
+    burst = [
+        *_readings(7, running=2, waiting=0, kv_usage=0.5, preemptions_total=0),
+        Reading(at=9.0, running=2, waiting=0, kv_usage=0.5, preemptions_total=6),
     ]
     found = binding_limit(burst, ServerLimits())
     assert (found.limit, found.preemptions) == ("kv_cache", 6) and "6 preemptions" in found.evidence
