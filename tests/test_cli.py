@@ -532,14 +532,51 @@ def test_report_watch_redraws_until_interrupted(fake_vllm_thread: str, sig: sign
         )
     try:
         deadline = time.monotonic() + 60
-        while screen.read_text().count("\x1b[H\x1b[2J") < 3 and time.monotonic() < deadline:
+        while screen.read_text().count("(every 0.2s; Ctrl-C to stop)") < 3 and time.monotonic() < deadline:
             time.sleep(0.1)
     finally:
         _, err = stop_process(proc, sig)
     out = screen.read_text()
     assert proc.returncode == 0, err
-    assert out.count("\x1b[H\x1b[2J") >= 3, out[:500]
-    assert "(every 0.2s; Ctrl-C to stop)" in out and "4,096 tokens" in out
+    assert out.count("(every 0.2s; Ctrl-C to stop)") >= 3 and "4,096 tokens" in out, out[:500]
+    assert "\x1b[" not in out  # a file is no terminal: frame after frame, no escapes
+
+
+def test_report_watch_into_a_closed_pipe_ends_quietly(fake_vllm_thread: str) -> None:
+    """`report --watch 0.2s | head -3`: the reader goes after three lines; the report ends at its next frame with
+    status 0 and nothing on stderr, not a BrokenPipeError traceback."""
+    proc = subprocess.Popen([*VLLM_CAPACITY, "report", "--vllm-url", fake_vllm_thread, "--watch", "0.2s"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    lines = [proc.stdout.readline() for _ in range(3)]
+    proc.stdout.close()  # as head does after its three lines
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert all(lines) and code == 0 and err == "", (code, err)
+
+
+def test_report_watch_on_a_terminal_redraws_in_place(fake_vllm_thread: str) -> None:
+    """On a terminal (a pseudo-terminal here) each frame starts with cursor home and clear."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([*VLLM_CAPACITY, "report", "--vllm-url", fake_vllm_thread, "--watch", "0.2s"],
+                            stdout=secondary, stderr=subprocess.PIPE)  # fmt: skip
+    os.close(secondary)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 60
+        while seen.count(b"\x1b[H\x1b[2J") < 2 and time.monotonic() < deadline:
+            seen += os.read(primary, 65536)
+    finally:
+        stop_process(proc, signal.SIGTERM)
+        os.close(primary)
+    assert seen.count(b"\x1b[H\x1b[2J") >= 2
 
 
 def test_the_report_shows_the_learned_curve_and_its_knee() -> None:

@@ -59,12 +59,17 @@ async def _report(values: ReportConfig) -> int:
             if not values.watch:
                 sys.stdout.write(render(snap, url))
                 return 0
-            # --watch: redraw in place (home, clear), the curve filling in as the agent learns
+            # --watch: on a terminal redraw in place (home, clear), the curve filling in as the agent learns; into a
+            # pipe or a file, one frame after another, no terminal escapes
             shown = render_text(snap, url) if snap.up else f"vllm-capacity report: cannot read {url}/metrics\n"
-            sys.stdout.write("\x1b[H\x1b[2J" + shown + f"\n(every {values.watch:g}s; Ctrl-C to stop)\n")
+            home = "\x1b[H\x1b[2J" if sys.stdout.isatty() else ""
+            sys.stdout.write(home + shown + f"\n(every {values.watch:g}s; Ctrl-C to stop)\n")
             sys.stdout.flush()
             await asyncio.sleep(values.watch)
     except (KeyboardInterrupt, asyncio.CancelledError):
+        return 0
+    except BrokenPipeError:  # `report --watch | head`: the reader has gone; end quietly, as `yes | head` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush into the pipe at exit
         return 0
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
