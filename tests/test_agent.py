@@ -1144,3 +1144,53 @@ def test_an_idle_read_derives_what_the_whole_derivation_gives() -> None:
     metrics = parse_metrics(with_value(SATURATED, "vllm:num_requests_running", "3.0"), latency=False)
     assert derived.engines(metrics, facts, history) == tuple(derive.derive_all(metrics, facts, history))
     assert len({r[0].sustained for r in results if r[0].sustained}) == 2 and results[2][0].preemptions_total == 90.0
+
+
+async def test_wrong_passwords_cannot_freeze_the_good_ones_or_the_reads(
+    fake_vllm: FakeVllm, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """100 clients sending wrong passwords brought reads of vLLM to zero (every bcrypt check ran in the pool the
+    agent reads its log in). Now a verified credential is answered without bcrypt or a thread, wrong ones run in a
+    pool of two threads of their own with a bounded queue, and past it are refused at once (429, counted)."""
+    import base64
+    import threading
+    import time
+
+    import bcrypt
+
+    from vllm_capacity.web.app import CHECKS_OVER_LIMIT, Access
+    from vllm_capacity.web.config import Authenticator, CredentialChecks
+
+    def basic(password: str) -> dict[str, str]:
+        return {"Authorization": "Basic " + base64.b64encode(f"prometheus:{password}".encode()).decode()}
+
+    real, threads = bcrypt.checkpw, set()
+
+    def slow_checkpw(secret: bytes, hashed: bytes) -> bool:  # a bcrypt of cost 12 on a slow core
+        threads.add(threading.current_thread().name)
+        time.sleep(0.3)
+        return real(secret, hashed)
+
+    access = Access(auth=Authenticator({"prometheus": bcrypt.hashpw(b"scrape-pw", bcrypt.gensalt(rounds=4))}))
+    agent = Agent(VllmClient(fake_vllm.url, timeout=10.0), AgentSettings(interval=0.1))
+    async with TestClient(TestServer(make_app(agent, access=access))) as http:
+
+        async def status(password: str) -> int:
+            async with http.get("/metrics", headers=basic(password)) as resp:
+                return resp.status
+
+        await agent.cycle()
+        assert await status("scrape-pw") == 200  # verified once
+        monkeypatch.setattr(bcrypt, "checkpw", slow_checkpw)
+        flood = [asyncio.create_task(status(f"wrong-{i}")) for i in range(60)]
+        await asyncio.sleep(0.1)
+        t0 = time.monotonic()
+        assert await status("scrape-pw") == 200
+        assert time.monotonic() - t0 < 0.25  # not behind the flood's bcrypt checks
+        await agent.cycle()  # the agent's reads go on meanwhile
+        assert agent.snapshot.up
+        statuses = sorted([await task for task in flood])
+    refused = statuses.count(429)
+    assert set(statuses) == {401, 429} and refused >= 60 - CredentialChecks().capacity
+    assert agent.http_errors[CHECKS_OVER_LIMIT] == refused
+    assert threads and all(name.startswith("vllm-capacity-bcrypt") for name in threads)

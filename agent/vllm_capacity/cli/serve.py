@@ -247,6 +247,7 @@ async def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
     users and headers the next requests; the listener stays. A file that no longer loads, for whatever reason, keeps
     the settings in force."""
     import asyncio
+    from concurrent.futures import ThreadPoolExecutor
 
     import structlog
 
@@ -263,7 +264,9 @@ async def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
         return config, webconfig.Authenticator(config.users)
 
     try:
-        config, auth = await asyncio.to_thread(load)
+        # a thread of its own (bcrypt hashes the decoy at the configured cost): never the pool the agent reads in
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-reload") as pool:
+            config, auth = await asyncio.get_running_loop().run_in_executor(pool, load)
     except Exception as err:  # a WebConfigError, or what nothing foresaw: the settings in force stay
         log.error("web_config_reload_failed", file=str(path), error=str(err) or type(err).__name__,
                   kept="the settings in force")  # fmt: skip

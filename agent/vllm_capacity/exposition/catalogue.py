@@ -571,7 +571,7 @@ SPECS: tuple[MetricSpec, ...] = (
         ("kind",),
         "Connections and requests the sidecar's own listener refused or failed, by kind (header_timeout, "
         "over_connection_limit, evicted_slow_client, evicted_idle_keepalive, tls_handshake_failed, "
-        "tls_handshake_timeout, tls_error, bad_request, accept).",
+        "tls_handshake_timeout, tls_error, credential_checks_over_limit, bad_request, accept).",
     ),
     _m(
         "last_update_timestamp_seconds",

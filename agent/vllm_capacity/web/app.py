@@ -17,9 +17,10 @@ from aiohttp.typedefs import Middleware
 from vllm_capacity import __version__
 from vllm_capacity.exposition.render import RenderCache, process_registry
 from vllm_capacity.live.agent import Agent
-from vllm_capacity.web.config import Authenticator, allowed_peer
+from vllm_capacity.web.config import Authenticator, CredentialChecks, allowed_peer
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+CHECKS_OVER_LIMIT = "credential_checks_over_limit"  # vllm_capacity_http_errors_total's kind for a 429
 
 
 @dataclass
@@ -56,6 +57,7 @@ def make_app(
     request from an idle one)."""
     renders = RenderCache(agent, process_registry() if process_metrics else None)
     access = access if access is not None else Access()
+    checks = CredentialChecks()
 
     @web.middleware
     async def guard(
@@ -67,8 +69,13 @@ def make_app(
             if not allowed_peer(peercert, access.allowed_sans):
                 return web.Response(status=403, text="client certificate not allowed\n", headers=headers)
         guarded = request.path not in OPEN_PATHS and auth.users
-        # a bcrypt check takes tens of milliseconds: off the event loop
-        if guarded and not await asyncio.to_thread(auth.allows, request.headers.get("Authorization")):
+        # a bcrypt check takes tens of milliseconds: off the event loop, in the checks' own small pool
+        allowed = await checks.allows(auth, request.headers.get("Authorization")) if guarded else True
+        if allowed is None:
+            agent.http_errors[CHECKS_OVER_LIMIT] += 1
+            return web.Response(status=429, text="too many credential checks at once\n",
+                                headers={**headers, "Retry-After": "1"})  # fmt: skip
+        if not allowed:
             return web.Response(
                 status=401,
                 text="unauthorized\n",
@@ -93,6 +100,7 @@ def make_app(
 
     async def close_renders(_: web.Application) -> None:
         renders.close()
+        checks.close()
 
     app = web.Application(middlewares=[*outer, guard])
     app.on_cleanup.append(close_renders)

@@ -213,25 +213,78 @@ class Authenticator:
             cost = next(iter(self.users.values()))[4:6].decode()
             self._decoy = bcrypt.hashpw(b"decoy", bcrypt.gensalt(rounds=int(cost) if cost.isdigit() else 12))
 
-    def allows(self, authorization: str | None) -> bool:
-        if not self.users:
-            return True
+    def _credentials(self, authorization: str | None) -> tuple[str, str] | None:
         if not authorization or not authorization.startswith("Basic "):
-            return False
+            return None
         try:
             user, _, password = base64.b64decode(authorization[6:], validate=True).decode().partition(":")
         except (binascii.Error, UnicodeDecodeError):
+            return None
+        return user, password
+
+    def _token(self, user: str, password: str) -> bytes:
+        return hmac.new(self._key, f"{user}:{password}".encode(), hashlib.sha256).digest()
+
+    def known(self, authorization: str | None) -> bool:
+        """Credentials a bcrypt check verified before (or no users at all): answered at once, no bcrypt, no thread."""
+        if not self.users:
+            return True
+        found = self._credentials(authorization)
+        return found is not None and self._token(*found) in self._good
+
+    def allows(self, authorization: str | None) -> bool:
+        if not self.users:
+            return True
+        found = self._credentials(authorization)
+        if found is None:
             return False
+        user, password = found
         hashed, secret = self.users.get(user), password.encode()
         if hashed is None or len(secret) > BCRYPT_MAX_BYTES:
             # as long as a wrong password takes: an unknown user must not answer faster than a known one. A password
             # longer than bcrypt takes (bcrypt 5 raises; Go's bcrypt, the exporter toolkit's, refuses it) is wrong.
             bcrypt.checkpw(secret[:BCRYPT_MAX_BYTES], self._decoy)
             return False
-        token = hmac.new(self._key, f"{user}:{password}".encode(), hashlib.sha256).digest()
+        token = self._token(user, password)
         if token in self._good:
             return True
         if bcrypt.checkpw(secret, hashed):
             self._good.add(token)
             return True
         return False
+
+
+#: bcrypt checks of credentials not verified before: this many threads of their own (never the pool the agent reads
+#: its sources in), and at most CHECKS_WAITING more waiting; past that a request is refused at once (429)
+CHECK_THREADS, CHECKS_WAITING = 2, 16
+
+
+class CredentialChecks:
+    """Where the listener's bcrypt checks run: known credentials are answered on the loop without bcrypt; the others
+    in a small pool of their own, at most :data:`CHECK_THREADS` + :data:`CHECKS_WAITING` at once. A flood of wrong
+    passwords (no credentials needed, only the port) then costs two threads and a bounded queue: the reads of vLLM,
+    the log and the scrapes with good credentials go on."""
+
+    def __init__(self, threads: int = CHECK_THREADS, waiting: int = CHECKS_WAITING) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="vllm-capacity-bcrypt")
+        self.capacity = threads + waiting
+        self.in_flight = 0
+
+    async def allows(self, auth: Authenticator, authorization: str | None) -> bool | None:
+        """Whether ``authorization`` is allowed; None when too many checks are under way (the request is refused)."""
+        import asyncio
+
+        if auth.known(authorization):
+            return True
+        if self.in_flight >= self.capacity:
+            return None
+        self.in_flight += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, auth.allows, authorization)
+        finally:
+            self.in_flight -= 1
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
