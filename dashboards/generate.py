@@ -163,7 +163,7 @@ def single(
 
 def variables(d: Dashboard, c, *, pod: bool) -> Dashboard:
     cl = f'{c.cluster_label}=~"$cluster"'
-    d = d.with_variable(DatasourceVariable("datasource").label("Data Source").type("prometheus"))
+    d = d.with_variable(DatasourceVariable("datasource").label("Data source").type("prometheus"))
     # hidden unless the config says there are several clusters (render() sets `hide` from show_multi_cluster); with
     # one cluster and no cluster label its only value is All (.*), which matches the missing label
     d = d.with_variable(

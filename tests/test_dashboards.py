@@ -248,7 +248,7 @@ def lint(d: dict) -> dict[str, list[str]]:
 
     variables = d["templating"]["list"]
     sources = [v for v in variables if v["type"] == "datasource"]
-    if [(v["name"], v.get("label"), v["query"]) for v in sources] != [("datasource", "Data Source", "prometheus")]:
+    if [(v["name"], v.get("label"), v["query"]) for v in sources] != [("datasource", "Data source", "prometheus")]:
         problem("template-datasource-rule", f"datasource variables: {sources}")
     names = {v["name"] for v in variables}
     if "job" not in names:

@@ -8,7 +8,7 @@
           {
             "type": "datasource",
             "name": "datasource",
-            "label": "Data Source",
+            "label": "Data source",
             "skipUrlSync": false,
             "query": "prometheus",
             "multi": false,
@@ -1898,7 +1898,7 @@
           {
             "type": "datasource",
             "name": "datasource",
-            "label": "Data Source",
+            "label": "Data source",
             "skipUrlSync": false,
             "query": "prometheus",
             "multi": false,
