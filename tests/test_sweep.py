@@ -14,6 +14,7 @@ import pytest
 
 from support.sim_vllm import SimVllm, serving
 from vllm_capacity import cli
+from vllm_capacity.cli.options import UsageError
 from vllm_capacity.cli.sweep import run_sweep
 from vllm_capacity.cli.sweep_config import SweepConfig
 from vllm_capacity.cli.sweep_html import MISSING
@@ -198,6 +199,16 @@ def test_what_cannot_run_exits_2_with_one_line(
     err = capsys.readouterr().err.strip()
     port = fake_vllm_thread.rsplit(":", 1)[1]
     assert code == 2 and err == f"vllm-capacity sweep: error: {message.replace('PORT', port)}"
+
+
+async def test_a_server_that_does_not_serve_the_warm_up_request_stops_the_sweep_before_its_load() -> None:
+    """vLLM 0.32 ends a request whose prompt holds a token past the model's vocabulary at once, with nothing
+    generated: every request of the sweep was then "short" (found on the real server). The warm-up says why."""
+    sim = SimVllm(vocab_size=200)  # the prompts' token IDs go up to 299
+    async with serving(sim) as (url, _):
+        with pytest.raises(UsageError, match=r"vLLM did not serve the warm-up request \(short: 0 of 20 tokens"):
+            await run_sweep(_values(url), io.StringIO())
+    assert sim.served == 1
 
 
 def test_an_unreachable_server_exits_2_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:

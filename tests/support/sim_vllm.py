@@ -30,6 +30,7 @@ class SimVllm:
     max_model_len: int = 1024
     model: str = "tiny-llama"
     preempt_when_full: bool = False
+    vocab_size: int | None = None  # a prompt token past it ends the request at once, nothing generated (vLLM 0.32)
     running: dict[int, int] = field(default_factory=dict)  # request -> its tokens in the cache
     waiting: int = 0
     preemptions: int = 0
@@ -66,6 +67,12 @@ class SimVllm:
             return web.json_response({"error": "no such model"}, status=404)
         number = self.served
         self.served += 1
+        if self.vocab_size is not None and max(body["prompt"]) >= self.vocab_size:
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await resp.prepare(request)
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": 0}
+            await resp.write(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n")
+            return resp
         async with self._admitted:
             self.waiting += 1
             while len(self.running) >= self.max_running or self.used() + need > self.capacity_tokens:

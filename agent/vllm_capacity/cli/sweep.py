@@ -20,7 +20,7 @@ from vllm_capacity.sizing import parse_version
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sweep.load import LoadSpec
-from vllm_capacity.sweep.run import Step, Sweep, SweepSpec, sweep
+from vllm_capacity.sweep.run import Refused, Step, Sweep, SweepSpec, sweep
 
 INTERRUPTED = 130  # the shell's code for a run ended by Ctrl-C
 VLLM_WENT_AWAY = 1
@@ -157,6 +157,8 @@ async def run_sweep(values: SweepConfig, err: TextIO) -> tuple[int, str]:
     try:
         server = await _server(client, values)
         result = await sweep(client, _spec(values, server), on_step=on_step, on_request=on_request, interrupt=interrupt)
+    except Refused as refused:
+        raise UsageError(str(refused)) from None
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)

@@ -19,9 +19,10 @@ from typing import Any
 
 import aiohttp
 
-#: token IDs prompts are drawn from: below every vocabulary vLLM serves, above the special tokens most models keep
-#: at the bottom of theirs
-TOKEN_IDS = range(1000, 10000)
+#: token IDs prompts are drawn from: inside the smallest vocabulary served (the tests' tiny model has 369 tokens; a
+#: real model's tens of thousands), above the few special tokens most models keep at the bottom of theirs. An ID
+#: past the model's vocabulary ends the request at once with no output (vLLM 0.32): the warm-up request says so.
+TOKEN_IDS = range(100, 300)
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,8 @@ class RequestResult:
     token_times: tuple[float, ...] = ()
     output_tokens: int = 0
     prompt_tokens: int = 0
-    error: str | None = None  # http_4xx, http_5xx, connect, timeout, stream, short
+    error: str | None = None  # http_4xx, http_5xx, vllm_error, connect, timeout, stream, short
+    detail: str = ""  # what vLLM said of an error (its message, cut short)
 
     @property
     def ttft(self) -> float | None:
@@ -73,6 +75,26 @@ def prompt(seed: int, length: int) -> list[int]:
     return [rng.choice(TOKEN_IDS) for _ in range(length)]
 
 
+async def _stream(resp: aiohttp.ClientResponse, times: list[float]) -> tuple[dict[str, Any], str | None]:
+    """Read the server-sent events of a streamed completion: the time of each chunk with text goes to ``times``;
+    the usage vLLM reports at the end, and vLLM's error when it sends one inside the stream."""
+    usage: dict[str, Any] = {}
+    async for raw in resp.content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            break
+        chunk = json.loads(data)
+        if "error" in chunk or chunk.get("object") == "error":
+            return usage, str(chunk.get("error") or chunk.get("message"))[:300]
+        if any(c.get("text") for c in chunk.get("choices") or ()):
+            times.append(time.monotonic())
+        usage = chunk.get("usage") or usage
+    return usage, None
+
+
 async def one_request(session: aiohttp.ClientSession, spec: LoadSpec, number: int) -> RequestResult:
     body = {
         "model": spec.model,
@@ -87,24 +109,15 @@ async def one_request(session: aiohttp.ClientSession, spec: LoadSpec, number: in
     headers = {"Authorization": f"Bearer {spec.api_key}"} if spec.api_key else {}
     start = time.monotonic()
     times: list[float] = []
-    usage: dict[str, Any] = {}
     try:
         async with asyncio.timeout(spec.request_timeout):
             async with session.post(f"{spec.url}/v1/completions", json=body, headers=headers) as resp:
                 if resp.status >= 400:
-                    await resp.read()
-                    return RequestResult(start, time.monotonic(), error=f"http_{resp.status // 100}xx")
-                async for raw in resp.content:
-                    line = raw.strip()
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        break
-                    chunk = json.loads(data)
-                    if any(c.get("text") for c in chunk.get("choices") or ()):
-                        times.append(time.monotonic())
-                    usage = chunk.get("usage") or usage
+                    said = (await resp.text(errors="replace"))[:300]
+                    return RequestResult(start, time.monotonic(), error=f"http_{resp.status // 100}xx", detail=said)
+                usage, refused = await _stream(resp, times)
+                if refused is not None:
+                    return RequestResult(start, time.monotonic(), tuple(times), error="vllm_error", detail=refused)
     except TimeoutError:
         return RequestResult(start, time.monotonic(), tuple(times), error="timeout")
     except aiohttp.ClientConnectionError:
@@ -113,8 +126,10 @@ async def one_request(session: aiohttp.ClientSession, spec: LoadSpec, number: in
         return RequestResult(start, time.monotonic(), tuple(times), error="stream")
     end = time.monotonic()
     generated = int(usage.get("completion_tokens") or len(times))
-    error = "short" if generated < spec.max_tokens else None
-    return RequestResult(start, end, tuple(times), generated, int(usage.get("prompt_tokens") or 0), error)
+    short = generated < spec.max_tokens
+    detail = f"{generated} of {spec.max_tokens} tokens generated" if short else ""
+    prompt_read = int(usage.get("prompt_tokens") or 0)
+    return RequestResult(start, end, tuple(times), generated, prompt_read, "short" if short else None, detail)
 
 
 @dataclass

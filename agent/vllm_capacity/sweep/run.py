@@ -27,6 +27,10 @@ QUANTILES = (0.5, 0.9, 0.99)
 KINDS = ("ttft", "tpot", "itl", "e2e")
 
 
+class Refused(Exception):
+    """The sweep cannot run: vLLM did not serve the warm-up request as asked (the reason is the message)."""
+
+
 @dataclass(frozen=True)
 class SweepSpec:
     load: LoadSpec
@@ -167,7 +171,9 @@ async def sweep(
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
         for number in range(spec.warmup):
-            await one_request(session, spec.load, -1 - number)
+            warm = await one_request(session, spec.load, -1 - number)
+            if warm.error is not None:
+                raise Refused(f"vLLM did not serve the warm-up request ({warm.error}: {warm.detail or 'no detail'})")
         first = 0
         for concurrency in spec.concurrencies:
             count, duration = step_size(spec, concurrency)

@@ -68,19 +68,10 @@ def make_app(
             peercert = request.transport.get_extra_info("peercert") if request.transport else None
             if not allowed_peer(peercert, access.allowed_sans):
                 return web.Response(status=403, text="client certificate not allowed\n", headers=headers)
-        guarded = request.path not in OPEN_PATHS and auth.users
-        # a bcrypt check takes tens of milliseconds: off the event loop, in the checks' own small pool
-        allowed = await checks.allows(auth, request.headers.get("Authorization")) if guarded else True
-        if allowed is None:
-            agent.http_errors[CHECKS_OVER_LIMIT] += 1
-            return web.Response(status=429, text="too many credential checks at once\n",
-                                headers={**headers, "Retry-After": "1"})  # fmt: skip
-        if not allowed:
-            return web.Response(
-                status=401,
-                text="unauthorized\n",
-                headers={**headers, "WWW-Authenticate": 'Basic realm="vllm-capacity"'},
-            )
+        if request.path not in OPEN_PATHS and auth.users:
+            refused = await _credentials_refused(checks, auth, request, headers, agent)
+            if refused is not None:
+                return refused
         response = await handler(request)
         response.headers.update(headers)
         return response
@@ -106,6 +97,23 @@ def make_app(
     app.on_cleanup.append(close_renders)
     app.add_routes([web.get(metrics_path, metrics), *_probe_routes(agent), web.get("/", landing)])
     return app
+
+
+async def _credentials_refused(
+    checks: CredentialChecks, auth: Authenticator, request: web.Request, headers: dict[str, str], agent: Agent
+) -> web.Response | None:
+    """The answer to a request whose credentials do not pass (401), or that finds too many checks under way (429,
+    counted); None when they pass. A bcrypt check takes tens of milliseconds: off the event loop, in the checks'
+    own small pool (a known credential takes none)."""
+    allowed = await checks.allows(auth, request.headers.get("Authorization"))
+    if allowed is None:
+        agent.http_errors[CHECKS_OVER_LIMIT] += 1
+        return web.Response(status=429, text="too many credential checks at once\n",
+                            headers={**headers, "Retry-After": "1"})  # fmt: skip
+    if not allowed:
+        realm = {"WWW-Authenticate": 'Basic realm="vllm-capacity"'}
+        return web.Response(status=401, text="unauthorized\n", headers={**headers, **realm})
+    return None
 
 
 SCRAPE_TIMEOUT_OFFSET = 0.5  # seconds kept for the answer to travel (exporter-toolkit's --web.timeout-offset default)
