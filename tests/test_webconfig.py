@@ -3,6 +3,7 @@ certificates made in the test (trustme) and Debian's Prometheus scraping it over
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -44,8 +45,10 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         "client": d / "client.pem",
         "rogue": d / "rogue.pem",
         "other": d / "other.pem",
+        "stranger_ca": d / "stranger-ca.crt",
     }
     ca.cert_pem.write_to_path(str(paths["ca"]))
+    stranger.cert_pem.write_to_path(str(paths["stranger_ca"]))
     server.cert_chain_pems[0].write_to_path(str(paths["cert"]))
     server.private_key_pem.write_to_path(str(paths["key"]))
     client.private_key_and_cert_chain_pem.write_to_path(str(paths["client"]))
@@ -327,6 +330,28 @@ def test_sighup_re_reads_the_web_config_without_dropping_the_listener(
     events = [json.loads(line)["event"] for line in stderr.splitlines()]
     assert "web_config_reloaded" in events and events.count("web_config_reload_failed") == 2, events
     assert "new-pw" not in stderr and "scrape-pw" not in stderr
+
+
+def test_a_rotated_client_ca_is_a_retired_ca(secured: tuple[str, Path, subprocess.Popen], pki: dict[str, Path]) -> None:
+    """A SIGHUP that replaced client_ca_file added the new CA to the live TLS context and never removed the old one:
+    a certificate from the retired CA still got 200. A reload builds a fresh context: the next connections trust
+    exactly the file as it is now."""
+    url, web, proc = secured
+    with _client(pki, "client") as client:  # the CA in force: its client certificate is accepted
+        assert client.get(url + "/metrics", auth=("prometheus", "scrape-pw")).status_code == 200
+    _write(web, pki, {"prometheus": "scrape-pw"}, client_auth_type="RequireAndVerifyClientCert",
+           client_ca_file=str(pki["stranger_ca"]))  # fmt: skip
+    proc.send_signal(signal.SIGHUP)
+    for _ in range(100):
+        with contextlib.suppress(httpx.TransportError), _client(pki, "rogue") as client:
+            if client.get(url + "/metrics", auth=("prometheus", "scrape-pw")).status_code == 200:
+                break
+        time.sleep(0.1)
+    with _client(pki, "rogue") as client:  # the new CA's certificate: accepted
+        assert client.get(url + "/metrics", auth=("prometheus", "scrape-pw")).status_code == 200
+    with _client(pki, "client") as client, pytest.raises(httpx.TransportError):  # the retired CA's: refused in TLS
+        client.get(url + "/metrics", auth=("prometheus", "scrape-pw"))
+    assert proc.poll() is None
 
 
 def test_sighup_without_a_web_config_is_ignored_not_fatal(fake_vllm_thread: str) -> None:

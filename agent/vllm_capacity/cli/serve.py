@@ -119,7 +119,7 @@ async def _serve(values: ServeConfig) -> int:
         await client.aclose()
         print(f"vllm-capacity serve: error: {err}", file=sys.stderr)
         return 1
-    _reload_on_sighup(values.web_config_file, access, ssl_context)
+    _reload_on_sighup(values.web_config_file, access, guard)
     log.info("serving", version=__version__, listen=f"{host}:{port}", tls=ssl_context is not None,
              probe_listen=":".join(map(str, values.probe_listen)) if values.probe_listen else None,
              basic_auth=bool(access.auth.users), vllm_url=redact_url(values.vllm_url),
@@ -195,7 +195,7 @@ async def _probe_listener(agent: Agent, address: tuple[str, int] | None) -> Any:
     return await _listen(guard.serving(runner.server), "--probe-listen", address)
 
 
-def _reload_on_sighup(path: Path | None, access: Any, ssl_context: Any) -> None:
+def _reload_on_sighup(path: Path | None, access: Any, guard: Any) -> None:
     """SIGHUP re-reads the web configuration, in a thread (bcrypt checks each hash: seconds at a high cost); without
     one there is nothing to re-read, and SIGHUP's default action (ending the process) must not apply."""
     import asyncio
@@ -211,7 +211,7 @@ def _reload_on_sighup(path: Path | None, access: Any, ssl_context: Any) -> None:
                 "sighup_ignored", reason="no --web.config.file: nothing to re-read"
             )
             return
-        future = asyncio.ensure_future(_reload_web_config(path, access, ssl_context))
+        future = asyncio.ensure_future(_reload_web_config(path, access, guard))
         reloads.add(future)
         future.add_done_callback(reloads.discard)
 
@@ -242,10 +242,11 @@ def _say_ignored(config: Any) -> None:
         )
 
 
-async def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
-    """SIGHUP: read the web configuration again, off the event loop. New certificates serve the next handshakes, new
-    users and headers the next requests; the listener stays. A file that no longer loads, for whatever reason, keeps
-    the settings in force."""
+async def _reload_web_config(path: Path, access: Any, guard: Any) -> None:
+    """SIGHUP: read the web configuration again, off the event loop. A fresh TLS context serves the next handshakes
+    (trusting exactly the client CA file as it is now: a CA removed from it is retired, not kept beside the new one),
+    new users and headers the next requests; the listener stays. A file that no longer loads, for whatever reason,
+    keeps the settings in force."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
@@ -255,25 +256,26 @@ async def _reload_web_config(path: Path, access: Any, ssl_context: Any) -> None:
 
     log = structlog.get_logger("vllm_capacity")
 
-    def load() -> tuple[Any, Any]:
+    def load() -> tuple[Any, Any, Any]:
         config = webconfig.load(path)
-        if bool(config.tls) != (ssl_context is not None):
+        if bool(config.tls) != (guard.ssl_context is not None):
             raise webconfig.WebConfigError("turning TLS on or off needs a restart (the listener stays as it is)")
-        if ssl_context is not None:
-            webconfig.configure_ssl_context(ssl_context, config)
-        return config, webconfig.Authenticator(config.users)
+        fresh = webconfig.new_ssl_context(config) if config.tls else None
+        return config, webconfig.Authenticator(config.users), fresh
 
     try:
         # a thread of its own (bcrypt hashes the decoy at the configured cost): never the pool the agent reads in
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-reload") as pool:
-            config, auth = await asyncio.get_running_loop().run_in_executor(pool, load)
+            config, auth, fresh = await asyncio.get_running_loop().run_in_executor(pool, load)
     except Exception as err:  # a WebConfigError, or what nothing foresaw: the settings in force stay
         log.error("web_config_reload_failed", file=str(path), error=str(err) or type(err).__name__,
                   kept="the settings in force")  # fmt: skip
         return
     access.auth, access.headers, access.allowed_sans = auth, dict(config.headers), config.allowed_sans
+    if fresh is not None:
+        guard.ssl_context = fresh  # the next connections' first byte starts their TLS with it
     _say_ignored(config)
-    log.info("web_config_reloaded", file=str(path), tls=ssl_context is not None, users=len(config.users))
+    log.info("web_config_reloaded", file=str(path), tls=fresh is not None, users=len(config.users))
 
 
 def run_serve(values: ServeConfig) -> int:
