@@ -334,6 +334,33 @@ async def test_log_source_failures_leave_vllm_metrics_flowing(fake_vllm: FakeVll
     await vllm.aclose()
 
 
+async def test_a_log_read_that_hangs_never_holds_the_reads_of_vllm(fake_vllm: FakeVllm, tmp_path) -> None:
+    """The log on a volume that hangs (a FIFO nobody writes: open() blocks) held every cycle: vLLM read zero times in
+    5 s while /metrics said up 1. The read is abandoned at --timeout, counted and logged as a timeout, the log's
+    source_up says 0, and vLLM is read every cycle all the same."""
+    import os
+    import time
+
+    from vllm_capacity.sources.vllm_log import LogFollower
+
+    fifo = tmp_path / "vllm.log"
+    os.mkfifo(fifo)
+    vllm = VllmClient(fake_vllm.url, timeout=0.3)
+    agent = Agent(vllm, AgentSettings(interval=0.1), vllm_log=LogFollower(fifo))
+    t0 = time.monotonic()
+    try:
+        for _ in range(3):
+            snap = await agent.cycle()
+            assert snap.up and snap.engines[0].capacity_tokens == 4096
+        assert time.monotonic() - t0 < 3  # one abandoned read (0.3 s), then no wait at all
+        assert agent.sources["vllm_log"].up is False and agent.sources["vllm"].up is True
+        assert agent.errors[("vllm_log", "timeout")] == 3
+    finally:
+        writer = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # the blocked open() returns; its read sees the end
+        os.close(writer)
+        await vllm.aclose()
+
+
 async def test_disagreeing_bytes_per_token_is_logged_once(fake_vllm: FakeVllm) -> None:
     from vllm_capacity.sources.model_config import parse_config
     from vllm_capacity.sources.vllm_log import LogFollower

@@ -99,7 +99,11 @@ class Agent:
         # the agent itself is a source too: source_up{source="agent"} is 0 while its last cycle crashed
         self.sources = SourceBook((SOURCE_VLLM, SOURCE_MODELS, SOURCE_AGENT), monotonic)
         # vLLM's start-up log, when given (--vllm-log): its memory figures; else none of them
-        self.startup_log = StartupLogReader(vllm_log, self.sources, monotonic) if vllm_log is not None else None
+        self.startup_log = (
+            StartupLogReader(vllm_log, self.sources, monotonic, deadline=client.timeout)
+            if vllm_log is not None
+            else None
+        )
         self.figures = self.startup_log.figures if self.startup_log is not None else StartupFigures()
         self.derived = Derived(self.logger)  # the engines, derived whole every read; warnings logged once
         # the GPUs through NVML, when asked (--nvml auto or on)

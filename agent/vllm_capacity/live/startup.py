@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from vllm_capacity.live.status import SourceBook, internal
 from vllm_capacity.sources import Reason, SourceError
@@ -21,13 +22,22 @@ class StartupLogReader:
     never a crashed cycle."""
 
     def __init__(
-        self, follower: LogFollower, sources: SourceBook, monotonic: Callable[[], float] = time.monotonic
+        self,
+        follower: LogFollower,
+        sources: SourceBook,
+        monotonic: Callable[[], float] = time.monotonic,
+        deadline: float = 4.0,
     ) -> None:
-        self.follower, self.sources, self.monotonic = follower, sources, monotonic
+        """``deadline``: seconds a read of the log may take (the agent's --timeout); past it the read is abandoned."""
+        self.follower, self.sources, self.monotonic, self.deadline = follower, sources, monotonic, deadline
         self.figures = StartupFigures()
         self._fed = 0  # lines fed to the figures so far
         self._engines: tuple[int, dict[str, EngineFigures]] = (0, {})  # a copy of theirs, and the lines it holds
         self._long_lines_logged = False
+        # a thread of its own: a log on a volume that hangs blocks it, never the pool the other sources read in
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-log")
+        self._reading: Future[None] | None = None  # the read under way, while one has not returned
+        self._since = 0.0
         sources.add(SOURCE_LOG)
 
     @property
@@ -45,10 +55,26 @@ class StartupLogReader:
             self._fed += 1
 
     async def read(self) -> None:
+        """One read of the new lines, within :attr:`deadline`: vLLM's reads never wait for the log. A read past it is
+        abandoned (its thread may stay blocked: a hung volume, a FIFO), counted and logged as a timeout, and no other
+        read starts until it returns."""
         t0 = self.monotonic()
+        if self._reading is not None and not self._reading.done():
+            blocked = SourceError(
+                Reason.TIMEOUT, f"the vLLM log's read of {t0 - self._since:.0f}s ago has not returned"
+            )
+            self.sources.fail(SOURCE_LOG, blocked, 0.0)
+            return
+        # off the loop: the file's bytes and the patterns over its lines (a catch-up of 8 MiB at most a read)
+        self._reading, self._since = self._pool.submit(self._read_and_feed), t0
+        waiting = asyncio.wrap_future(self._reading)
+        waiting.add_done_callback(lambda f: f.cancelled() or f.exception())  # an abandoned read's end is seen
         try:
-            # off the loop: the file's bytes and the patterns over its lines (a catch-up of 8 MiB at most a read)
-            await asyncio.to_thread(self._read_and_feed)
+            await asyncio.wait_for(asyncio.shield(waiting), self.deadline)
+        except TimeoutError:
+            late = SourceError(Reason.TIMEOUT, f"reading the vLLM log took more than {self.deadline:g}s: abandoned")
+            self.sources.fail(SOURCE_LOG, late, self.monotonic() - t0)
+            return
         except FileNotFoundError as err:
             missing = SourceError(Reason.MISSING, f"vLLM log {err.filename} does not exist (yet)")
             self.sources.fail(SOURCE_LOG, missing, 0.0)
