@@ -324,7 +324,9 @@ class NvmlSource:
             else:
                 done.set_result(result)
 
-        loop.call_soon_threadsafe(deliver)
+        if not loop.is_closed():  # a read abandoned at its deadline may end after the loop did: nobody awaits it
+            with contextlib.suppress(RuntimeError):  # the loop closed between the check and the call
+                loop.call_soon_threadsafe(deliver)
 
     async def read(self) -> list[GpuReading]:
         if self._busy.is_set():
