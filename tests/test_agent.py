@@ -16,7 +16,7 @@ from support.doubles import FakeClock, FakeVllm
 from support.exposition import samples, value
 from support.files import VLLM_FIXTURES, fixture_text
 from support.payloads import with_value, without_queue
-from vllm_capacity.derive.facts import ServedModel
+from vllm_capacity.derive.facts import ServedModel, ServerFlags
 from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.web.app import make_app
@@ -124,7 +124,7 @@ async def test_max_model_len_override_used_when_models_unavailable(fake_vllm: Fa
     fake_vllm.metrics = fixture_text("v1-0.10.2-dp2.prom")
     fake_vllm.models = "not json"
     vllm = VllmClient(fake_vllm.url, timeout=2)
-    agent = Agent(vllm, AgentSettings(interval=0.1, max_model_len=32768))
+    agent = Agent(vllm, AgentSettings(interval=0.1, flags=ServerFlags(max_model_len=32768)))
     snap = await agent.cycle()
     await vllm.aclose()
     assert [round(e.max_concurrency, 2) for e in snap.engines] == [1.30, 1.30]
@@ -781,7 +781,7 @@ async def test_a_full_token_budget_per_step_is_named_as_the_limit(fake_vllm: Fak
         return agent.snapshot.engines[0].concurrency_limit
 
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    told = Agent(vllm, AgentSettings(interval=5, max_num_batched_tokens=256), monotonic=clock)
+    told = Agent(vllm, AgentSettings(interval=5, flags=ServerFlags(max_num_batched_tokens=256)), monotonic=clock)
     assert await limit_after(told, 36, 36 * 700 + 64) == "token_budget"  # 253 tokens a step
     assert told.snapshot.engines[0].token_budget_fill_ratio == pytest.approx((36 * 700 + 64) / 100 / 256)
     assert await limit_after(told, 1, 700 + 99) is None  # small steps: the budget is not what binds

@@ -33,6 +33,7 @@ from support.exposition import value
 from support.files import fixture_text
 from vllm_capacity import cli
 from vllm_capacity.cli import options
+from vllm_capacity.derive.facts import ServerFlags
 
 VLLM_CAPACITY = [sys.executable, "-m", "vllm_capacity"]
 
@@ -86,14 +87,26 @@ def test_defaults() -> None:
     assert v.vllm_url == "http://127.0.0.1:8000"
     assert v.interval == 5.0
     assert v.listen == ("", 9790)  # every interface, IPv4 and IPv6
-    assert v.max_model_len is None
+    assert v.flags == ServerFlags()
 
 
 @pytest.mark.parametrize("command", sorted(options.COMMANDS))
 def test_each_command_has_a_typed_field_per_option(command: str) -> None:
     """A new option without its field (or a field without its option) fails here, not when a user runs it."""
     cls, table = options.COMMANDS[command]
-    assert {f.name for f in dataclasses.fields(cls)} == {o.key or o.dest for o in table}
+    has = {f.name for f in dataclasses.fields(cls)}
+    gathered = {key: name for name, (_, keys) in options.RECORDS.items() if name in has for key in keys}
+    named = {gathered.get(o.key or o.dest, o.key or o.dest) for o in table}
+    assert has == named
+
+
+def test_the_scheduler_flags_reach_the_agent_as_one_record() -> None:
+    """--max-model-len, --max-num-seqs and --max-num-batched-tokens: one ServerFlags, from the flag or its twin."""
+    env = {"VLLM_CAPACITY_MAX_NUM_SEQS": "64"}
+    got = _resolve(["--max-model-len", "8192", "--max-num-batched-tokens", "4096"], env).flags
+    assert got == ServerFlags(max_model_len=8192, max_num_seqs=64, max_num_batched_tokens=4096)
+    told = ServerFlags(max_num_seqs=64)
+    assert told.over(ServerFlags(max_model_len=1, max_num_seqs=8)) == ServerFlags(max_model_len=1, max_num_seqs=64)
 
 
 def test_the_prometheus_exporters_flag_names() -> None:

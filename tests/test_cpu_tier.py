@@ -87,7 +87,8 @@ def test_an_mla_models_ranks_share_one_copy_under_tp_alone() -> None:
 
 def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:
     (v0,) = derive.derive_all(
-        parse_metrics(fixture_text("v0-0.6.6-multiprocess.prom")), derive.ServerFacts(fallback_max_model_len=8192)
+        parse_metrics(fixture_text("v0-0.6.6-multiprocess.prom")),
+        derive.ServerFacts(flags=derive.ServerFlags(max_model_len=8192)),
     )
     assert v0.cpu_capacity_tokens == 2048 * 16  # num_cpu_blocks="2048" of 16 tokens: V0's swap space
     (plain,) = derive.derive_all(

@@ -15,6 +15,7 @@ from support.doubles import FakeClock, FakeVllm
 from support.exposition import samples, value
 from support.files import fixture_text
 from support.payloads import with_value, without_queue
+from vllm_capacity.derive.facts import ServerFlags
 from vllm_capacity.derive.latency_curve import parse_objective
 from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.vllm import VllmClient
@@ -100,7 +101,7 @@ async def test_the_token_budget_fill_from_any_step_edges(fake_vllm: FakeVllm, ed
     the fill is the steps' mean (sum over count), which no edge enters."""
     clock = FakeClock()
     vllm = VllmClient(fake_vllm.url, timeout=10)
-    agent = Agent(vllm, AgentSettings(interval=5, max_num_batched_tokens=64), monotonic=clock)
+    agent = Agent(vllm, AgentSettings(interval=5, flags=ServerFlags(max_num_batched_tokens=64)), monotonic=clock)
     steps = 0.0
 
     def body() -> str:

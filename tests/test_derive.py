@@ -15,7 +15,7 @@ from vllm_capacity.sources.vllm_metrics.parse import parse_metrics
 from vllm_capacity.sources.vllm_metrics.records import SCHEMA_V0, SCHEMA_V1, SCHEMA_V1_LEGACY
 
 MML_GEMMA = derive.ServerFacts(max_model_len={"gemma-12b": 32768})  # /v1/models of the worked example's server
-MML_8192 = derive.ServerFacts(fallback_max_model_len=8192)  # --max-model-len, no /v1/models
+MML_8192 = derive.ServerFacts(flags=derive.ServerFlags(max_model_len=8192))  # --max-model-len, no /v1/models
 
 
 def test_worked_example() -> None:
@@ -279,7 +279,9 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
     )
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
     kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": sizing.SizingRules("v1", (0, 33, 0))}
-    gemma_8192 = derive.ServerFacts(model=derive.ServedModel(gemma), max_num_batched_tokens=8192)
+    gemma_8192 = derive.ServerFacts(
+        model=derive.ServedModel(gemma), flags=derive.ServerFlags(max_num_batched_tokens=8192)
+    )
     layout = derive.planned_layout(cc, gemma_8192, capacity_tokens=plan.kv_cache_tokens, device="GPU", **kw)
     assert layout is not None and layout.mismatch is False
     assert layout.groups == {"sliding": 6, "full": 1}
@@ -436,7 +438,9 @@ def test_no_derived_value_is_ever_non_finite() -> None:
             latency=derive.LatencyView(step_tokens=((128.0, draw()), (math.inf, draw()))),
         )
         facts = derive.ServerFacts(
-            max_num_seqs=rng.choice([None, 1, 256]), max_num_batched_tokens=rng.choice([None, 256])
+            flags=derive.ServerFlags(
+                max_num_seqs=rng.choice([None, 1, 256]), max_num_batched_tokens=rng.choice([None, 256])
+            )
         )
         e = derive.derive_engine(m, inputs, facts)
         # the latency view is the learner's, passed through (its buckets end at +Inf)

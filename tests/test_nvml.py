@@ -21,6 +21,7 @@ from support.exposition import value
 from support.fake_nvml import SEED_LOG, WITHOUT_NVIDIA_LIBRARY, FakeGpu, FakeNvml, GiB, seed_gpu
 from support.files import fixture_text
 from vllm_capacity.derive.budget import COMPONENTS, gpu_budget
+from vllm_capacity.derive.facts import ServerFlags
 from vllm_capacity.exposition.render import build_registry
 from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources import Reason, SourceError
@@ -576,7 +577,7 @@ def test_only_an_unnamed_selection_is_narrowed_to_vllms_gpus(gpus, environ, narr
     config = SourceConfig(
         vllm_url="http://127.0.0.1:8000",
         timeout=5.0,
-        max_model_len=None,
+        flags=ServerFlags(),
         api_key_file=None,
         max_body_size=2**20,
         vllm_log=None,

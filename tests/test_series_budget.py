@@ -18,7 +18,7 @@ from support.files import FIXTURES, VLLM_FIXTURES
 from support.payloads import data_parallel
 from vllm_capacity.derive import EngineInputs, LatencyView, LoraSlots, ServerFacts, derive_engine
 from vllm_capacity.derive.budget import gpu_budget
-from vllm_capacity.derive.facts import ServedModel
+from vllm_capacity.derive.facts import ServedModel, ServerFlags
 from vllm_capacity.derive.latency_curve import MAX_BINS, QUANTILES, bin_bounds
 from vllm_capacity.exposition.render import build_registry
 from vllm_capacity.snapshot import Snapshot, SourceState
@@ -56,7 +56,7 @@ def worst_case_series(engines: int) -> int:
         preemptions_total=3.0,
         lora=LoraSlots(2, ("a", "b"), blocked=True) if engines == 1 else None,  # vLLM's LoRA series: one engine
     )
-    facts = ServerFacts(model=ServedModel(geometry), max_num_seqs=16)
+    facts = ServerFacts(model=ServedModel(geometry), flags=ServerFlags(max_num_seqs=16))
     derived = tuple(derive_engine(m, inputs, facts) for m in parse_metrics(data_parallel(engines)).engines)
     assert len(derived) == engines
     gpus: list[FakeGpu] = [

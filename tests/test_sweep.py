@@ -18,10 +18,11 @@ from vllm_capacity.cli.options import UsageError
 from vllm_capacity.cli.sweep import run_sweep
 from vllm_capacity.cli.sweep_config import SweepConfig
 from vllm_capacity.cli.sweep_html import MISSING
+from vllm_capacity.derive import ServerFlags
 from vllm_capacity.derive.latency_curve import parse_objective
 from vllm_capacity.levers.advice import Situation, levers
 from vllm_capacity.levers.knee import StepFigures, find_knee
-from vllm_capacity.levers.limits import Binding, Reading, ServerLimits, binding_limit
+from vllm_capacity.levers.limits import Binding, Reading, binding_limit
 from vllm_capacity.sources.model_config import load_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -38,26 +39,26 @@ def _readings(n: int, **values: float) -> list[Reading]:
 
 def test_the_binding_limit_is_vllms_evidence_most_of_the_stretch() -> None:
     kv = _readings(6, running=8, waiting=3, waiting_for_capacity=3, kv_usage=0.97, preemptions_total=(10, 2))
-    found = binding_limit(kv, ServerLimits())
+    found = binding_limit(kv, ServerFlags())
     assert (found.limit, found.share, found.preemptions) == ("kv_cache", 1.0, 10)
     assert "KV cache 97% full at most" in found.evidence and "10 preemptions" in found.evidence
     seqs = _readings(5, running=4, waiting=6, waiting_for_capacity=6, kv_usage=0.3, preemptions_total=5)
-    assert binding_limit(seqs, ServerLimits(max_num_seqs=4)).limit == "max_num_seqs"
+    assert binding_limit(seqs, ServerFlags(max_num_seqs=4)).limit == "max_num_seqs"
     budget = _readings(5, running=3, waiting=4, waiting_for_capacity=4, kv_usage=0.3, steps_total=(0, 10),
                        step_tokens_sum=(0, 10 * 1900))  # fmt: skip
-    assert binding_limit(budget, ServerLimits(max_num_batched_tokens=2048)).limit == "token_budget"
+    assert binding_limit(budget, ServerFlags(max_num_batched_tokens=2048)).limit == "token_budget"
     calm = _readings(5, running=2, waiting=0, kv_usage=0.2)
-    assert binding_limit(calm, ServerLimits()).limit == "none"
+    assert binding_limit(calm, ServerFlags()).limit == "none"
     # a limit named in a quarter of the step binds it, though nothing waited for the rest
     late = calm[:4] + _readings(2, running=8, waiting=2, kv_usage=0.95, preemptions_total=(0, 1))
-    assert binding_limit(late, ServerLimits()).limit == "kv_cache"
-    assert binding_limit(calm[:1], ServerLimits()).limit == "unknown"
+    assert binding_limit(late, ServerFlags()).limit == "kv_cache"
+    assert binding_limit(calm[:1], ServerFlags()).limit == "unknown"
     # preemptions in the step name the KV cache, though the reads caught it full in none of their moments
     burst = [
         *_readings(7, running=2, waiting=0, kv_usage=0.5, preemptions_total=0),
         Reading(at=9.0, running=2, waiting=0, kv_usage=0.5, preemptions_total=6),
     ]
-    found = binding_limit(burst, ServerLimits())
+    found = binding_limit(burst, ServerFlags())
     assert (found.limit, found.preemptions) == ("kv_cache", 6) and "6 preemptions" in found.evidence
 
 
@@ -100,7 +101,7 @@ def test_levers_for_the_kv_cache_and_none_that_cannot_help() -> None:
 def _values(url: str, **over: object) -> SweepConfig:
     base = dict(vllm_url=url, model=None, api_key_file=None, concurrency=(1, 2, 4), requests_per_step=8,
                 duration_per_step=None, warmup_requests=1, prompt_tokens=380, max_tokens=20, slo_ttft=None,
-                slo_itl=None, model_config=None, max_num_seqs=None, max_num_batched_tokens=None,
+                slo_itl=None, model_config=None, flags=ServerFlags(),
                 sample_interval=0.05, timeout=30.0, format="json", output=None)  # fmt: skip
     return SweepConfig(**{**base, **over})  # type: ignore[arg-type]
 
@@ -127,7 +128,9 @@ async def test_a_kv_bound_server_is_named_kv_cache_with_fp8_and_max_model_len() 
 
 
 async def test_a_batch_bound_server_is_named_max_num_seqs() -> None:
-    code, doc = await _sweep(SimVllm(max_running=2, token_delay=0.001), concurrency=(1, 2, 8), max_num_seqs=2)
+    code, doc = await _sweep(
+        SimVllm(max_running=2, token_delay=0.001), concurrency=(1, 2, 8), flags=ServerFlags(max_num_seqs=2)
+    )
     assert code == 0
     assert doc["steps"][-1]["limit"] == "max_num_seqs" and doc["steps"][-1]["kv_cache_usage_ratio_max"] < 0.9
     assert doc["knee"]["limit"] == "max_num_seqs"
@@ -136,7 +139,7 @@ async def test_a_batch_bound_server_is_named_max_num_seqs() -> None:
 
 async def test_a_server_whose_steps_fill_the_budget_is_named_token_budget() -> None:
     sim = SimVllm(max_running=3, token_delay=0.001, step_fill=0.95)
-    code, doc = await _sweep(sim, concurrency=(1, 8), max_num_batched_tokens=2048)
+    code, doc = await _sweep(sim, concurrency=(1, 8), flags=ServerFlags(max_num_batched_tokens=2048))
     assert code == 0 and doc["steps"][-1]["limit"] == "token_budget"
 
 

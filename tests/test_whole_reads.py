@@ -18,6 +18,7 @@ from support.doubles import FakeClock, FakeVllm
 from support.files import fixture_text
 from support.payloads import data_parallel, with_cache_label, with_value, without_queue
 from support.vllm034 import metrics_034
+from vllm_capacity.derive.facts import ServerFlags
 from vllm_capacity.exposition.render import build_registry
 from vllm_capacity.live.agent import Agent, AgentSettings
 from vllm_capacity.sources.vllm import VllmClient
@@ -83,7 +84,7 @@ async def test_every_read_is_what_a_fresh_agent_with_the_same_state_computes(fak
     rng = random.Random(seed)
     clock = FakeClock()
     wall = lambda: 1.8e9 + clock.now  # noqa: E731
-    settings = AgentSettings(interval=1.0, max_model_len=2048)
+    settings = AgentSettings(interval=1.0, flags=ServerFlags(max_model_len=2048))
     agent = Agent(VllmClient(fake_vllm.url, timeout=10), settings, clock=wall, monotonic=clock)
     reads = 0
     seen = set()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import argparse
 import itertools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from vllm_capacity import __version__
 from vllm_capacity.cli.sweep_config import SweepConfig
+from vllm_capacity.derive.facts import ServerFlags
 from vllm_capacity.derive.latency_curve import ITL, TTFT, Objective, parse_objective
 from vllm_capacity.geometry import Geometry
 from vllm_capacity.redaction import redact_url
@@ -672,7 +673,7 @@ class SourceConfig:
 
     vllm_url: str
     timeout: float
-    max_model_len: int | None
+    flags: ServerFlags  # --max-model-len; serve's --max-num-seqs, --max-num-batched-tokens
     api_key_file: str | None  # the key read from the file, not its path; never logged
     max_body_size: int
     vllm_log: str | None
@@ -693,8 +694,6 @@ class ServeConfig(SourceConfig):
     interval: float
     models_refresh: float
     web_telemetry_path: str
-    max_num_seqs: int | None
-    max_num_batched_tokens: int | None
     web_config_file: Path | None
     probe_listen: tuple[str, int] | None
     web_max_requests: int
@@ -754,7 +753,18 @@ COMMANDS: dict[str, tuple[type[Config], tuple[Option, ...]]] = {
 }
 
 
+#: options gathered into one record, for the commands whose configuration has a field of that name
+RECORDS: dict[str, tuple[type, tuple[str, ...]]] = {
+    "flags": (ServerFlags, ("max_model_len", "max_num_seqs", "max_num_batched_tokens")),
+}
+
+
 def config(command: str, ns: argparse.Namespace, environ: dict[str, str]) -> Config:
     """The typed configuration of ``command`` from its parsed flags and their environment twins. Raises UsageError."""
     cls, options = COMMANDS[command]
-    return cls(**resolve(ns, options, environ))
+    values = resolve(ns, options, environ)
+    has = {f.name for f in fields(cls)}
+    for name, (record, keys) in RECORDS.items():
+        if name in has:
+            values[name] = record(**{key: values.pop(key, None) for key in keys})
+    return cls(**values)

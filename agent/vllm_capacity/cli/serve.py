@@ -67,11 +67,9 @@ def build_agent(values: SourceConfig, interval: float, serve: ServeConfig | None
         )
     settings = AgentSettings(
         interval=interval,
-        max_model_len=values.max_model_len,
         models_refresh=serve.models_refresh if serve else AgentSettings.models_refresh,
         model=ServedModel(values.model_config or values.model_dir, values.tp, values.pp),
-        max_num_seqs=serve.max_num_seqs if serve else None,
-        max_num_batched_tokens=serve.max_num_batched_tokens if serve else None,
+        flags=values.flags,
         nvml_required=values.nvml == "on",
         objectives=tuple(o for o in (values.slo_itl, values.slo_ttft) if o is not None),
         latency_half_life=values.latency_half_life,

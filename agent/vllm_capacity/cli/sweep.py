@@ -15,7 +15,6 @@ from typing import TextIO
 from vllm_capacity.cli.options import UsageError
 from vllm_capacity.cli.sweep_config import SweepConfig
 from vllm_capacity.levers.advice import Lever, Situation, levers
-from vllm_capacity.levers.limits import ServerLimits
 from vllm_capacity.sizing import parse_version
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm import VllmClient
@@ -78,7 +77,7 @@ def _spec(values: SweepConfig, server: Server) -> SweepSpec:
         warmup=values.warmup_requests,
         sample_interval=values.sample_interval,
         objectives=tuple(o for o in (values.slo_ttft, values.slo_itl) if o is not None),
-        limits=ServerLimits(values.max_num_seqs, values.max_num_batched_tokens),
+        flags=values.flags,
         max_model_len=server.max_model_len,
     )
 
@@ -106,8 +105,8 @@ def knee_levers(result: Sweep, values: SweepConfig, server: Server) -> list[Leve
             max_model_len=server.max_model_len,
             kv_cache_dtype=server.kv_cache_dtype,
             block_size=server.block_size,
-            max_num_seqs=values.max_num_seqs,
-            max_num_batched_tokens=values.max_num_batched_tokens,
+            max_num_seqs=values.flags.max_num_seqs,
+            max_num_batched_tokens=values.flags.max_num_batched_tokens,
             geometry=values.model_config,
             version=version,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from vllm_capacity.derive.facts import ServerFlags
 from vllm_capacity.derive.latency_curve import Objective
 from vllm_capacity.geometry import Geometry
 
@@ -23,8 +24,7 @@ class SweepConfig:
     slo_ttft: Objective | None
     slo_itl: Objective | None
     model_config: Geometry | None
-    max_num_seqs: int | None
-    max_num_batched_tokens: int | None
+    flags: ServerFlags  # --max-num-seqs, --max-num-batched-tokens
     sample_interval: float
     timeout: float
     format: Literal["text", "json", "csv", "html"]

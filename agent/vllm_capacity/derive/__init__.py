@@ -33,7 +33,7 @@ from vllm_capacity.derive.engine import (
     engine_inputs,
     max_model_len_from_cache_config,
 )
-from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServedModel, ServerFacts
+from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServedModel, ServerFacts, ServerFlags
 from vllm_capacity.derive.features import (
     NO_SUSTAINED,
     LatencyView,
@@ -72,6 +72,7 @@ __all__ = [
     "PlannedLayout",
     "ServedModel",
     "ServerFacts",
+    "ServerFlags",
     "SpecDecode",
     "Sustained",
     "accumulate_counter",

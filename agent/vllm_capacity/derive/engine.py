@@ -247,7 +247,7 @@ def _load_fields(
     sleep mode (which frees the KV cache: nothing of it to serve, no limit or headroom)."""
     latency = inputs.latency
     slo = latency.slo_max_concurrency
-    fill = budget_fill(latency.step_tokens, latency.step_tokens_sum, facts.max_num_batched_tokens)
+    fill = budget_fill(latency.step_tokens, latency.step_tokens_sum, facts.flags.max_num_batched_tokens)
     sustained = inputs.sustained
     bounds = {
         "observed_context": max_conc_obs,
@@ -263,7 +263,7 @@ def _load_fields(
         waiting_for_capacity=m.waiting_for_capacity,
         preempted=inputs.preempted,
         usage=m.kv_cache_usage,
-        bounds=Bounds(facts.max_num_seqs, slo, bool(inputs.lora and inputs.lora.blocked), fill, shedding),
+        bounds=Bounds(facts.flags.max_num_seqs, slo, bool(inputs.lora and inputs.lora.blocked), fill, shedding),
     )
     asleep = None if m.sleep_state is None else m.sleep_state != "awake"
     if asleep:
@@ -359,7 +359,7 @@ def _max_model_len(m: EngineMetrics, facts: ServerFacts, figures: EngineFigures 
         mml = next(iter(facts.max_model_len.values()))  # one base model served under another name
     if mml is None:
         mml = (
-            facts.fallback_max_model_len
+            facts.flags.max_model_len
             or max_model_len_from_cache_config(m)
             or (figures.max_model_len if figures is not None else None)
         )

@@ -25,16 +25,33 @@ class ServedModel:
 
 
 @dataclass(frozen=True)
+class ServerFlags:
+    """vLLM's scheduler flags that its metrics do not say, where known: the operator's (--max-model-len,
+    --max-num-seqs, --max-num-batched-tokens), else its start-up log's. One record, passed from the command line to
+    the agent, the derivations and the levers as it is."""
+
+    max_model_len: int | None = None  # for when /v1/models gives none
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None  # the log's "Chunked prefill is enabled with max_num_batched_tokens"
+
+    def over(self, other: ServerFlags) -> ServerFlags:
+        """These flags where given, else ``other``'s (the operator's over the log's)."""
+        return ServerFlags(
+            self.max_model_len or other.max_model_len,
+            self.max_num_seqs or other.max_num_seqs,
+            self.max_num_batched_tokens or other.max_num_batched_tokens,
+        )
+
+
+@dataclass(frozen=True)
 class ServerFacts:
     """The server as the agent knows it beside its metrics."""
 
     max_model_len: Mapping[str, int] = field(default_factory=dict)  # model_name -> /v1/models' max_model_len
-    fallback_max_model_len: int | None = None  # --max-model-len, for when /v1/models gives none
     startup: Mapping[str, EngineFigures] = field(default_factory=dict)  # engine -> its start-up log figures
     model: ServedModel = field(default_factory=ServedModel)  # --model-config, --tp, --pp
     version: str | None = None  # vLLM's /version: whose sizing rules apply (None: the metric generation's)
-    max_num_seqs: int | None = None  # --max-num-seqs, else the log's
-    max_num_batched_tokens: int | None = None  # the log's "Chunked prefill is enabled with max_num_batched_tokens"
+    flags: ServerFlags = field(default_factory=ServerFlags)  # the operator's flags, else the log's
     speculation: tuple[str, int] | None = None  # the (method, num_speculative_tokens) the engine logged
 
 

@@ -66,7 +66,7 @@ def planned_layout(
         block_size=cc.block_size,
         version=rules.release,
         engine_version=rules.engine_version,
-        max_num_batched_tokens=facts.max_num_batched_tokens or 2048,
+        max_num_batched_tokens=facts.flags.max_num_batched_tokens or 2048,
         mamba_cache_mode=cc.labels.get("mamba_cache_mode", "auto"),
         mamba_ssm_cache_dtype=cc.labels.get("mamba_ssm_cache_dtype", "auto"),
         async_scheduling=device != "CPU",
@@ -79,7 +79,7 @@ def planned_layout(
     mismatch = None
     if capacity_tokens is not None:
         mismatch = abs(capacity_tokens - plan.kv_cache_tokens) > plan.block_size * sum(groups.values())
-    assumed = _assumed(geometry, inputs, logged=facts.max_num_batched_tokens is not None) + spec_assumed
+    assumed = _assumed(geometry, inputs, logged=facts.flags.max_num_batched_tokens is not None) + spec_assumed
     latent = "mla" in geometry.layer_kinds
     return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block,
                          latent, plan.kv_bytes_per_token, geometry.compressed is not None)  # fmt: skip

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from vllm_capacity.derive.capacity import BUDGET_FILL_BINDS, Bounds, concurrency_limit
+from vllm_capacity.derive.facts import ServerFlags
 
 #: a limit named in this share of a stretch binds it, even where nothing waited for the rest (a step's KV pressure
 #: grows as its requests grow; the reads before that name none)
@@ -39,14 +40,6 @@ class Reading:
 
 
 @dataclass(frozen=True)
-class ServerLimits:
-    """The scheduler limits the server runs with, where known (flags, its log): vLLM's metrics do not say them."""
-
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-
-
-@dataclass(frozen=True)
 class Binding:
     """The limit named most often over the stretch (one of ``derive.LIMITS``, or ``unknown``), the share of the
     stretch it was named in, and its evidence in words and numbers."""
@@ -67,16 +60,16 @@ def _increase(before: float | None, after: float | None) -> float:
     return after - before
 
 
-def _fill(before: Reading, after: Reading, limits: ServerLimits) -> float | None:
+def _fill(before: Reading, after: Reading, flags: ServerFlags) -> float | None:
     """The engine steps' mean size between two reads over --max-num-batched-tokens."""
-    if not limits.max_num_batched_tokens:
+    if not flags.max_num_batched_tokens:
         return None
     steps = _increase(before.steps_total, after.steps_total)
     tokens = _increase(before.step_tokens_sum, after.step_tokens_sum)
-    return tokens / steps / limits.max_num_batched_tokens if steps > 0 else None
+    return tokens / steps / flags.max_num_batched_tokens if steps > 0 else None
 
 
-def limits_between(readings: Sequence[Reading], limits: ServerLimits) -> list[str | None]:
+def limits_between(readings: Sequence[Reading], flags: ServerFlags) -> list[str | None]:
     """The limit named between each pair of consecutive readings (None: requests waited for a reason none names)."""
     named = []
     for before, after in itertools.pairwise(readings):
@@ -88,8 +81,8 @@ def limits_between(readings: Sequence[Reading], limits: ServerLimits) -> list[st
                 preempted=_increase(before.preemptions_total, after.preemptions_total) > 0,
                 usage=after.kv_usage,
                 bounds=Bounds(
-                    max_num_seqs=limits.max_num_seqs,
-                    budget_fill=_fill(before, after, limits),
+                    max_num_seqs=flags.max_num_seqs,
+                    budget_fill=_fill(before, after, flags),
                     shedding=_increase(before.shed_total, after.shed_total) > 0,
                 ),
             )
@@ -97,10 +90,10 @@ def limits_between(readings: Sequence[Reading], limits: ServerLimits) -> list[st
     return named
 
 
-def binding_limit(readings: Sequence[Reading], limits: ServerLimits) -> Binding:
+def binding_limit(readings: Sequence[Reading], flags: ServerFlags) -> Binding:
     """The limit that binds most of the stretch, with its evidence ("KV cache 97 % full for 80 % of the step, 14
     preemptions"). ``unknown`` with fewer than two readings: nothing to compare."""
-    named = limits_between(readings, limits)
+    named = limits_between(readings, flags)
     if not named:
         return Binding("unknown", 0.0, "fewer than two reads of vLLM's /metrics in the stretch")
     counts = Counter(n or "unknown" for n in named)
@@ -113,11 +106,11 @@ def binding_limit(readings: Sequence[Reading], limits: ServerLimits) -> Binding:
         # load its /metrics answers late, and a burst of preemptions falls between two reads)
         limit, count = "kv_cache", counts["kv_cache"]
     share = count / len(named)
-    return Binding(limit, share, _evidence(limit, share, readings, limits, preempted, shed), preempted, shed)
+    return Binding(limit, share, _evidence(limit, share, readings, flags, preempted, shed), preempted, shed)
 
 
 def _evidence(
-    limit: str, share: float, readings: Sequence[Reading], limits: ServerLimits, preempted: float, shed: float
+    limit: str, share: float, readings: Sequence[Reading], flags: ServerFlags, preempted: float, shed: float
 ) -> str:
     usage = [r.kv_usage for r in readings if r.kv_usage is not None]
     full = max(usage) if usage else None
@@ -132,10 +125,10 @@ def _evidence(
         parts.append(f"{preempted:.0f} preemption{'s' if preempted != 1 else ''}")
     if shed:
         parts.append(f"{shed:.0f} request{'s' if shed != 1 else ''} shed at the door")
-    if limit == "max_num_seqs" and limits.max_num_seqs:
-        parts.append(f"--max-num-seqs {limits.max_num_seqs}")
-    if limit == "token_budget" and limits.max_num_batched_tokens:
+    if limit == "max_num_seqs" and flags.max_num_seqs:
+        parts.append(f"--max-num-seqs {flags.max_num_seqs}")
+    if limit == "token_budget" and flags.max_num_batched_tokens:
         parts.append(
-            f"steps at {BUDGET_FILL_BINDS:.0%} or more of --max-num-batched-tokens {limits.max_num_batched_tokens}"
+            f"steps at {BUDGET_FILL_BINDS:.0%} or more of --max-num-batched-tokens {flags.max_num_batched_tokens}"
         )
     return ", ".join(parts)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import structlog
 
 from vllm_capacity import derive
-from vllm_capacity.derive import EngineCapacity, ServedModel
+from vllm_capacity.derive import EngineCapacity, ServedModel, ServerFlags
 from vllm_capacity.derive.latency_curve import DEFAULT_HALF_LIFE, Objective
 from vllm_capacity.live.counters import SOURCE_MODELS, Counters, ModelsReader
 from vllm_capacity.live.derived import Derived
@@ -66,11 +66,9 @@ class AgentSettings:
     """What the operator set for the agent (``serve``'s and ``report``'s flags), as one record."""
 
     interval: float  # --interval: seconds between reads of vLLM
-    max_model_len: int | None = None  # --max-model-len: when /v1/models does not say
     models_refresh: float = 300.0  # --models-refresh: seconds between reads of /v1/models and /version
     model: ServedModel = field(default_factory=ServedModel)  # --model-config / --model-dir, --tp, --pp
-    max_num_seqs: int | None = None  # --max-num-seqs; else what vLLM's start-up log says
-    max_num_batched_tokens: int | None = None  # --max-num-batched-tokens; else what vLLM's start-up log says
+    flags: ServerFlags = field(default_factory=ServerFlags)  # --max-model-len, --max-num-seqs, ...; else the log's
     nvml_required: bool = False  # --nvml on: NVML's absence is a failure, not "no GPU here"
     objectives: tuple[Objective, ...] = ()  # --slo-itl, --slo-ttft
     latency_half_life: float = DEFAULT_HALF_LIFE  # --latency-half-life
@@ -225,12 +223,14 @@ class Agent:
         they are at this read."""
         return derive.ServerFacts(
             max_model_len=self.models.max_model_len,
-            fallback_max_model_len=self.settings.max_model_len,
             startup=self.startup_log.engines if self.startup_log is not None else {},
             model=self.settings.model,
             version=self.models.version,
-            max_num_seqs=self.settings.max_num_seqs or self.figures.max_num_seqs,
-            max_num_batched_tokens=self.settings.max_num_batched_tokens or self.figures.max_num_batched_tokens,
+            flags=self.settings.flags.over(
+                ServerFlags(
+                    max_num_seqs=self.figures.max_num_seqs, max_num_batched_tokens=self.figures.max_num_batched_tokens
+                )
+            ),
             speculation=self.figures.speculation,
         )
 

@@ -16,9 +16,10 @@ from typing import Any
 
 import aiohttp
 
+from vllm_capacity.derive.facts import ServerFlags
 from vllm_capacity.derive.latency_curve import Objective
 from vllm_capacity.levers.knee import Knee, StepFigures, find_knee
-from vllm_capacity.levers.limits import Binding, Reading, ServerLimits, binding_limit
+from vllm_capacity.levers.limits import Binding, Reading, binding_limit
 from vllm_capacity.sources.vllm import VllmClient
 from vllm_capacity.sweep.load import LoadSpec, RequestResult, StepLoad, one_request, run_step
 from vllm_capacity.sweep.sample import Sampler
@@ -40,7 +41,7 @@ class SweepSpec:
     warmup: int = 1  # requests before the first step, left out of every figure
     sample_interval: float = 0.5
     objectives: tuple[Objective, ...] = ()
-    limits: ServerLimits = field(default_factory=ServerLimits)
+    flags: ServerFlags = field(default_factory=ServerFlags)  # the scheduler limits, where the operator said
     max_model_len: int | None = None
 
 
@@ -130,7 +131,7 @@ def _client_side(results: Sequence[RequestResult], prompt_tokens: int) -> dict[s
     }
 
 
-def _server_side(readings: Sequence[Reading], limits: ServerLimits) -> dict[str, Any]:
+def _server_side(readings: Sequence[Reading], flags: ServerFlags) -> dict[str, Any]:
     """What vLLM's /metrics said during the step: its KV cache and queue at most, and the limit that bound it."""
     used = [r.kv_used_tokens for r in readings if r.kv_used_tokens is not None]
     return {
@@ -142,13 +143,13 @@ def _server_side(readings: Sequence[Reading], limits: ServerLimits) -> dict[str,
         "requests_waiting_max": _max([r.waiting for r in readings]),
         "waiting_for_capacity_max": _max([r.waiting_for_capacity for r in readings]),
         "reads": len(readings),
-        "binding": binding_limit(readings, limits) if readings else None,
+        "binding": binding_limit(readings, flags) if readings else None,
     }
 
 
 def summarize(concurrency: int, results: Sequence[RequestResult], readings: Sequence[Reading], spec: SweepSpec) -> Step:
     """One step's figures from its requests and the reads of vLLM beside them."""
-    return Step(concurrency, **_client_side(results, spec.load.prompt_tokens), **_server_side(readings, spec.limits))
+    return Step(concurrency, **_client_side(results, spec.load.prompt_tokens), **_server_side(readings, spec.flags))
 
 
 def step_size(spec: SweepSpec, concurrency: int) -> tuple[int | None, float | None]:
