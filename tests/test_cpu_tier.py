@@ -73,8 +73,7 @@ def test_an_mla_models_ranks_share_one_copy_under_tp_alone() -> None:
         (tp, pp): derive.cpu_capacity_tokens(
             cc, SCHEMA_V1_CAPACITY,
             derive.planned_layout(cc, derive.ServerFacts(model=derive.ServedModel(MLA, tp=tp, pp=pp)),
-                                  max_model_len=4096, capacity_tokens=None, pool_bytes=GiB,
-                                  rules=SizingRules("v1", (0, 32, 0)), device=None),
+                                  derive.EnginePool(max_model_len=4096, pool_bytes=GiB), SizingRules("v1", (0, 32, 0))),
             tp=tp, pp=pp, version=(0, 32, 0),
         )
         for tp, pp in ((1, 1), (4, 1), (1, 2))
@@ -99,8 +98,8 @@ def test_live_cpu_tier_v0_swap_and_v1_offloading() -> None:
               "kv_offloading_backend": "native"}  # fmt: skip
     cc = CacheConfig(labels)
     layout = derive.planned_layout(
-        cc, derive.ServerFacts(model=derive.ServedModel(LLAMA_8B, tp=2)), max_model_len=32768, capacity_tokens=None,
-        pool_bytes=40 * GiB, rules=SizingRules("v1", (0, 32, 0)), device=None,
+        cc, derive.ServerFacts(model=derive.ServedModel(LLAMA_8B, tp=2)),
+        derive.EnginePool(max_model_len=32768, pool_bytes=40 * GiB), SizingRules("v1", (0, 32, 0)),
     )  # fmt: skip
     assert layout is not None
     tokens = derive.cpu_capacity_tokens(cc, SCHEMA_V1_CAPACITY, layout, tp=2, pp=1, version=(0, 32, 0))
@@ -125,8 +124,8 @@ def test_live_deepseek_v4_gets_its_layout_but_no_cpu_tier_and_no_one_bytes_per_t
               "kv_offloading_backend": "native"}  # fmt: skip
     cc = CacheConfig(labels)
     layout = derive.planned_layout(
-        cc, derive.ServerFacts(model=derive.ServedModel(v4)), max_model_len=131072, capacity_tokens=None,
-        pool_bytes=20 * GiB, rules=SizingRules("v1", (0, 32, 0)), device=None,
+        cc, derive.ServerFacts(model=derive.ServedModel(v4)),
+        derive.EnginePool(max_model_len=131072, pool_bytes=20 * GiB), SizingRules("v1", (0, 32, 0)),
     )  # fmt: skip
     assert layout is not None and layout.packed
     assert layout.groups == {"sliding": 4, "full": 1}

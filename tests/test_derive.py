@@ -278,11 +278,15 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
         gemma, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=32768, max_num_batched_tokens=8192)
     )
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
-    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": sizing.SizingRules("v1", (0, 33, 0))}
+    v033 = sizing.SizingRules("v1", (0, 33, 0))
+
+    def pool(capacity_tokens: int | None, device: str | None, pool_bytes: int = memory) -> derive.EnginePool:
+        return derive.EnginePool(32768, pool_bytes, capacity_tokens, device)
+
     gemma_8192 = derive.ServerFacts(
         model=derive.ServedModel(gemma), flags=derive.ServerFlags(max_num_batched_tokens=8192)
     )
-    layout = derive.planned_layout(cc, gemma_8192, capacity_tokens=plan.kv_cache_tokens, device="GPU", **kw)
+    layout = derive.planned_layout(cc, gemma_8192, pool(plan.kv_cache_tokens, "GPU"), v033)
     assert layout is not None and layout.mismatch is False
     assert layout.groups == {"sliding": 6, "full": 1}
     assert layout.blocks_per_request == {"sliding": 6 * (-(-(1023 + 16384) // 16) + 1), "full": 2048}
@@ -291,24 +295,22 @@ def test_the_planned_layout_beside_vllms_own_capacity() -> None:
     gemma_alone = derive.ServerFacts(
         model=derive.ServedModel(gemma)
     )  # no max_num_batched_tokens in the log: 2048 assumed
-    off = derive.planned_layout(cc, gemma_alone, capacity_tokens=plan.kv_cache_tokens + 7 * 16 + 1, device="CPU", **kw)
+    off = derive.planned_layout(cc, gemma_alone, pool(plan.kv_cache_tokens + 7 * 16 + 1, "CPU"), v033)
     assert off is not None and off.mismatch is True
     assert off.assumed == "max_num_batched_tokens 2048 (assumed), async scheduling off (CPU backend)"
-    within = derive.planned_layout(cc, gemma_8192, capacity_tokens=plan.kv_cache_tokens + 7 * 16, device="GPU", **kw)
+    within = derive.planned_layout(cc, gemma_8192, pool(plan.kv_cache_tokens + 7 * 16, "GPU"), v033)
     assert within is not None and within.mismatch is False
     # a dense model: one group; nothing without a config, a budget, or where the planner refuses
     llama = parse_config({"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
                           "head_dim": 128, "torch_dtype": "bfloat16"})  # fmt: skip
-    dense = derive.planned_layout(
-        cc, derive.ServerFacts(model=derive.ServedModel(llama)), capacity_tokens=None, device=None, **kw
-    )
+    dense = derive.planned_layout(cc, derive.ServerFacts(model=derive.ServedModel(llama)), pool(None, None), v033)
     assert dense is not None and (dense.groups, dense.blocks_per_request, dense.mismatch) == (
         {"full": 1}, {"full": 2048}, None)  # fmt: skip
-    assert derive.planned_layout(cc, derive.NO_FACTS, capacity_tokens=1, device=None, **kw) is None
-    tiny = {**kw, "pool_bytes": 2**20}  # one request of 32K does not fit: the planner refuses, no layout
+    assert derive.planned_layout(cc, derive.NO_FACTS, pool(1, None), v033) is None
+    # one request of 32K does not fit in 1 MiB: the planner refuses, no layout
     assert (
         derive.planned_layout(
-            cc, derive.ServerFacts(model=derive.ServedModel(llama)), capacity_tokens=1, device=None, **tiny
+            cc, derive.ServerFacts(model=derive.ServedModel(llama)), pool(1, None, pool_bytes=2**20), v033
         )
         is None
     )
@@ -328,18 +330,19 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
         llama, PlanInputs(kv_cache_memory_bytes=memory, max_model_len=32768, speculation=Speculation("eagle", 2))
     )
     cc = CacheConfig({"block_size": "16", "cache_dtype": "auto", "kv_cache_memory_bytes": str(memory)})
-    kw = {"max_model_len": 32768, "pool_bytes": memory, "rules": sizing.SizingRules("v1", (0, 32, 0)),
-          "capacity_tokens": eagle.kv_cache_tokens, "device": "GPU"}  # fmt: skip
+    v032 = sizing.SizingRules("v1", (0, 32, 0))
+    gpu = derive.EnginePool(32768, memory, eagle.kv_cache_tokens, "GPU")
+    counting = dataclasses.replace(gpu, counting=True)  # vLLM counts drafts
 
     def logged(speculation: tuple[str, int] | None) -> derive.ServerFacts:
         return derive.ServerFacts(model=derive.ServedModel(llama), speculation=speculation)
 
-    told = derive.planned_layout(cc, logged(("eagle", 2)), **kw, counting=True)
+    told = derive.planned_layout(cc, logged(("eagle", 2)), counting, v032)
     assert told is not None and told.mismatch is False and "eagle speculation of 2 tokens" in told.assumed
     # the same server without the log: it counts drafts, so the agent knows it speculates but not how
-    assert derive.planned_layout(cc, logged(None), **kw, counting=True) is None
+    assert derive.planned_layout(cc, logged(None), counting, v032) is None
     # before, the agent planned the model alone and flagged vLLM's capacity (33 layers, not 32) as a disagreement
-    alone = derive.planned_layout(cc, logged(None), **kw)
+    alone = derive.planned_layout(cc, logged(None), gpu, v032)
     assert alone is not None and alone.mismatch is True
     # bytes per token from the model: the head's layer counts too where the log names it (vLLM's figure has it)
     per_layer = 2 * 8 * 128 * 2
@@ -350,7 +353,7 @@ def test_the_live_layout_plans_the_drafter_vllm_logged_or_gives_none() -> None:
     # methods: n-gram family without layers, MTP of the model's own kind, a separate draft model not sized
     assert derive.live_speculation(derive.LiveSpeculation(("suffix", 4)))[0] == Speculation("ngram", 4)
     assert derive.live_speculation(derive.LiveSpeculation(("deepseek_mtp", 1)))[0] == Speculation("mtp", 1)
-    assert derive.planned_layout(cc, logged(("draft_model", 2)), **kw) is None
+    assert derive.planned_layout(cc, logged(("draft_model", 2)), gpu, v032) is None
 
 
 def test_lora_slots_from_vllms_series() -> None:

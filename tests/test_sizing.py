@@ -925,13 +925,12 @@ def test_deepseek_sparse_attention_keeps_an_indexer_cache_beside_the_latent() ->
     assert derive.model_kv_bytes_per_token(v32, "fp8_ds_mla", 8, 1) == 27 * (656 + 132)
     assert derive.model_kv_bytes_per_token(v32, "fp8", 8, 1) is None
     assert derive.model_kv_bytes_per_token(parse_config(DEEPSEEK_V2_LITE), "auto", 8, 1) == 27 * 576 * 2
-    live = {"max_model_len": 163840, "capacity_tokens": None, "pool_bytes": 40 * GiB,
-            "rules": sizing.SizingRules("v1", (0, 32, 0)), "device": "GPU"}  # fmt: skip
+    live = (derive.EnginePool(163840, 40 * GiB, device="GPU"), sizing.SizingRules("v1", (0, 32, 0)))
     tp8 = derive.ServerFacts(model=derive.ServedModel(v32, tp=8))
-    auto = derive.planned_layout(CacheConfig({"block_size": "64", "cache_dtype": "auto"}), tp8, **live)
+    auto = derive.planned_layout(CacheConfig({"block_size": "64", "cache_dtype": "auto"}), tp8, *live)
     assert auto is not None and "not an SM120" in auto.assumed
     assert auto.planned_tokens == per_format["auto"].kv_cache_tokens
-    assert derive.planned_layout(CacheConfig({"block_size": "64", "cache_dtype": "fp8"}), tp8, **live) is None
+    assert derive.planned_layout(CacheConfig({"block_size": "64", "cache_dtype": "fp8"}), tp8, *live) is None
 
 
 def test_per_token_head_scales_ride_beside_each_heads_values() -> None:

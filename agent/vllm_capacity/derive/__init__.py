@@ -46,6 +46,7 @@ from vllm_capacity.derive.features import (
     spec_decode,
 )
 from vllm_capacity.derive.layout import (
+    EnginePool,
     LiveSpeculation,
     PlannedLayout,
     cpu_capacity_tokens,
@@ -66,6 +67,7 @@ __all__ = [
     "EngineCapacity",
     "EngineHistory",
     "EngineInputs",
+    "EnginePool",
     "LatencyView",
     "LiveSpeculation",
     "LoraSlots",

@@ -35,6 +35,7 @@ from vllm_capacity.derive.features import (
     spec_decode,
 )
 from vllm_capacity.derive.layout import (
+    EnginePool,
     PlannedLayout,
     cpu_capacity_tokens,
     planned_bytes_per_token,
@@ -137,16 +138,14 @@ def derive_engine(m: EngineMetrics, inputs: EngineInputs, facts: ServerFacts = N
     startup, pool, blocks_bytes = _pool(cc, inputs.startup, overridden)
     mean_ctx = mean_context_tokens(used, m.running)
     max_conc_obs = max_concurrency_at_context(cap, mean_ctx)
-    layout = planned_layout(
-        cc,
-        facts,
+    reported = EnginePool(
         max_model_len=inputs.max_model_len,
-        capacity_tokens=None if overridden else cap,  # blocks forced by an override: nothing to compare
         pool_bytes=cc.kv_cache_memory_bytes if cc and not overridden and cc.kv_cache_memory_bytes else blocks_bytes,
-        rules=rules,
+        capacity_tokens=None if overridden else cap,  # blocks forced by an override: nothing to compare
         device=startup.device if startup is not None else None,
         counting=m.spec_draft_tokens_total is not None,
     )
+    layout = planned_layout(cc, facts, reported, rules)
     return EngineCapacity(
         model_name=m.model_name,
         engine=m.engine,

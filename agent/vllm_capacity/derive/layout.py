@@ -31,16 +31,21 @@ class PlannedLayout:
     packed: bool = False  # DeepSeek-V4's packed groups, whose CPU tier the planner does not size
 
 
+@dataclass(frozen=True)
+class EnginePool:
+    """One engine's KV pool as vLLM reports it, what the planner lays out for it: max_model_len, the pool's bytes
+    (``kv_cache_memory_bytes``, else the log's KV memory), vLLM's token capacity to compare (None: none to compare),
+    the log's device, and whether vLLM counts speculative drafts."""
+
+    max_model_len: int | None
+    pool_bytes: float | None
+    capacity_tokens: int | None = None
+    device: str | None = None
+    counting: bool = False
+
+
 def planned_layout(
-    cc: CacheConfig | None,
-    facts: ServerFacts,
-    *,
-    max_model_len: int | None,
-    capacity_tokens: int | None,
-    pool_bytes: float | None,
-    rules: sizing.SizingRules,
-    device: str | None,
-    counting: bool = False,
+    cc: CacheConfig | None, facts: ServerFacts, pool: EnginePool, rules: sizing.SizingRules
 ) -> PlannedLayout | None:
     """The planner's layout for vLLM's own budget (``kv_cache_memory_bytes``, else the log's KV memory), block size,
     dtype and Mamba settings; None without --model-config, a budget or max_model_len, or where the planner does not
@@ -49,12 +54,12 @@ def planned_layout(
     A speculative drafter is planned from the engine's logged config (:func:`live_speculation`; ``counting``: vLLM
     counts drafts); where it cannot be known, there is no layout rather than one that would disagree with vLLM for
     want of it."""
-    geometry = facts.model.geometry
+    geometry, max_model_len, pool_bytes = facts.model.geometry, pool.max_model_len, pool.pool_bytes
     if geometry is None or cc is None or not max_model_len or not pool_bytes or cc.block_size is None:
         return None
     if _backend_decides(geometry, cc.cache_dtype):
         return None
-    spec, spec_assumed = live_speculation(LiveSpeculation(facts.speculation, counting))
+    spec, spec_assumed = live_speculation(LiveSpeculation(facts.speculation, pool.counting))
     if spec is _UNKNOWN:
         return None
     inputs = sizing.PlanInputs(
@@ -69,7 +74,7 @@ def planned_layout(
         max_num_batched_tokens=facts.flags.max_num_batched_tokens or 2048,
         mamba_cache_mode=cc.labels.get("mamba_cache_mode", "auto"),
         mamba_ssm_cache_dtype=cc.labels.get("mamba_ssm_cache_dtype", "auto"),
-        async_scheduling=device != "CPU",
+        async_scheduling=pool.device != "CPU",
         speculation=spec if isinstance(spec, sizing.Speculation) else None,
     )
     plan = _plan(geometry, inputs)
@@ -77,8 +82,8 @@ def planned_layout(
         return None
     groups, per_request = _groups(plan, geometry, max_model_len)
     mismatch = None
-    if capacity_tokens is not None:
-        mismatch = abs(capacity_tokens - plan.kv_cache_tokens) > plan.block_size * sum(groups.values())
+    if pool.capacity_tokens is not None:
+        mismatch = abs(pool.capacity_tokens - plan.kv_cache_tokens) > plan.block_size * sum(groups.values())
     assumed = _assumed(geometry, inputs, logged=facts.flags.max_num_batched_tokens is not None) + spec_assumed
     latent = "mla" in geometry.layer_kinds
     return PlannedLayout(groups, per_request, plan.kv_cache_tokens, mismatch, assumed, plan.worker_bytes_per_block,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import NamedTuple
 
 from vllm_capacity.geometry import Geometry, KimiDeltaGeometry
 from vllm_capacity.sizing.errors import ImpossiblePlan, NotModelled
@@ -68,7 +69,7 @@ def plan_hybrid(geometry: Geometry, inputs: PlanInputs) -> KvPlan:
             f"chunked local attention layers hold at most chunk {geometry.attention_chunk_size:,} + {in_flight:,} "
             f"in-flight tokens per request ({batches})"
         )
-    return _pool(counts, groups, group_size, page, full_per_layer, block_size, inputs, notes)
+    return _pool(counts, PoolShape(groups, group_size, page, full_per_layer, block_size), inputs, notes)
 
 
 def _full_bytes_per_token(geometry: Geometry, counts: Counter[str], inputs: PlanInputs, dtype_bytes: int) -> int | None:
@@ -201,18 +202,21 @@ def _groups(counts: Counter[str], group_size: int, specs: dict[str, LayerSpec], 
     return groups
 
 
-def _pool(
-    counts: Counter[str],
-    groups: list[KvGroup],
-    group_size: int,
-    page: int,
-    per_layer: int,
-    block_size: int,
-    inputs: PlanInputs,
-    notes: list[str],
-) -> KvPlan:
+class PoolShape(NamedTuple):
+    """The shape of the one block pool every group shares: the groups, layers per group, the bytes of one page (a
+    block of one layer), full attention's bytes per token per layer, and the block size in tokens."""
+
+    groups: list[KvGroup]
+    group_size: int
+    page: int
+    per_layer: int
+    block_size: int
+
+
+def _pool(counts: Counter[str], shape: PoolShape, inputs: PlanInputs, notes: list[str]) -> KvPlan:
     """One pool of blocks for every group: how many, how many requests of max_model_len they hold, and vLLM's
     "KV cache size" in tokens."""
+    groups, group_size, page, per_layer, block_size = shape
     max_model_len, memory = inputs.max_model_len, inputs.kv_cache_memory_bytes
     blocks = int(memory // (page * group_size))
     request_blocks = sum(g.blocks_per_request for g in groups)
