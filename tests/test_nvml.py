@@ -567,7 +567,7 @@ async def test_with_every_gpu_of_the_node_visible_the_pods_are_those_running_vll
     ],
 )
 def test_only_an_unnamed_selection_is_narrowed_to_vllms_gpus(gpus, environ, narrow, monkeypatch) -> None:
-    from vllm_capacity.cli.options import SourceConfig
+    from vllm_capacity.cli.configs import SourceConfig
     from vllm_capacity.cli.serve import build_agent as _agent
 
     for var in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):

@@ -14,16 +14,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
-from vllm_capacity.cli.options import (
-    PLAN_DOES_NOT_FIT,
-    PLAN_NOT_MODELLED,
-    PlanConfig,
-    ReportConfig,
-    ServeConfig,
-    UsageError,
-    build_parser,
-    config,
-)
+from vllm_capacity.cli.configs import PlanConfig, ReportConfig, ServeConfig
+from vllm_capacity.cli.options import PLAN_DOES_NOT_FIT, PLAN_NOT_MODELLED, UsageError, build_parser, config
 from vllm_capacity.cli.serve import build_agent, check_combination, note_early_stop, run_serve
 from vllm_capacity.cli.sweep_config import SweepConfig
 from vllm_capacity.redaction import redact_url
@@ -77,6 +69,18 @@ async def _report(values: ReportConfig) -> int:
         await client.aclose()
 
 
+def _plan_compared(values: PlanConfig) -> int:
+    """plan --tp 1,2 ...: every combination side by side; exit 2 when none can be planned."""
+    from vllm_capacity.cli import plan_compare
+
+    keys, cells = plan_compare.compare(values)
+    if all(c.refused is not None for c in cells):
+        raise UsageError(f"no combination can be planned: {cells[0].refused}")
+    render = plan_compare.render_json if values.format == "json" else plan_compare.render_text
+    sys.stdout.write(render(keys, cells))
+    return 0
+
+
 def _plan(values: PlanConfig) -> int:
     from vllm_capacity import sizing
     from vllm_capacity.cli import plan as planning
@@ -84,6 +88,8 @@ def _plan(values: PlanConfig) -> int:
     from vllm_capacity.cli.plan_json import render_json as plan_json
     from vllm_capacity.geometry import GeometryError
 
+    if values.compared:
+        return _plan_compared(values)
     try:
         geometry, inputs, budget = plan_inputs.assemble(values)
         result = sizing.plan(geometry, inputs)

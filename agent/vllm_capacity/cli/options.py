@@ -14,16 +14,16 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from vllm_capacity import __version__
+from vllm_capacity.cli.configs import PlanConfig, ReportConfig, ServeConfig
 from vllm_capacity.cli.sweep_config import SweepConfig
 from vllm_capacity.derive.facts import ServerFlags
 from vllm_capacity.derive.latency_curve import ITL, TTFT, Objective, parse_objective
-from vllm_capacity.geometry import Geometry
 from vllm_capacity.redaction import redact_url
-from vllm_capacity.sizing import NEWEST_VERSION, EngineVersion
+from vllm_capacity.sizing import NEWEST_VERSION
 from vllm_capacity.units import GiB, format_duration, parse_duration, parse_listen, parse_size
 
 ENV_PREFIX = "VLLM_CAPACITY_"
@@ -111,6 +111,18 @@ def _choice(*choices: str) -> Callable[[str], str]:
         return text.lower()
 
     return parse
+
+
+def _several(parse: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    """``a,b,c``: one value or several to compare, each parsed alone (the same one twice: once)."""
+
+    def parse_all(text: str) -> tuple[Any, ...]:
+        items = [t.strip() for t in text.split(",")]
+        if "" in items:
+            raise ValueError(f"{text!r}: an empty value in the list")
+        return tuple(dict.fromkeys(parse(t) for t in items))
+
+    return parse_all
 
 
 def _flag(text: str) -> bool:
@@ -431,30 +443,32 @@ PLAN_OPTIONS = (
         "the model's directory: config.json and *.safetensors (weights from headers)",
         "model_dir_path",
     ),
-    Option("--tp", _positive_int, "1", "tensor-parallel size"),
+    Option("--tp", _several(_positive_int), "1", "tensor-parallel size (several, e.g. 1,2: compared)"),
     Option("--pp", _positive_int, "1", "pipeline-parallel size"),
     Option(
         "--kv-cache-dtype",
-        _choice(
-            "auto",
-            "bfloat16",
-            "float16",
-            "half",
-            "float32",
-            "fp8",
-            "fp8_e4m3",
-            "fp8_e5m2",
-            "fp8_inc",
-            "int8",
-            "fp8_ds_mla",
-            "nvfp4_ds_mla",
-            "int8_per_token_head",
-            "fp8_per_token_head",
-            "int4_per_token_head",
+        _several(
+            _choice(
+                "auto",
+                "bfloat16",
+                "float16",
+                "half",
+                "float32",
+                "fp8",
+                "fp8_e4m3",
+                "fp8_e5m2",
+                "fp8_inc",
+                "int8",
+                "fp8_ds_mla",
+                "nvfp4_ds_mla",
+                "int8_per_token_head",
+                "fp8_per_token_head",
+                "int4_per_token_head",
+            )
         ),
         "auto",
         "KV cache dtype; auto follows the model's dtype (fp8_ds_mla, nvfp4_ds_mla: DeepSeek sparse attention's "
-        "packed latent; *_per_token_head: values with a scale per head and token)",
+        "packed latent; *_per_token_head: values with a scale per head and token); several (auto,fp8): compared",
     ),
     Option(
         "--block-size",
@@ -462,7 +476,12 @@ PLAN_OPTIONS = (
         None,
         "tokens per KV block (default: vLLM's for --vllm-version: 64 from 0.34, 16 before)",
     ),
-    Option("--max-model-len", _positive_int, None, "context length to plan for (default: max_position_embeddings)"),
+    Option(
+        "--max-model-len",
+        _several(_positive_int),
+        None,
+        "context length to plan for (default: max_position_embeddings); several (8192,32768): compared",
+    ),
     Option("--vllm-version", _version, NEWEST_VERSION, "whose sizing rules to apply (e.g. 0.10.2)"),
     Option("--engine", _choice("v0", "v1"), None, "v0 or v1 (default: v0 before 0.8, else v1)", key="engine_version"),
     Option(
@@ -560,10 +579,10 @@ PLAN_OPTIONS = (
     Option("--gpu-memory", _memory, None, "memory of one GPU (e.g. 80GiB), to plan from the whole budget"),
     Option(
         "--gpu-memory-utilization",
-        _fraction,
+        _several(_fraction),
         None,
         "vLLM's --gpu-memory-utilization (default: as --vllm-version resolves it unset: 1.0 under 0.34's "
-        "extensible KV cache, else 0.92; 0.9 before 0.20)",
+        "extensible KV cache, else 0.92; 0.9 before 0.20); several (0.85,0.9): compared",
     ),
     Option(
         "--extensible-kv-cache",
@@ -661,89 +680,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-Switch = Literal["auto", "on", "off"]  # auto: as the release or the machine decides
-OnOff = Literal["on", "off"]
-TextOrJson = Literal["text", "json"]
-LogFormat = Literal["json", "logfmt", "console"]
-
-
-@dataclass(frozen=True)
-class SourceConfig:
-    """What serve and report read vLLM (and the model, its log, the GPUs) with; a field per option."""
-
-    vllm_url: str
-    timeout: float
-    flags: ServerFlags  # --max-model-len; serve's --max-num-seqs, --max-num-batched-tokens
-    api_key_file: str | None  # the key read from the file, not its path; never logged
-    max_body_size: int
-    vllm_log: str | None
-    model_config: Geometry | None
-    model_dir: Geometry | None
-    tp: int
-    pp: int
-    nvml: Switch
-    gpus: list[str] | str | None
-    slo_itl: Objective | None
-    slo_ttft: Objective | None
-    latency_half_life: float
-
-
-@dataclass(frozen=True)
-class ServeConfig(SourceConfig):
-    listen: tuple[str, int]
-    interval: float
-    models_refresh: float
-    web_telemetry_path: str
-    web_config_file: Path | None
-    probe_listen: tuple[str, int] | None
-    web_max_requests: int
-    web_disable_exporter_metrics: bool
-    log_format: LogFormat
-    log_level: str
-
-
-@dataclass(frozen=True)
-class ReportConfig(SourceConfig):
-    format: TextOrJson
-    watch: float | None
-
-
-@dataclass(frozen=True)
-class PlanConfig:
-    model_config_path: Path | None
-    model_dir_path: Path | None
-    tp: int
-    pp: int
-    kv_cache_dtype: str
-    block_size: int | None
-    max_model_len: int | None
-    vllm_version: tuple[int, int, int]
-    engine_version: EngineVersion | None  # --engine
-    max_num_batched_tokens: int | None
-    max_num_seqs: int | None
-    async_scheduling: OnOff
-    mamba_cache_mode: Literal["auto", "none", "align"]
-    mamba_ssm_cache_dtype: Literal["auto", "float32", "bfloat16", "float16"]
-    chunked_local_hybrid: Switch
-    speculative_method: Literal["eagle", "eagle3", "mtp", "draft_model", "dflash", "ngram"] | None
-    num_speculative_tokens: int | None
-    draft_model_config_path: Path | None
-    kv_offloading_size: int | None
-    max_loras: int | None
-    max_lora_rank: int | None
-    fully_sharded_loras: OnOff
-    encoder_cache_tokens: int | None
-    kv_cache_memory: int | None
-    gpu_memory: int | None
-    gpu_memory_utilization: float | None
-    extensible_kv_cache: Switch
-    platform: Literal["cuda", "rocm", "xpu", "tpu", "cpu"]
-    weights_memory: int | None
-    activation_memory: int | None
-    cuda_graph_memory: int | None
-    format: TextOrJson
-
-
 Config = ServeConfig | ReportConfig | PlanConfig | SweepConfig
 COMMANDS: dict[str, tuple[type[Config], tuple[Option, ...]]] = {
     "serve": (ServeConfig, SERVE_OPTIONS),
@@ -767,4 +703,22 @@ def config(command: str, ns: argparse.Namespace, environ: dict[str, str]) -> Con
     for name, (record, keys) in RECORDS.items():
         if name in has:
             values[name] = record(**{key: values.pop(key, None) for key in keys})
+    if "compared" in has:
+        values["compared"] = _spread(values)
     return cls(**values)
+
+
+#: plan's options that take several values to compare (--tp 1,2 --kv-cache-dtype auto,fp8)
+COMPARABLE = ("tp", "kv_cache_dtype", "max_model_len", "gpu_memory_utilization")
+
+
+def _spread(values: dict[str, Any]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """Each comparable option's first value in its field; those given several, with their values."""
+    compared = []
+    for key in COMPARABLE:
+        given = values[key]
+        if isinstance(given, tuple):
+            values[key] = given[0]
+            if len(given) > 1:
+                compared.append((key, given))
+    return tuple(compared)

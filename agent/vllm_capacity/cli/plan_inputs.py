@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_capacity.cli.options import PlanConfig
+from vllm_capacity.cli.configs import PlanConfig
 from vllm_capacity.geometry import Geometry, GeometryError, tp_refusal
 from vllm_capacity.sizing import (
     MemoryBudget,

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vllm_capacity import __version__
-from vllm_capacity.cli.options import ServeConfig, SourceConfig, UsageError
+from vllm_capacity.cli.configs import ServeConfig, SourceConfig
+from vllm_capacity.cli.options import UsageError
 from vllm_capacity.redaction import redact_url
 
 if TYPE_CHECKING:  # the agent's imports (asyncio, aiohttp, structlog) wait for a command that runs it
