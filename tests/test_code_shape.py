@@ -32,7 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("sizing",),  # vLLM's KV-cache sizing rules, pure
     ("derive", "levers"),  # what the agent derives from one read; limits and levers from many: pure
     ("snapshot", "exposition.catalogue"),  # the one consistent view, and the catalogue of what is exported
-    ("live", "sweep"),  # the loop and its readers; the sweep's load and its reads
+    ("live", "sweep", "advise"),  # the loop and its readers; the sweep's load and its reads; advise's queries
     ("exposition", "cli.report", "cli.report_json"),  # renders of a snapshot
     ("web", "cli", "__main__"),  # the front ends: the web app, the commands
 )

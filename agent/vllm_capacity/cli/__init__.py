@@ -1,5 +1,5 @@
-"""Command line: ``vllm-capacity serve`` (the sidecar), ``report`` (one snapshot), ``plan`` (offline) and ``sweep``
-(a concurrency sweep against a server).
+"""Command line: ``vllm-capacity serve`` (the sidecar), ``report`` (one snapshot), ``plan`` (offline), ``sweep``
+(a concurrency sweep against a server) and ``advise`` (what to change, from a window of traffic in Prometheus).
 
 The options, their environment twins and the typed configuration of each command are in
 :mod:`vllm_capacity.cli.options`; this module runs the commands. Invalid flags or values exit with status 2 and one
@@ -14,6 +14,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from vllm_capacity.cli.advise_config import AdviseConfig
 from vllm_capacity.cli.configs import PlanConfig, ReportConfig, ServeConfig
 from vllm_capacity.cli.options import PLAN_DOES_NOT_FIT, PLAN_NOT_MODELLED, UsageError, build_parser, config
 from vllm_capacity.cli.serve import build_agent, check_combination, note_early_stop, run_serve
@@ -115,6 +116,29 @@ def _plan(values: PlanConfig) -> int:
     return 0
 
 
+def _advise(values: AdviseConfig) -> int:
+    """The advice; Prometheus unreachable, nothing matched, too little data: UsageError (exit 2)."""
+    import asyncio
+    from pathlib import Path
+
+    from vllm_capacity.cli import advise_report
+    from vllm_capacity.cli.advise import run_advise
+
+    advice = asyncio.run(run_advise(values))
+    render = {"json": advise_report.render_json, "html": advise_report.render_html}.get(
+        values.format, advise_report.render_text
+    )
+    text = render(advice)
+    if values.output:
+        try:
+            Path(values.output).write_text(text)
+        except OSError as err:
+            raise UsageError(f"--output {values.output}: {err.strerror}") from None
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
 def _sweep(values: SweepConfig) -> int:
     """The sweep; its checks' UsageError (exit 2) reach main's one line."""
     import asyncio
@@ -153,6 +177,8 @@ def main(argv: Sequence[str] | None = None, environ: dict[str, str] | None = Non
             return _plan(values)
         if isinstance(values, SweepConfig):
             return _sweep(values)
+        if isinstance(values, AdviseConfig):
+            return _advise(values)
         check_combination(values)  # before anything starts
     except UsageError as err:
         print(f"vllm-capacity {ns.command}: error: {err}", file=sys.stderr)

@@ -18,6 +18,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from vllm_capacity import __version__
+from vllm_capacity.cli.advise_config import AdviseConfig, parse_headroom, parse_time
 from vllm_capacity.cli.configs import PlanConfig, ReportConfig, ServeConfig
 from vllm_capacity.cli.sweep_config import SweepConfig
 from vllm_capacity.derive.facts import ServerFlags
@@ -427,6 +428,10 @@ def _lora_rank(text: str) -> int:
     return rank
 
 
+def _path_text(text: str) -> str:
+    return str(_path(text))
+
+
 def _path(text: str) -> Path:
     path = Path(text)
     if not path.exists():
@@ -649,6 +654,29 @@ SWEEP_OPTIONS = (
 )
 
 
+ADVISE_OPTIONS = (
+    Option("--prometheus-url", _url, None, "the Prometheus server holding the sidecar's and vLLM's series (required)"),
+    Option("--window", _duration(3600.0, 90 * 86400.0), "7d", "how much history to read (e.g. 7d, 24h)"),
+    Option("--end", parse_time, None, "when the window ends: Unix seconds or RFC 3339 (default: now)"),
+    Option("--selector", str, None, "label matchers every query carries, e.g. '{namespace=\"serving\"}'"),
+    Option("--model-config", _model_config, None, "the served model's config.json: the planner's figures, TP"),
+    Option("--tp", _positive_int, "1", "the tensor-parallel size the model is served with"),
+    Option("--headroom", parse_headroom, "20%", "share of the peak kept free when sizing replicas"),
+    Option(
+        "--slo-ttft", _objective(TTFT), None, "time-to-first-token objective, e.g. p99<=1s: checked over the window"
+    ),
+    Option("--slo-itl", _objective(ITL), None, "inter-token latency objective, e.g. p99<=50ms"),
+    Option("--bearer-token-file", _api_key_file, None, "file holding a bearer token for Prometheus (never logged)"),
+    Option("--basic-auth-user", str, None, "basic-auth user for Prometheus"),
+    Option("--basic-auth-password-file", _api_key_file, None, "file holding its password (never logged)"),
+    Option("--ca-file", _path_text, None, "CA bundle that signed Prometheus's TLS certificate"),
+    Option("--insecure-skip-verify", _flag, "false", "do not verify Prometheus's TLS certificate", switch=True),
+    Option("--timeout", _duration(1.0, 600.0), "30s", "deadline of each query"),
+    Option("--format", _choice("text", "json", "html"), "text", "text for people, json for scripts, html"),
+    Option("--output", str, None, "write the report to this file (default: standard output)"),
+)
+
+
 PLAN_DOES_NOT_FIT = 1  # a valid plan whose answer is no: vLLM would refuse to start
 PLAN_NOT_MODELLED = 3  # valid input the planner cannot size (a kind or vLLM version it does not model)
 PLAN_EXIT_CODES = f"""exit status:
@@ -677,15 +705,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add(plan, PLAN_OPTIONS)
     sweep = sub.add_parser("sweep", help="a concurrency sweep against a vLLM server: the knee, its limit, the levers")
     _add(sweep, SWEEP_OPTIONS)
+    advise = sub.add_parser("advise", help="what to change, from a window of real traffic in Prometheus")
+    _add(advise, ADVISE_OPTIONS)
     return parser
 
 
-Config = ServeConfig | ReportConfig | PlanConfig | SweepConfig
+Config = ServeConfig | ReportConfig | PlanConfig | SweepConfig | AdviseConfig
 COMMANDS: dict[str, tuple[type[Config], tuple[Option, ...]]] = {
     "serve": (ServeConfig, SERVE_OPTIONS),
     "report": (ReportConfig, REPORT_OPTIONS),
     "plan": (PlanConfig, PLAN_OPTIONS),
     "sweep": (SweepConfig, SWEEP_OPTIONS),
+    "advise": (AdviseConfig, ADVISE_OPTIONS),
 }
 
 

@@ -67,7 +67,7 @@ def _requests(tokens: float | None, each: int) -> str:
 def _kv_levers(s: Situation) -> list[Lever]:
     out = []
     if (s.kv_cache_dtype or "auto") in SIXTEEN_BIT:
-        ratio, how = _fp8_ratio(s)
+        ratio, how = fp8_ratio(s)
         cap = s.kv_capacity_tokens
         now = (
             f"{cap:,.0f} tokens ({_requests(cap, s.request_tokens)} requests of {s.request_tokens:,})"
@@ -89,7 +89,7 @@ def _kv_levers(s: Situation) -> list[Lever]:
     return out
 
 
-def _fp8_ratio(s: Situation) -> tuple[float, str]:
+def fp8_ratio(s: Situation) -> tuple[float, str]:
     """The tokens an fp8 cache holds over the current one: the planner's where the model is known, else 2."""
     if s.geometry is None or not s.kv_capacity_tokens or not s.max_model_len:
         return 2.0, "an estimate: 1 byte an element, not 2; give --model-config for the planner's figure"
