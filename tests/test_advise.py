@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import math
+import ssl
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import bcrypt
 import httpx
 import pytest
+import trustme
 
 from support.model_configs import LLAMA_31_8B
 from support.prom_week import HOLDS, KNEE, LLAMA_POOL, prometheus_with_week
@@ -33,14 +36,42 @@ def llama_config(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Week:
+    """The Prometheus holding the week, behind TLS and basic auth as a production one is: its URL, the week's end,
+    advise's options to reach it, and httpx's."""
+
+    url: str
+    end: int
+    auth: tuple[str, ...]
+    ca: Path
+    password: str
+
+
 @pytest.fixture(scope="module")
-def week(tmp_path_factory: pytest.TempPathFactory, llama_config: Path) -> Iterator[tuple[str, int]]:
-    with prometheus_with_week(tmp_path_factory.mktemp("prometheus"), load_config(llama_config)) as served:
-        yield served
+def week(tmp_path_factory: pytest.TempPathFactory, llama_config: Path) -> Iterator[Week]:
+    work = tmp_path_factory.mktemp("prometheus")
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(str(work / "ca.crt"))
+    cert.cert_chain_pems[0].write_to_path(str(work / "tls.crt"))
+    cert.private_key_pem.write_to_path(str(work / "tls.key"))
+    hashed = bcrypt.hashpw(b"week-pw", bcrypt.gensalt(rounds=4)).decode()
+    (work / "web.yml").write_text(
+        f"tls_server_config: {{cert_file: {work / 'tls.crt'}, key_file: {work / 'tls.key'}}}\n"
+        f"basic_auth_users: {{advisor: '{hashed}'}}\n"
+    )
+    (work / "password").write_text("week-pw\n")
+    auth = ("--basic-auth-user", "advisor", "--basic-auth-password-file", str(work / "password"),
+            "--ca-file", str(work / "ca.crt"))  # fmt: skip
+    with prometheus_with_week(work, load_config(llama_config), work / "web.yml") as (url, end):
+        yield Week(url, end, auth, work / "ca.crt", "week-pw")
 
 
-def _advise(url: str, end: int, *args: str) -> dict:
-    result = _main("advise", "--prometheus-url", url, "--end", str(end), "--format", "json", *args)
+def _advise(week: Week, *args: str) -> dict:
+    result = _main(
+        "advise", "--prometheus-url", week.url, "--end", str(week.end), *week.auth, "--format", "json", *args
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -49,9 +80,8 @@ def _by_flag(model: dict) -> dict[str, dict]:
     return {r["flag"]: r for r in model["recommendations"]}
 
 
-def test_advise_finds_each_planted_truth_with_the_planners_numbers(week: tuple[str, int], llama_config: Path) -> None:
-    url, end = week
-    doc = _advise(url, end, "--selector", '{namespace="serving"}', "--model-config", str(llama_config))
+def test_advise_finds_each_planted_truth_with_the_planners_numbers(week: Week, llama_config: Path) -> None:
+    doc = _advise(week, "--selector", '{namespace="serving"}', "--model-config", str(llama_config))
     (model,) = doc["models"]
     assert (model["model_name"], model["namespace"], model["window"]) == ("llama-8b", "serving", "7d")
     recs = _by_flag(model)
@@ -89,9 +119,8 @@ def test_advise_finds_each_planted_truth_with_the_planners_numbers(week: tuple[s
     assert "max_num_batched_tokens" not in recs
 
 
-def test_the_calm_deployment_gets_no_advice_and_its_gaps_are_named(week: tuple[str, int]) -> None:
-    url, end = week
-    doc = _advise(url, end)
+def test_the_calm_deployment_gets_no_advice_and_its_gaps_are_named(week: Week) -> None:
+    doc = _advise(week)
     models = {m["model_name"]: m for m in doc["models"]}
     assert set(models) == {"llama-8b", "qwen-7b"}
     calm = models["qwen-7b"]
@@ -106,7 +135,7 @@ def test_the_calm_deployment_gets_no_advice_and_its_gaps_are_named(week: tuple[s
     # the busy one is still advised without a model config, on the said estimate
     busy = _by_flag(models["llama-8b"])
     assert busy["kv_cache_dtype"]["numbers"]["ratio"] == 2.0 and "estimate" in busy["kv_cache_dtype"]["effect"]
-    text = _main("advise", "--prometheus-url", url, "--end", str(end), "--slo-ttft", "p99<=1s")
+    text = _main("advise", "--prometheus-url", week.url, "--end", str(week.end), *week.auth, "--slo-ttft", "p99<=1s")
     assert text.returncode == 0 and "c1 / batch / qwen-7b: 7d" in text.stdout
     # vLLM's TTFT histogram is not in this week: the objective is said to have no data, not to have held
     assert "objective ttft p99<=1000ms: - over the window (no data)" in text.stdout
@@ -114,11 +143,11 @@ def test_the_calm_deployment_gets_no_advice_and_its_gaps_are_named(week: tuple[s
     assert "nothing to change:" in text.stdout and "max_model_len: 32768 -> 6144" in text.stdout
 
 
-def test_every_cited_figure_reruns_as_the_promql_it_prints(week: tuple[str, int], llama_config: Path) -> None:
-    url, end = week
-    doc = _advise(url, end, "--selector", '{namespace="serving"}', "--model-config", str(llama_config))
+def test_every_cited_figure_reruns_as_the_promql_it_prints(week: Week, llama_config: Path) -> None:
+    doc = _advise(week, "--selector", '{namespace="serving"}', "--model-config", str(llama_config))
     checked = 0
-    with httpx.Client(base_url=url) as prom:
+    trust = ssl.create_default_context(cafile=week.ca)
+    with httpx.Client(base_url=week.url, verify=trust, auth=("advisor", week.password)) as prom:
         for rec in doc["models"][0]["recommendations"]:
             for ev in rec["evidence"]:
                 if "start" in ev:  # a range query: the points above 0 of the deployment's series (hours)
@@ -133,10 +162,10 @@ def test_every_cited_figure_reruns_as_the_promql_it_prints(week: tuple[str, int]
     assert checked >= 15
 
 
-def test_the_html_report_is_one_self_contained_file(week: tuple[str, int], tmp_path: Path) -> None:
-    url, end = week
+def test_the_html_report_is_one_self_contained_file(week: Week, tmp_path: Path) -> None:
     out = tmp_path / "advice.html"
-    result = _main("advise", "--prometheus-url", url, "--end", str(end), "--format", "html", "--output", str(out))
+    result = _main("advise", "--prometheus-url", week.url, "--end", str(week.end), *week.auth, "--format", "html",
+                   "--output", str(out))  # fmt: skip
     assert result.returncode == 0 and result.stdout == "", result.stderr
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "<script" not in page and "http://" not in page.split("</h1>")[0]
@@ -144,14 +173,19 @@ def test_the_html_report_is_one_self_contained_file(week: tuple[str, int], tmp_p
     assert not any(tag in page for tag in ("<link", "<img", "@import", "src="))
 
 
-def test_advise_cannot_answer_exits_2_with_one_line(week: tuple[str, int], llama_config: Path) -> None:
-    url, end = week
+def test_advise_cannot_answer_exits_2_with_one_line(week: Week, llama_config: Path, tmp_path: Path) -> None:
+    url, end, auth = week.url, week.end, week.auth
+    wrong = tmp_path / "wrong"
+    wrong.write_text("not-the-password\n")
     cases = [
         (["--prometheus-url", "http://127.0.0.1:9"], "cannot reach Prometheus at http://127.0.0.1:9"),
-        (["--prometheus-url", url, "--selector", '{namespace="nowhere"}'], "matches no deployment"),
-        (["--prometheus-url", url, "--end", str(end - 7 * 86400 + 1200), "--window", "1h"], "minutes of data"),
-        (["--prometheus-url", url, "--selector", "namespace=serving"], "a label selector in braces"),
-        (["--prometheus-url", url, "--model-config", str(llama_config)], "describes one model"),
+        (["--prometheus-url", url, *auth[:3], str(wrong), *auth[4:]], "refused the credentials (HTTP 401)"),
+        (["--prometheus-url", url], "certificate verify failed"),  # its CA not given
+        (["--prometheus-url", url, "--insecure-skip-verify", "--ca-file", str(week.ca)], "HTTP 401"),
+        (["--prometheus-url", url, *auth, "--selector", '{namespace="nowhere"}'], "matches no deployment"),
+        (["--prometheus-url", url, *auth, "--end", str(end - 7 * 86400 + 1200), "--window", "1h"], "minutes of data"),
+        (["--prometheus-url", url, *auth, "--selector", "namespace=serving"], "a label selector in braces"),
+        (["--prometheus-url", url, *auth, "--model-config", str(llama_config)], "describes one model"),
         ([], "--prometheus-url is required"),
         (["--prometheus-url", url, "--window", "10m"], "below the minimum"),
     ]

@@ -151,8 +151,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def prometheus_with_week(work: Path, llama: Geometry) -> Iterator[tuple[str, int]]:
-    """A Prometheus serving the week; its URL and the week's end (Unix seconds, an hour before now, on the hour)."""
+def prometheus_with_week(work: Path, llama: Geometry, web_config: Path | None = None) -> Iterator[tuple[str, int]]:
+    """A Prometheus serving the week (behind ``web_config``'s TLS and basic auth when given); its URL and the week's
+    end (Unix seconds, an hour before now, on the hour)."""
     end = int(time.time()) // 3600 * 3600 - 3600
     om, data = work / "week.om", work / "data"
     write_week(om, llama, end)
@@ -167,15 +168,17 @@ def prometheus_with_week(work: Path, llama: Geometry) -> Iterator[tuple[str, int
     with (work / "prometheus.log").open("w") as log:
         proc = subprocess.Popen(
             [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-             "--storage.tsdb.retention.time=60d", f"--web.listen-address=127.0.0.1:{port}"],
+             "--storage.tsdb.retention.time=60d", f"--web.listen-address=127.0.0.1:{port}",
+             *([f"--web.config.file={web_config}"] if web_config else [])],
             stdout=subprocess.DEVNULL, stderr=log,
         )  # fmt: skip
-        url = f"http://127.0.0.1:{port}"
+        url = f"{'https' if web_config else 'http'}://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
                 with contextlib.suppress(httpx.HTTPError):
-                    if httpx.get(url + "/-/ready", timeout=2).status_code == 200:
+                    # ready, or answering at all (401 behind basic auth; TLS not verified: only a liveness probe)
+                    if httpx.get(url + "/-/ready", timeout=2, verify=False).status_code in (200, 401):
                         break
                 assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
                 time.sleep(0.2)

@@ -72,10 +72,10 @@ class PrometheusClient:
             headers = {"Accept": "application/json"}
             if self.auth.bearer_token:
                 headers["Authorization"] = f"Bearer {self.auth.bearer_token}"
-            basic = aiohttp.BasicAuth(self.auth.username, self.auth.password or "") if self.auth.username else None
+            elif self.auth.username:
+                headers["Authorization"] = aiohttp.encode_basic_auth(self.auth.username, self.auth.password or "")
             self._session = aiohttp.ClientSession(
                 headers=headers,
-                auth=basic,
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
                 connector=aiohttp.TCPConnector(ssl=self._ssl()),
             )
