@@ -686,13 +686,28 @@ def test_the_opentelemetry_collector_configuration(tmp_path: Path) -> None:
         assert set(pipeline[kind]) <= set(doc[kind]), kind
     assert pipeline["processors"][0] == "memory_limiter", "first in every pipeline (the collector's own advice)"
     scrape = doc["receivers"]["prometheus"]["config"]
-    (job,) = scrape["scrape_configs"]
-    assert {r.get("target_label") for r in job["relabel_configs"]} >= {"namespace", "pod"}
-    assert not any("$" in str(r) for r in job["relabel_configs"])  # the collector would read $ as its own variable
-    assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
-    # Debian's promtool is built without Kubernetes discovery: the rest of the job is checked with a static target
-    job["static_configs"] = [{"targets": ["127.0.0.1:9790"]}]
-    del job["kubernetes_sd_configs"]
+    # the jobs and ports of the PodMonitors: the sidecar and vLLM itself, whose series the latency panels and alerts
+    # read (a collector that scraped only the sidecar left them without data downstream)
+    podmonitors = ROOT / "deploy" / "kubernetes" / "monitoring" / "podmonitors.yaml"
+    monitors = list(yaml.safe_load_all(podmonitors.read_text()))
+    wanted = {
+        next(r["replacement"] for r in m["spec"]["podMetricsEndpoints"][0]["relabelings"] if r["targetLabel"] == "job"):
+        m["spec"]["podMetricsEndpoints"][0]["port"]
+        for m in monitors
+    }  # fmt: skip
+    port_name = ["__meta_kubernetes_pod_container_port_name"]
+    ports = {
+        job["job_name"]: next(r["regex"] for r in job["relabel_configs"] if r.get("source_labels") == port_name)
+        for job in scrape["scrape_configs"]
+    }
+    assert ports == wanted == {"vllm-capacity": "capacity", "vllm": "http"}
+    for job in scrape["scrape_configs"]:
+        assert {r.get("target_label") for r in job["relabel_configs"]} >= {"namespace", "pod"}
+        assert not any("$" in str(r) for r in job["relabel_configs"])  # the collector would read $ as its own variable
+        assert job["kubernetes_sd_configs"] == [{"role": "pod"}]
+        # Debian's promtool is built without Kubernetes discovery: the rest of the job is checked with a static target
+        job["static_configs"] = [{"targets": ["127.0.0.1:9790"]}]
+        del job["kubernetes_sd_configs"]
     config = tmp_path / "prometheus.yml"
     config.write_text(yaml.safe_dump(scrape))
     result = subprocess.run([shutil.which("promtool"), "check", "config", str(config)], capture_output=True, text=True)  # type: ignore[list-item]
