@@ -9,6 +9,7 @@ A test fails when the committed copies differ from what this script makes of the
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import re
@@ -58,11 +59,80 @@ def dashboards() -> str:
 CHART_FILES = ROOT / "deploy" / "helm" / "vllm-capacity" / "files"
 
 
+#: the cluster label in the chart's copies of the dashboards, which templates/dashboards.yaml replaces with
+#: prometheusRule.config.clusterLabel (the label the rules group by, so the dashboards read what the rules record)
+CLUSTER_LABEL_MARK = "__vllm_capacity_cluster_label__"
+
+
+def chart_dashboards() -> dict[Path, str]:
+    """The dashboards as dashboards/generate.py renders them, with the cluster label a mark the chart replaces."""
+    dash = _dashboards_generator()
+    config = dataclasses.replace(dash.ALERTS.DEFAULT, cluster_label=CLUSTER_LABEL_MARK)
+    return {
+        CHART_FILES / name: json.dumps(doc, indent=2, sort_keys=True) + "\n"
+        for name, doc in dash.dashboards(config).items()
+    }
+
+
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
+
+
+def _matcher(text: str) -> dict[str, str]:
+    """One of Alertmanager's matchers (``severity=~"warning|info"``) as an AlertmanagerConfig matcher."""
+    m = _MATCHER.fullmatch(text)
+    if m is None:
+        raise ValueError(f"alerts/alertmanager.yaml: {text!r} is not a matcher this generator converts")
+    return {"name": m[1], "matchType": m[2], "value": m[3]}
+
+
+_DURATIONS = {"group_wait": "groupWait", "group_interval": "groupInterval", "repeat_interval": "repeatInterval"}
+
+
+def _route(route: dict) -> dict:
+    out: dict = {"receiver": route["receiver"]}
+    if "group_by" in route:
+        out["groupBy"] = route["group_by"]
+    out |= {camel: route[snake] for snake, camel in _DURATIONS.items() if snake in route}
+    if "matchers" in route:
+        out["matchers"] = [_matcher(m) for m in route["matchers"]]
+    if "routes" in route:
+        out["routes"] = [_route(r) for r in route["routes"]]
+    unknown = set(route) - {"receiver", "group_by", "matchers", "routes", *_DURATIONS}
+    if unknown:
+        raise ValueError(f"alerts/alertmanager.yaml: route keys this generator does not convert: {sorted(unknown)}")
+    return out
+
+
+def alertmanager_config_spec() -> str:
+    """alerts/alertmanager.yaml as prometheus-operator's AlertmanagerConfig spec (monitoring.coreos.com/v1alpha1:
+    camelCase keys, matchers as name/matchType/value): the chart's alertmanagerConfig.kind AlertmanagerConfig."""
+    doc = yaml.safe_load((ROOT / "alerts" / "alertmanager.yaml").read_text())
+    spec = {
+        "route": _route(doc["route"]),
+        "receivers": [
+            {"name": r["name"], "webhookConfigs": [{"url": w["url"], "sendResolved": w.get("send_resolved", True)}
+                                                    for w in r["webhook_configs"]]}
+            for r in doc["receivers"]
+        ],
+        "inhibitRules": [
+            {"sourceMatch": [_matcher(m) for m in rule["source_matchers"]],
+             "targetMatch": [_matcher(m) for m in rule["target_matchers"]], "equal": rule["equal"]}
+            for rule in doc["inhibit_rules"]
+        ],
+    }  # fmt: skip
+    return HEADER.format("alerts/alertmanager.yaml") + yaml.safe_dump(spec, sort_keys=False, width=120)
+
+
 def chart_files() -> dict[Path, str]:
-    """The Helm chart's copies of the Alertmanager example and the dashboards (Helm reads only files inside its
-    chart), and its rules as templates (:func:`helm_rules`)."""
-    sources = [ROOT / "alerts" / "alertmanager.yaml", *sorted((ROOT / "dashboards").glob("*.json"))]
-    return {**{CHART_FILES / p.name: p.read_text() for p in sources}, **helm_rules()}
+    """The Helm chart's copies of the Alertmanager example (as it is, and as an AlertmanagerConfig spec) and the
+    dashboards (Helm reads only files inside its chart), and its rules as templates (:func:`helm_rules`)."""
+    example = ROOT / "alerts" / "alertmanager.yaml"
+    return {
+        CHART_FILES / example.name: example.read_text(),
+        CHART_FILES / "alertmanagerconfig-spec.yaml": alertmanager_config_spec(),
+        **chart_dashboards(),
+        **helm_rules(),
+    }
 
 
 class _Block(str):

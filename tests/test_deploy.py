@@ -381,6 +381,24 @@ def test_the_charts_rule_settings_render_as_the_mixin_renders_them(tmp_path: Pat
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_the_charts_dashboards_read_the_cluster_label_the_rules_group_by() -> None:
+    """prometheusRule.config.clusterLabel reaches the dashboards too: with k8s_cluster they are what
+    dashboards/generate.py renders for that label (variables and queries alike), not the default's `cluster`, which
+    left every panel of a multi-cluster install empty; by default they are the shipped files."""
+    import dataclasses
+
+    dash = load_generator("dashboards")
+    wanted = dash.dashboards(dataclasses.replace(dash.ALERTS.DEFAULT, cluster_label="k8s_cluster"))
+    values = {"prometheusRule": {"config": {"clusterLabel": "k8s_cluster"}}}
+    maps = [d for d in _render_chart(values) if d["kind"] == "ConfigMap"]
+    assert len(maps) == len(wanted) == 2
+    for cm in maps:
+        ((name, text),) = cm["data"].items()
+        assert json.loads(text) == wanted[name]
+        assert "k8s_cluster=~" in text and not re.search(r"[{,]cluster=~", text)
+        assert "__vllm_capacity_cluster_label__" not in text
+
+
 def test_the_exporter_selector_follows_the_sidecars_scrape_job() -> None:
     """A chart whose PodMonitor names the sidecars' job otherwise keeps its alerts on that job (an exporter selector
     left at vllm-capacity would page "exporter missing" for every pod); prometheusRule.config still wins."""
@@ -415,6 +433,33 @@ def test_helm_chart_optional_alertmanager_config(tmp_path: Path) -> None:
     assert yaml.safe_load(config.read_text())["receivers"][0]["webhook_configs"][0]["url"] == "https://pager.test/x"
     result = subprocess.run([shutil.which("amtool"), "check-config", str(config)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_helm_chart_alertmanager_config_for_prometheus_operator() -> None:
+    """kind AlertmanagerConfig: prometheus-operator's resource (validated by its CRD's model), the example's routes,
+    receivers and inhibitions as the operator's spec spells them, the URLs given; the Secret stays the default."""
+    from cloudcoil.models.prometheus_operator import v1alpha1
+
+    values = {"alertmanagerConfig": {"enabled": True, "kind": "AlertmanagerConfig", "pagerUrl": "https://pager.test/x",
+                                     "labels": {"alertmanagerConfig": "vllm"}}}  # fmt: skip
+    (amc,) = [d for d in _render_chart(values) if d["kind"] == "AlertmanagerConfig"]
+    v1alpha1.AlertmanagerConfig.model_validate(amc)
+    assert amc["metadata"]["labels"]["alertmanagerConfig"] == "vllm"
+    example = yaml.safe_load((ROOT / "alerts" / "alertmanager.yaml").read_text())
+    spec = amc["spec"]
+    assert spec["route"]["groupBy"] == example["route"]["group_by"]
+    critical = spec["route"]["routes"][0]
+    assert critical["receiver"] == "pager" and critical["matchers"] == [
+        {"name": "severity", "matchType": "=", "value": "critical"}
+    ]
+    urls = {r["name"]: r["webhookConfigs"][0]["url"] for r in spec["receivers"]}
+    assert urls == {"pager": "https://pager.test/x", "ticket": "https://tickets.example.com/hooks/vllm-capacity"}
+    exporter_down = next(r for r in spec["inhibitRules"] if r["sourceMatch"][0]["value"] == "VLLMCapacityExporterDown")
+    assert "VLLMTTFTSLOBreach" not in exporter_down["targetMatch"][0]["value"]  # the sidecar hides no TTFT page
+    assert len(spec["inhibitRules"]) == len(example["inhibit_rules"])
+    assert [d["kind"] for d in _render_chart({"alertmanagerConfig": {"enabled": True}}) if "Secret" in d["kind"]] == [
+        "Secret"
+    ]
 
 
 def _job(podmonitor: dict) -> str:
@@ -637,6 +682,8 @@ def test_keda_scales_on_the_one_replicas_needed_series() -> None:
         ({"podMonitor": {"scheme": "ftp"}}, "/podMonitor/scheme"),
         ({"podMontor": {"enabled": False}}, "additional properties 'podMontor'"),
         ({"podMonitor": {"interval": "15 seconds"}}, "/podMonitor/interval"),
+        ({"podMonitor": {"interval": "30s1m"}}, "/podMonitor/interval"),  # Prometheus's units go largest first
+        ({"podMonitor": {"interval": ""}}, "/podMonitor/interval"),
         ({"alertmanagerConfig": {"pagerUrl": "pager.example.com"}}, "/alertmanagerConfig/pagerUrl"),
         ({"prometheusRule": {"enabled": "yes"}}, "/prometheusRule/enabled"),
     ],
@@ -645,6 +692,16 @@ def test_the_values_schema_refuses_what_helm_would_ignore(values: dict, refusal:
     with pytest.raises(Exception, match="schema") as err:
         _render_chart(values)
     assert refusal in str(err.value)
+
+
+@pytest.mark.parametrize("duration", ["1m30s", "1h", "90s", "500ms", "1d", "2w", "1h30m15s"])
+def test_the_values_schema_takes_prometheus_durations(duration: str) -> None:
+    """Prometheus's duration syntax, units combined largest first (model.ParseDuration), as PodMonitor intervals
+    and the rules' windows take it: 1m30s was refused."""
+    docs = _render_chart({"podMonitor": {"interval": duration}, "prometheusRule": {"config": {"ttftWindow": duration}}})
+    assert {e["interval"] for d in docs if d["kind"] == "PodMonitor" for e in d["spec"]["podMetricsEndpoints"]} >= {
+        duration
+    }
 
 
 def test_the_chart_readme_documents_every_value() -> None:
