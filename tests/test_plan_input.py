@@ -55,7 +55,19 @@ MALFORMED: dict[str, tuple[object, str]] = {
     ),
     "compress ratios for fewer layers": (_with(compress_ratios=[4]), "compress_ratios: expected a list of 2 ratios"),
     "compress ratios as a string": (_with(compress_ratios="4,128"), "compress_ratios: expected a list of 2 ratios"),
+    # bounded in time and memory (each was a traceback, a MemoryError or 18 s and 1.5 GiB)
+    "nested 100,000 deep": ("[" * 100_000 + "]" * 100_000, "nested deeper than the JSON reader follows"),
+    "a 17 MiB file": (json.dumps({**GOOD, "pad": "x" * (17 * 2**20)}), "is larger than 16 MiB"),
+    "1e30 layers": (_with(num_hidden_layers=1e30), "num_hidden_layers: 1e+30 is not a positive integer"),
+    "2^40 layers": (_with(num_hidden_layers=2**40), "num_hidden_layers: 1,099,511,627,776 is more than any model's"),
+    "10^8 layers": (_with(num_hidden_layers=10**8), "num_hidden_layers: 100,000,000 is more than any model's"),
+    "a head_dim of 301 digits": (_with(head_dim=10**300), "head_dim: a number of 301 digits is more than any"),
+    "2^40 MTP layers": (
+        _with(num_nextn_predict_layers=2**40),
+        "num_nextn_predict_layers: 1099511627776 is not a count",
+    ),
 }
+RAW = ("truncated JSON", "an empty file", "nested 100,000 deep", "a 17 MiB file")
 
 
 @pytest.mark.parametrize("case", MALFORMED)
@@ -64,7 +76,7 @@ def test_a_malformed_config_exits_2_naming_the_file_and_field(
 ) -> None:
     doc, said = MALFORMED[case]
     path = tmp_path / "config.json"
-    path.write_text(doc if isinstance(doc, str) and case in ("truncated JSON", "an empty file") else json.dumps(doc))
+    path.write_text(doc if isinstance(doc, str) and case in RAW else json.dumps(doc))
     code, out, err = _plan(capsys, "--model-config", str(path))
     assert code == 2 and out == "", (case, code, err)
     assert len(err) == 1, err
@@ -87,6 +99,31 @@ def test_a_malformed_config_in_a_model_directory_or_a_drafter_names_that_file(
     spec = ("--speculative-method", "draft_model", "--num-speculative-tokens", "2", "--draft-model-config", str(draft))
     code, _, err = _plan(capsys, "--model-config", str(TINY), *spec)
     assert code == 2 and len(err) == 1 and f"{draft}: architectures: 'LlamaForCausalLM'" in err[0], err
+
+
+@pytest.mark.parametrize(
+    ("header", "said"),
+    [
+        (b"[" * 100_000 + b"]" * 100_000, "header nested deeper than the JSON reader follows"),
+        (b"[1, 2]", "header is not a JSON object of tensors"),
+        (b'{"w": 7}', "unknown tensor dtype None"),
+        (b'{"w": {"dtype": "BF16", "shape": "4x4"}}', "shape '4x4' is not a list of sizes"),
+        (b'{"w": {"dtype": "BF16", "shape": [4, -1]}}', "shape [4, -1] is not a list of sizes"),
+    ],
+)
+def test_a_malformed_safetensors_header_exits_2_naming_the_file(
+    header: bytes, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--model-dir reads the weights from each safetensors header: a header no checkpoint has is one line, exit 2."""
+    import struct
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(TINY.read_text())
+    (model / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    code = cli.main(["plan", "--model-dir", str(model), "--gpu-memory", "16GiB", "--max-model-len", "1024"], environ={})
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and said in err, err
 
 
 @pytest.mark.parametrize(

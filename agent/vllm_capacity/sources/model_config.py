@@ -26,6 +26,8 @@ from vllm_capacity.geometry import (
     indexer_key_bytes,
 )
 from vllm_capacity.sources.model_layers import (
+    MAX_COUNT,
+    MAX_LAYERS,
     chunked_layers,
     compressed_attention,
     dflash_sliding,
@@ -329,22 +331,35 @@ def _mtp_layers(cfg: dict[str, Any]) -> int:
     for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
         if cfg.get(key) is not None:
             value = cfg[key]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise GeometryError(key, f"{value!r} is not a count of layers")
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LAYERS:
+                raise GeometryError(key, f"{value!r} is not a count of layers (0 to {MAX_LAYERS:,})")
             return int(value)
     return 0
 
 
 def _max_pos(cfg: dict[str, Any]) -> int | None:
     value = cfg.get("max_position_embeddings")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= MAX_COUNT else None
+
+
+#: a config.json larger than this is not one (real ones are a few KiB; a per-layer list of 10,000 layers is under 1 MiB)
+MAX_CONFIG_BYTES = 16 * 2**20
 
 
 def load_config(path: Path) -> Geometry:
+    """The geometry of a config.json. GeometryError, naming the file, for any file that is not a model's config:
+    unreadable, over 16 MiB, not JSON, nested deeper than the JSON reader follows, or a field vLLM would refuse."""
     try:
-        doc = json.loads(Path(path).read_text())
+        with Path(path).open("rb") as f:
+            raw = f.read(MAX_CONFIG_BYTES + 1)
     except OSError as err:
         raise GeometryError(str(path), f"cannot read: {err.strerror}") from err
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise GeometryError(str(path), f"is larger than {MAX_CONFIG_BYTES // 2**20} MiB: not a model's config.json")
+    try:
+        doc = json.loads(raw)
+    except RecursionError:
+        raise GeometryError(str(path), "is not a config's JSON: nested deeper than the JSON reader follows") from None
     except ValueError as err:
         raise GeometryError(str(path), f"is not JSON: {err}") from err
     return parse_config(doc)
@@ -361,16 +376,25 @@ def safetensors_bytes(path: Path) -> int:
             raise GeometryError(str(path), f"header of {length} bytes: not a safetensors file")
         try:
             header = json.loads(f.read(length))
+        except RecursionError:
+            raise GeometryError(str(path), "header nested deeper than the JSON reader follows") from None
         except ValueError as err:
             raise GeometryError(str(path), f"header is not JSON: {err}") from err
+    if not isinstance(header, dict):
+        raise GeometryError(str(path), "header is not a JSON object of tensors")
     total = 0
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = info.get("dtype")
+        dtype = info.get("dtype") if isinstance(info, dict) else None
         if dtype not in SAFETENSORS_DTYPE_BYTES:
             raise GeometryError(f"{path}:{name}", f"unknown tensor dtype {dtype!r}")
-        total += math.prod(info.get("shape", [])) * SAFETENSORS_DTYPE_BYTES[dtype]
+        shape = info.get("shape", [])
+        if not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        ):
+            raise GeometryError(f"{path}:{name}", f"shape {shape!r} is not a list of sizes")
+        total += math.prod(shape) * SAFETENSORS_DTYPE_BYTES[dtype]
     return total
 
 

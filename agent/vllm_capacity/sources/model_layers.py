@@ -29,12 +29,24 @@ _LAYER_TYPE_NAMES = {
 }
 
 
+#: the largest count of layers a config.json may give: far above any model's (DeepSeek-V3 61, Llama 3.1 405B 126),
+#: low enough that a config of 2^40 layers is refused in a line, not a MemoryError or a minute of planning
+MAX_LAYERS = 10_000
+#: the largest of any other count or size (heads, head_dim, hidden_size, windows, context lengths): a 32-bit int,
+#: as the checkpoints' own loaders take them
+MAX_COUNT = 2**31 - 1
+
+
 def positive_int(cfg: dict[str, Any], key: str) -> int | None:
     value = cfg.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise GeometryError(key, f"{value!r} is not a positive integer")
+    most = MAX_LAYERS if "layers" in key else MAX_COUNT
+    if value > most:
+        shown = f"{value:,}" if value < 10**30 else f"a number of {len(str(value))} digits"
+        raise GeometryError(key, f"{shown} is more than any model's ({most:,} at most)")
     return int(value)
 
 
