@@ -334,6 +334,25 @@ async def test_log_source_failures_leave_vllm_metrics_flowing(fake_vllm: FakeVll
     await vllm.aclose()
 
 
+async def test_a_log_line_that_cannot_be_right_is_counted_and_logged_once(fake_vllm: FakeVllm, tmp_path) -> None:
+    from vllm_capacity.sources.vllm_log import LogFollower
+
+    log = tmp_path / "vllm.log"
+    huge = "(EngineCore_DP0 pid=1) INFO 11-02 10:00:00 [gpu_model_runner.py:3000] Model loading took " + "9" * 400
+    log.write_text(huge + ".0 GiB memory\n")
+    vllm = VllmClient(fake_vllm.url, timeout=10)
+    agent = Agent(vllm, AgentSettings(interval=0.1), vllm_log=LogFollower(log))
+    with structlog.testing.capture_logs() as logs:
+        snap = await agent.cycle()
+        with log.open("a") as f:
+            f.write(huge + ".5 GiB memory\n")
+        await agent.cycle()
+    assert agent.errors[("vllm_log", "implausible_value")] == 2 and agent.sources["vllm_log"].up
+    assert [e["families"] for e in logs if e["event"] == "implausible_values"] == [["vllm_log_figures"]]
+    assert snap.up and snap.engines[0].weights_bytes is None
+    await vllm.aclose()
+
+
 async def test_a_log_read_that_hangs_never_holds_the_reads_of_vllm(fake_vllm: FakeVllm, tmp_path) -> None:
     """The log on a volume that hangs (a FIFO nobody writes: open() blocks) held every cycle: vLLM read zero times in
     5 s while /metrics said up 1. The read is abandoned at --timeout, counted and logged as a timeout, the log's

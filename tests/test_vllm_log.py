@@ -87,6 +87,28 @@ def test_v1_one_line_capacity_ansi_and_data_parallel_prefix() -> None:
     assert f"{e.kv_bytes_per_token / 1024:.1f}" == "21.7"  # the seed's figure
 
 
+def test_figures_of_hundreds_of_digits_are_refused_not_a_crash_or_infinity() -> None:
+    """A token count of 400 digits raised OverflowError and dropped the rest of that read's lines; weights of 400
+    digits were exported as model_weights_bytes +Inf. Such a line is refused whole and counted; the lines after it
+    are read."""
+    huge = "9" * 400
+    lines = [
+        f"(EngineCore_DP0 pid=1) INFO 11-02 10:00:00 [gpu_model_runner.py:3000] Model loading took {huge}.0 GiB memory",
+        f"(EngineCore_DP0 pid=1) INFO 11-02 10:00:01 [kv_cache_utils.py:1147] GPU KV cache size: {huge} tokens",
+        "(EngineCore_DP0 pid=1) INFO 11-02 10:00:02 [kv_cache_utils.py:1147] GPU KV cache size: 208,625 tokens, "
+        "Maximum concurrency for 32,768 tokens per request: 6.37x",
+        f"(EngineCore_DP0 pid={'7' * 5000}) INFO 11-02 10:00:00 [gpu_worker.py:1] Model loading took 15.0 GiB memory",
+        f"INFO 11-02 10:00:03 [scheduler.py:1] Chunked prefill is enabled with max_num_batched_tokens={'8' * 5000}.",
+    ]
+    s = StartupFigures()
+    for line in lines:
+        s.feed(line)
+    (e,) = s.engines.values()
+    assert e.weights_bytes is None or e.weights_bytes == pytest.approx(15.0 * GiB)
+    assert (e.kv_cache_tokens, e.max_model_len) == (208625, 32768)  # the line after the refused ones
+    assert s.implausible_lines == 2 and s.max_num_batched_tokens is None and s.ranks == {}
+
+
 def test_tensor_parallel_workers_each_log_their_budget() -> None:
     text = (
         "(VllmWorker TP0 pid=1) INFO [gpu_worker.py:232] Available KV cache memory: 10.70 GiB\n"

@@ -34,6 +34,7 @@ class StartupLogReader:
         self._fed = 0  # lines fed to the figures so far
         self._engines: tuple[int, dict[str, EngineFigures]] = (0, {})  # a copy of theirs, and the lines it holds
         self._long_lines_logged = False
+        self._implausible_seen = 0  # the figures' count of refused lines, as last counted
         # a thread of its own: a log on a volume that hangs blocks it, never the pool the other sources read in
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-log")
         self._reading: Future[None] | None = None  # the read under way, while one has not returned
@@ -89,6 +90,9 @@ class StartupLogReader:
             self.sources.fail(SOURCE_LOG, internal(err, "reading the vLLM log"), 0.0)
             return
         self.sources.ok(SOURCE_LOG, self.monotonic() - t0)
+        if self.figures.implausible_lines > self._implausible_seen:  # refused, counted each read, logged once
+            self._implausible_seen = self.figures.implausible_lines
+            self.sources.implausible(SOURCE_LOG, ("vllm_log_figures",))
         if self.follower.long_lines and not self._long_lines_logged:
             self._long_lines_logged = True  # once: the lines are users' text (request logs), not worth a line each
             self.sources.logger.info(

@@ -95,8 +95,24 @@ def might_carry_figures(line: bytes) -> bool:
     return any(k in line for k in _FIXED) and not any(k in line for k in _REQUEST_LOG)
 
 
+#: the largest figure a log line may carry: 2^53 (a float's exact integers); tokens, blocks and pids are far below,
+#: and GiB figures (1 PiB = 2^20 GiB) too. A figure past it (hundreds of digits) is a line that cannot be right
+MOST = float(2**53)
+
+
 def _number(text: str) -> float:
     return float(text.replace(",", ""))
+
+
+def _count(text: str) -> int | None:
+    """A count from the log (max_num_seqs, a token budget, a pid): None past :data:`MOST` (a line that cannot be
+    right; int() of a number of 5,000 digits raises)."""
+    return int(text) if len(text) <= 15 else None
+
+
+def plausible(found: dict[str, float]) -> bool:
+    """Whether every figure of a line can be right: finite and at most :data:`MOST`."""
+    return all(0 <= v <= MOST for v in found.values())  # NaN fails both comparisons
 
 
 def parse_line(line: str) -> tuple[str, dict[str, float]]:
@@ -229,6 +245,8 @@ class StartupFigures:
     max_num_batched_tokens: int | None = None
     #: the engine's speculative method and num_speculative_tokens, from its config line; None: none, or not seen
     speculation: tuple[str, int] | None = None
+    #: lines whose figures cannot be right (past :data:`MOST`), refused whole: the reader counts and logs them
+    implausible_lines: int = 0
 
     def feed(self, line: str) -> None:
         if _NEW_START.search(line):
@@ -236,17 +254,21 @@ class StartupFigures:
             self.ranks.clear()
             self.starts += 1
             seqs = _MAX_NUM_SEQS.search(line)
-            self.max_num_seqs = int(seqs[1]) if seqs else None
+            self.max_num_seqs = _count(seqs[1]) if seqs else None
             self.max_num_batched_tokens = None
             self.speculation = None
             return
         if batched := _BATCHED_TOKENS.search(line):
-            self.max_num_batched_tokens = int(batched[1])
+            self.max_num_batched_tokens = _count(batched[1])
             return
         if spec := _SPECULATIVE.search(line):
-            self.speculation = (spec[1], int(spec[2])) if spec[1] else None
+            tokens = _count(spec[2]) if spec[1] else None
+            self.speculation = (spec[1], tokens) if spec[1] and tokens is not None else None
         engine, found = parse_line(line)
         if not found:
+            return
+        if not plausible(found):
+            self.implausible_lines += 1
             return
         fig = self.engines.setdefault(engine, EngineFigures())
         line = _ANSI.sub("", line)
@@ -263,7 +285,10 @@ class StartupFigures:
         if (worker := _WORKER.search(line[:PREFIX_CHARS])) and (
             "weights_gib" in found or "kv_cache_memory_gib" in found
         ):
-            rank = self.ranks.setdefault(int(worker[1]), RankFigures())
+            pid = _count(worker[1])
+            if pid is None:
+                return
+            rank = self.ranks.setdefault(pid, RankFigures())
             if found.get("weights_gib"):
                 rank.weights_bytes = found["weights_gib"] * GiB
             if found.get("kv_cache_memory_gib"):
