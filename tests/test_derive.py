@@ -449,3 +449,25 @@ def test_no_derived_value_is_ever_non_finite() -> None:
         # the latency view is the learner's, passed through (its buckets end at +Inf)
         bad = [(w, v) for w, v in _numbers(e) if not math.isfinite(v) and not w.startswith(".latency.")]
         assert not bad, (bad, m, inputs)
+
+
+def test_impossible_inputs_give_no_figure_rather_than_an_impossible_one() -> None:
+    """running 0.001 made a mean context of 2.1 M tokens in a cache of 4,096; a cache of 0 tokens with 16 running a
+    mean of 0; a max_model_len of 10^30 was exported as it came; a p90 context interpolated past max_model_len inside
+    vLLM's last bucket made max_concurrency{basis="p90_context"} 2.91 under the max_model_len basis's 4.00."""
+    assert derive.mean_context_tokens(0.5 * 4096, 0.001) is None
+    assert derive.mean_context_tokens(0.0, 16) is None  # no KV cache held by 16 running requests: not a reading
+    assert derive.mean_context_tokens(2048.0, 2) == 1024.0
+    seed = fixture_text("v1-0.24-seed.prom")
+    odd = seed.replace('vllm:num_requests_running{engine="0",model_name="gemma-12b"} 20.0',
+                       'vllm:num_requests_running{engine="0",model_name="gemma-12b"} 0.001')  # fmt: skip
+    (e,) = derive.derive_all(parse_metrics(odd), MML_GEMMA)
+    assert e.mean_context_tokens is None and e.max_concurrency_observed is None
+    (e,) = derive.derive_all(parse_metrics(seed), derive.ServerFacts(max_model_len={"gemma-12b": 10**30}))
+    assert e.max_model_len != 10**30
+    (m,) = parse_metrics(seed).engines
+    past = derive.EngineInputs(
+        schema=SCHEMA_V1, max_model_len=32768, latency=derive.LatencyView(context_p90_tokens=45000)
+    )
+    e = derive.derive_engine(m, past)
+    assert e.max_concurrency_p90_context == pytest.approx(e.max_concurrency)  # capped at max_model_len, never below

@@ -25,13 +25,13 @@ from vllm_capacity.derive.capacity import (
     sizing_rules,
     used_tokens,
 )
+from vllm_capacity.derive.context import max_model_len_from_cache_config
 from vllm_capacity.derive.engine import (
     EngineCapacity,
     EngineInputs,
     derive_all,
     derive_engine,
     engine_inputs,
-    max_model_len_from_cache_config,
 )
 from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServedModel, ServerFacts, ServerFlags
 from vllm_capacity.derive.features import (

@@ -119,12 +119,14 @@ def max_concurrency_at_max_model_len(
 
 
 def mean_context_tokens(used: float | None, running: float | None) -> float | None:
-    """Average KV tokens per running request; unknown while nothing runs, and when it comes out under one token (a
-    running request holds at least a block: a usage that small is below vLLM's resolution, or a denormal number)."""
-    if used is None or not running or running <= 0:
+    """Average KV tokens per running request; unknown while nothing runs, for a fraction of a request (vLLM counts
+    whole ones: running 0.001 made a mean of 2.1 M tokens in a cache of 4,096), and when it comes out under one token
+    (a running request holds at least a block: a usage that small, or none, is below vLLM's resolution, a denormal
+    number, or a cache of 0 tokens)."""
+    if used is None or running is None or running < 1:
         return None
     mean = used / running
-    return None if 0 < mean < 1 or not math.isfinite(mean) else mean
+    return None if mean < 1 or not math.isfinite(mean) else mean
 
 
 def max_concurrency_at_context(capacity: int | None, context_tokens: float | None) -> float | None:

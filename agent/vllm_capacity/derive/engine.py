@@ -23,6 +23,7 @@ from vllm_capacity.derive.capacity import (
     sizing_rules,
     used_tokens,
 )
+from vllm_capacity.derive.context import at_most, resolve_max_model_len
 from vllm_capacity.derive.facts import NO_FACTS, NO_HISTORY, EngineHistory, ServerFacts
 from vllm_capacity.derive.features import (
     NO_SUSTAINED,
@@ -269,7 +270,10 @@ def _load_fields(
         limit, room, binding = None, None, None
     return {
         "free_tokens": 0.0 if asleep and cap is not None else free_tokens(cap, used),
-        "max_concurrency_p90_context": max_concurrency_at_context(cap, latency.context_p90_tokens),
+        # no request is longer than max_model_len: a p90 interpolated past it inside vLLM's last bucket is taken as it
+        "max_concurrency_p90_context": max_concurrency_at_context(
+            cap, at_most(latency.context_p90_tokens, inputs.max_model_len)
+        ),
         "asleep": asleep,
         "concurrency_limit": limit,
         "waiting_deferred": m.waiting_by_reason.get("deferred"),
@@ -309,14 +313,6 @@ def _cache_size(
     return blocks, cap, max_conc
 
 
-def max_model_len_from_cache_config(m: EngineMetrics) -> int | None:
-    """vLLM >= 0.24: kv_cache_size_tokens = int(max_concurrency x max_model_len), so their ratio is max_model_len."""
-    cc = m.cache_config
-    if cc is None or not cc.kv_cache_size_tokens or not cc.kv_cache_max_concurrency:
-        return None
-    return round(cc.kv_cache_size_tokens / cc.kv_cache_max_concurrency)
-
-
 def derive_all(
     metrics: VllmMetrics, facts: ServerFacts = NO_FACTS, history: EngineHistory = NO_HISTORY
 ) -> list[EngineCapacity]:
@@ -336,7 +332,7 @@ def engine_inputs(
         inputs = EngineInputs(
             schema=metrics.schema,
             dp_engines=metrics.dp_engines,
-            max_model_len=_max_model_len(m, facts, figures),
+            max_model_len=resolve_max_model_len(m, facts, figures),
             startup=figures,
             rules=rules,
             preemptions_total=history.preemptions.get(key),
@@ -348,18 +344,3 @@ def engine_inputs(
         )
         out.append((m, inputs))
     return out
-
-
-def _max_model_len(m: EngineMetrics, facts: ServerFacts, figures: EngineFigures | None) -> int | None:
-    """The engine's max_model_len: /v1/models' for its model (or the one model it serves under another name), else
-    --max-model-len, else what cache_config_info or the start-up log imply."""
-    mml = facts.max_model_len.get(m.model_name)
-    if mml is None and len(facts.max_model_len) == 1:
-        mml = next(iter(facts.max_model_len.values()))  # one base model served under another name
-    if mml is None:
-        mml = (
-            facts.flags.max_model_len
-            or max_model_len_from_cache_config(m)
-            or (figures.max_model_len if figures is not None else None)
-        )
-    return mml

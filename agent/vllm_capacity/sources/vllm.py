@@ -245,7 +245,7 @@ def parse_models(text: str, base_url: str = "vLLM") -> ModelsInfo:
         if not isinstance(card, dict) or card.get("parent"):
             continue  # LoRA adapter cards have a parent and no max_model_len
         mml = card.get("max_model_len")
-        if isinstance(mml, int) and not isinstance(mml, bool) and mml > 0:
+        if isinstance(mml, int) and not isinstance(mml, bool) and 0 < mml <= 2**31 - 1:  # a 32-bit int in vLLM
             found[str(card.get("id", ""))] = mml
     if not found:
         raise SourceError(
