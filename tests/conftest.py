@@ -64,7 +64,8 @@ async def fake_vllm() -> AsyncIterator[FakeVllm]:
             await resp.write(body[: state.truncate_to])
             request.transport.close()  # type: ignore[union-attr]
             return resp
-        return web.Response(status=state.status, body=body, headers={"Content-Type": state.content_type})
+        headers = {"Content-Type": state.content_type, **({"Location": state.location} if state.location else {})}
+        return web.Response(status=state.status, body=b"" if state.location else body, headers=headers)
 
     async def models(request: web.Request) -> web.Response:
         state.requests.append("/v1/models")

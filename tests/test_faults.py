@@ -97,6 +97,10 @@ FAULTS = (
     Fault("held", "an HTML page", body("<html><body>oops</body></html>\n"), "not_metrics"),
     Fault("held", "an HTML content type", lambda f: setattr(f, "content_type", "text/html"), "not_metrics"),
     Fault("held", "an empty body", body(""), "empty_body"),
+    # a redirect is not followed, and said as one: it was counted as an empty body (row 9)
+    Fault(
+        "9", "HTTP 302", lambda f: (setattr(f, "status", 302), setattr(f, "location", "http://elsewhere/m")), "redirect"
+    ),
     Fault("held", "no final newline", body(SATURATED.rstrip("\n")), "truncated"),
     Fault("held", "the connection closed mid-body", lambda f: setattr(f, "truncate_to", 1000), "truncated"),
     Fault("held", "slower than --timeout", lambda f: setattr(f, "delay", 2.0), "timeout", client={"timeout": 0.5}),
@@ -198,7 +202,7 @@ async def test_fault(agent_http: tuple[Agent, TestClient], fake_vllm: FakeVllm, 
 
     CLOCK.advance(60)  # past the state log's rate limit: the recovery is logged at once
     fake_vllm.metrics, fake_vllm.status, fake_vllm.content_type = healthy
-    fake_vllm.metrics, fake_vllm.delay, fake_vllm.drip = SATURATED, 0.0, 0.0
+    fake_vllm.metrics, fake_vllm.delay, fake_vllm.drip, fake_vllm.location = SATURATED, 0.0, 0.0, None
     fake_vllm.truncate_to, fake_vllm.metrics_bytes = None, None
     with structlog.testing.capture_logs() as logs:
         await agent.cycle()

@@ -185,6 +185,27 @@ def test_follower_survives_rotation_and_truncation(tmp_path: Path) -> None:
         f.read_lines()
 
 
+def test_a_log_rewritten_in_place_at_the_same_size_with_the_same_head_is_read_again(tmp_path: Path) -> None:
+    """Its first 256 bytes unchanged (vLLM's banner), the same size, other lines after: missed before. A file that
+    was modified without growing was rewritten (an append grows it)."""
+    import os
+
+    log = tmp_path / "vllm.log"
+    banner = "INFO 11-02 10:00:00 [api_server.py:1] vLLM API server version 0.32.0 " + "x" * 300 + "\n"
+    log.write_text(banner + "GPU KV cache size: 100 tokens\n")
+    f = LogFollower(log)
+    assert len(f.read_lines()) == 2
+    os.utime(log, ns=(1, 1))
+    log.write_text(banner + "GPU KV cache size: 999 tokens\n")  # the same size
+    st = log.stat()
+    os.utime(log, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert f.read_lines() == [banner.rstrip("\n"), "GPU KV cache size: 999 tokens"]
+    assert f.read_lines() == []  # read once
+    with log.open("a") as out:
+        out.write("appended\n")
+    assert f.read_lines() == ["appended"]  # an append is an append
+
+
 def test_a_figure_rounded_to_zero_is_unknown() -> None:
     s = figures("(Worker pid=1) INFO 11-29 10:41:25 [cpu_worker.py:260] Explicitly set (0.0/9.21) GiB for KV cache\n")
     assert s.engines["0"].kv_cache_memory_bytes is None

@@ -28,6 +28,7 @@ class FakeVllm:
     models: str = '{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":1024}]}'
     version: str = '{"version":"0.32.0"}'
     status: int = 200
+    location: str | None = None  # a Location header (with a 3xx status: a redirect, and no body)
     content_type: str = "text/plain; version=0.0.4; charset=utf-8"
     delay: float = 0.0
     truncate_to: int | None = None  # send a Content-Length for the whole body but only this many bytes

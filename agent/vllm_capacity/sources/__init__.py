@@ -21,6 +21,7 @@ class Reason(StrEnum):
     CONNECTION_ERROR = "connection_error"  # any other transport failure
     HTTP_4XX = "http_4xx"
     HTTP_5XX = "http_5xx"
+    REDIRECT = "redirect"  # a 3xx: not followed, the agent reads the server it was pointed at
     UNAUTHORIZED = "unauthorized"  # 401/403: the API key is missing or wrong
     BODY_TOO_LARGE = "body_too_large"  # over --max-body-size
     EMPTY_BODY = "empty_body"

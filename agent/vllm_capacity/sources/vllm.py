@@ -146,6 +146,12 @@ class VllmClient:
                     else:
                         hint = "vLLM asks for authentication here, and the API key is sent to /v1/* only"
                     raise SourceError(Reason.UNAUTHORIZED, f"{url} answered {resp.status}: {hint}")
+                if 300 <= resp.status < 400:  # not followed: the agent reads the server it was pointed at
+                    where = redact_url(resp.headers.get("Location", "")) or "nowhere said"
+                    raise SourceError(
+                        Reason.REDIRECT,
+                        f"{url} answered HTTP {resp.status} to {where}: point --vllm-url at vLLM itself",
+                    )
                 if resp.status >= 400:
                     kind = Reason.HTTP_5XX if resp.status >= 500 else Reason.HTTP_4XX
                     raise SourceError(kind, f"{url} answered HTTP {resp.status} {resp.reason or ''}".rstrip())

@@ -360,27 +360,33 @@ class LogFollower:
         self._identity: tuple[int, int] | None = None  # (device, inode) of the file being followed
         self._head = b""  # its first bytes as read: a file rewritten in place, to any size, begins otherwise
         self._offset = 0
+        self._mtime_ns = 0  # the file's modification time when it was last read to its end
         self._partial = b""
         self._in_long_line = False  # within a line longer than max_line: its bytes are dropped up to its end
         self.long_lines = 0
 
     def read_lines(self) -> list[str]:
         """New complete lines. Raises OSError when the file cannot be read (missing, no permission). The file is
-        read from its start again when it is another file (device and inode), shorter than what was read, or
-        begins with other bytes than it did (truncated and rewritten in place, even to the same size)."""
+        read from its start again when it is another file (device and inode), shorter than what was read, begins
+        with other bytes than it did, or was modified without growing (truncated and rewritten in place, to the same
+        size: an append always grows it, as the file is read no further than the size its stat gave)."""
         st = os.stat(self.path)
         with self.path.open("rb") as f:
             head = f.read(len(self._head)) if self._head else b""
-            if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset or head != self._head:
+            rewritten = st.st_size == self._offset and st.st_mtime_ns != self._mtime_ns and self._offset > 0
+            if (st.st_dev, st.st_ino) != self._identity or st.st_size < self._offset or head != self._head or rewritten:
                 self._identity, self._offset, self._head = (st.st_dev, st.st_ino), 0, b""
                 self._partial, self._in_long_line = b"", False
             if st.st_size == self._offset:
+                self._mtime_ns = st.st_mtime_ns
                 return []
             f.seek(self._offset)
-            data = f.read(self.max_read)
+            data = f.read(min(self.max_read, st.st_size - self._offset))
         if self._offset < HEAD_BYTES:
             self._head = (self._head + data)[:HEAD_BYTES]
         self._offset += len(data)
+        if self._offset == st.st_size:
+            self._mtime_ns = st.st_mtime_ns
         return self._lines(self._partial + data)
 
     def _lines(self, data: bytes) -> list[str]:
