@@ -25,7 +25,10 @@ HERE = Path(__file__).resolve().parent
 
 
 def _port(preferred: int) -> int:
+    """``preferred`` when a server can listen on it, else a free port. SO_REUSEADDR as the servers set it: a port
+    whose last connections linger in TIME_WAIT (a re-run within a minute of a stop) is still free to them."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", preferred))
         except OSError:
@@ -36,8 +39,17 @@ def _port(preferred: int) -> int:
 T0 = time.monotonic()
 
 
+def _print(*parts: object) -> None:
+    """print, flushed, that survives a reader gone (`scripts/demo | tee demo.log`, Ctrl-C kills tee too): the rest
+    goes nowhere, and the demo still stops what it started."""
+    try:
+        print(*parts, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush into the pipe
+
+
 def _say(text: str) -> None:
-    print(f"\n==> [{time.monotonic() - T0:3.0f} s] {text}", flush=True)
+    _print(f"\n==> [{time.monotonic() - T0:3.0f} s] {text}")
 
 
 def main() -> int:
@@ -70,14 +82,17 @@ def main() -> int:
                     break
             time.sleep(0.2)
 
-        _say("four bursts of load: 24 parallel requests of 512 tokens each (more than the cache holds)")
-        # the load runs at vLLM's own priority: on a small machine it would otherwise starve vLLM's API server
+        _say("bursts of load: 24 parallel requests of 512 tokens each (more than the cache holds), until the report")
+        # the load runs at vLLM's own priority: on a small machine it would otherwise starve vLLM's API server. It
+        # goes on, round after round, until the report is taken: a cold vLLM's first round can end before the report
+        # (a Python process starting on a saturated CPU) reads it, and the report showed an idle engine
         load = subprocess.Popen(
-            ["nice", "-n", "10", sys.executable, str(HERE / "load.py"), vllm.url, "--rounds", "4"],
+            ["nice", "-n", "10", sys.executable, str(HERE / "load.py"), vllm.url, "--rounds", "0"],
             stdout=subprocess.PIPE,
             text=True,
         )
-        for _ in range(150):  # report once the agent sees the cache filling
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # report once the agent sees the cache filling
             with contextlib.suppress(httpx.TransportError):
                 text = httpx.get(agent_url + "/metrics", timeout=5).text
                 running = [ln for ln in text.splitlines() if ln.startswith("vllm_capacity_requests_running{")]
@@ -86,10 +101,11 @@ def main() -> int:
             time.sleep(0.2)
         _say("the capacity report in the middle of the burst (vllm-capacity report):")
         subprocess.run([sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", vllm.url, "--timeout", "20s"])
+        load.send_signal(signal.SIGTERM)  # the round under way ends, then the load
         out, _ = load.communicate(timeout=600)
         load = None  # done and reaped
         rounds = [json.loads(line) for line in out.splitlines()]
-        print(
+        _print(
             f"load: {sum(r['requests'] for r in rounds)} requests, "
             f"{sum(r['completion_tokens'] for r in rounds):,} tokens in {sum(r['seconds'] for r in rounds):.1f} s, "
             f"{sum(r['errors'] for r in rounds)} errors"
@@ -107,21 +123,21 @@ def main() -> int:
                     "vllm_capacity_preemptions_total",
                 )
             ):
-                print("   ", line)
+                _print("   ", line)
         _say("running:")
-        print(f"    vLLM                    {vllm.url}   (/metrics, /v1/models, /v1/completions)")
-        print(f"    vllm-capacity agent     {agent_url}   (/metrics, /healthz, /readyz)")
-        print(f"    logs                    {work}")
-        print("    try:  .venv/bin/vllm-capacity report --vllm-url", vllm.url)
-        print("Press Ctrl-C to stop both.", flush=True)
+        _print(f"    vLLM                    {vllm.url}   (/metrics, /v1/models, /v1/completions)")
+        _print(f"    vllm-capacity agent     {agent_url}   (/metrics, /healthz, /readyz)")
+        _print(f"    logs                    {work}")
+        _print("    try:  .venv/bin/vllm-capacity report --vllm-url", vllm.url)
+        _print("Press Ctrl-C to stop both.")
         if os.environ.get("DEMO_EXIT"):  # for a scripted run of the demo
             return 0
         while True:
             time.sleep(3600)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BrokenPipeError):  # Ctrl-C, or the reader of its output gone
         return 0
     finally:
-        print("\nstopping...", flush=True)
+        _print("\nstopping...")
         for child in (load, agent):  # each reaped, killed if it outlives 10 s
             if child is not None:
                 with contextlib.suppress(AssertionError):
