@@ -39,17 +39,32 @@ def _port(preferred: int) -> int:
 T0 = time.monotonic()
 
 
-def _print(*parts: object) -> None:
+def _print(*parts: object, end: str = "\n") -> None:
     """print, flushed, that survives a reader gone (`scripts/demo | tee demo.log`, Ctrl-C kills tee too): the rest
     goes nowhere, and the demo still stops what it started."""
     try:
-        print(*parts, flush=True)
+        print(*parts, end=end, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush into the pipe
 
 
 def _say(text: str) -> None:
     _print(f"\n==> [{time.monotonic() - T0:3.0f} s] {text}")
+
+
+def _report_while_running(url: str, tries: int = 8) -> str:
+    """``vllm-capacity report``'s text at a moment requests run: the load's rounds end together (a round's last
+    request done, the next one's not yet admitted), and a report read then showed an idle engine (3 of 3 cold runs)
+    while vLLM's log shows the burst saturating it. Taken again, a few times at most, until vLLM says some run."""
+    text = ""
+    for _ in range(tries):
+        report = [sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", url, "--timeout", "20s"]
+        text = subprocess.run(report, capture_output=True, text=True).stdout
+        running = [ln.split() for ln in text.splitlines() if ln.strip().startswith("running ")]
+        if running and running[0][1] not in ("0", "unknown"):
+            return text
+        time.sleep(0.3)
+    return text
 
 
 def main() -> int:
@@ -100,7 +115,7 @@ def main() -> int:
                     break
             time.sleep(0.2)
         _say("the capacity report in the middle of the burst (vllm-capacity report):")
-        subprocess.run([sys.executable, "-m", "vllm_capacity", "report", "--vllm-url", vllm.url, "--timeout", "20s"])
+        _print(_report_while_running(vllm.url), end="")
         load.send_signal(signal.SIGTERM)  # the round under way ends, then the load
         out, _ = load.communicate(timeout=600)
         load = None  # done and reaped
