@@ -143,9 +143,8 @@ async def test_restart_refetches_models_and_counters_never_go_down(h: Harness, f
 
     # vLLM restarts: new process start time, counters back near zero, smaller max_model_len
     start = value(saturated, "process_start_time_seconds")
-    restarted = saturated.replace(
-        f"process_start_time_seconds {start!r}", f"process_start_time_seconds {start + 100!r}"
-    ).replace(
+    (start_line,) = [ln for ln in saturated.splitlines() if ln.startswith("process_start_time_seconds ")]
+    restarted = saturated.replace(start_line, f"process_start_time_seconds {start + 100!r}").replace(
         'vllm:num_preemptions_total{engine="0",model_name="tiny-llama"} 82.0',
         'vllm:num_preemptions_total{engine="0",model_name="tiny-llama"} 2.0',
     )
@@ -153,12 +152,58 @@ async def test_restart_refetches_models_and_counters_never_go_down(h: Harness, f
     fake_vllm.metrics = restarted
     fake_vllm.models = '{"object":"list","data":[{"id":"tiny-llama","object":"model","max_model_len":512}]}'
     with structlog.testing.capture_logs() as logs:
-        await h.agent.cycle()
-    assert fake_vllm.requests.count("/v1/models") == 2
-    assert any(e["event"] == "vllm_restarted" for e in logs)
+        await h.agent.cycle()  # the first read of the new process: /v1/models again, the counter held
+        assert fake_vllm.requests.count("/v1/models") == 2
+        text = await h.scrape()
+        assert value(text, "vllm_capacity_max_model_len_tokens") == 512
+        assert value(text, "vllm_capacity_preemptions_total") == 82
+        await h.agent.cycle()  # the second says the same: a restart, carried exactly
+    assert [e["event"] for e in logs].count("vllm_restarted") == 1
     text = await h.scrape()
-    assert value(text, "vllm_capacity_max_model_len_tokens") == 512
     assert value(text, "vllm_capacity_preemptions_total") == 84  # 82 before the restart + 2 since
+
+
+async def test_one_bad_read_poisons_nothing_learned_or_carried(h: Harness, fake_vllm: FakeVllm) -> None:
+    """A glitch is not a restart, and a value no engine could have is refused for the counters and the learners: one
+    bad process_start_time_seconds added 20 preemptions, a dip in generation tokens 10, a read of 9e15 preemptions
+    stayed in the counter for good, a TTFT jump of 1e12 set every quantile to 2,560 s, running 1e12 set the
+    sustained concurrency to 2.1e10. Each is left out (counted, logged once); the reads after it go on as before."""
+    saturated = fixture_text("v1-0.32.0-cpu-saturated.prom")
+    start = value(saturated, "process_start_time_seconds")
+    (start_line,) = [ln for ln in saturated.splitlines() if ln.startswith("process_start_time_seconds ")]
+    preempt = 'vllm:num_preemptions_total{engine="0",model_name="tiny-llama"} 82.0'
+    lines = saturated.splitlines()
+    gen = next(ln for ln in lines if ln.startswith("vllm:generation_tokens_total{"))
+    ttft = next(ln for ln in lines if ln.startswith("vllm:time_to_first_token_seconds_bucket{") and 'le="+Inf"' in ln)
+    running = next(ln for ln in lines if ln.startswith("vllm:num_requests_running{"))
+    glitches = {
+        "a new start time for one read": saturated.replace(start_line, f"process_start_time_seconds {start + 100!r}"),
+        "a dip in generation tokens": saturated.replace(gen, gen.rsplit(" ", 1)[0] + " 10.0"),
+        "9e15 preemptions": saturated.replace(preempt, preempt.replace("82.0", "9e15")),
+        "a TTFT jump of 1e12": saturated.replace(ttft, ttft.rsplit(" ", 1)[0] + " 1e12"),
+        "running 1e12": saturated.replace(running, running.rsplit(" ", 1)[0] + " 1e12"),
+    }  # fmt: skip
+    fake_vllm.metrics = saturated
+    await h.agent.cycle()
+    await h.agent.cycle()
+    before = await h.scrape()
+    quantiles = {k: v for k, v in samples(before).items() if k[0] == "vllm_capacity_latency_by_concurrency_seconds"}
+    sustained = value(before, "vllm_capacity_max_concurrency", basis="sustained")
+    for name, glitch in glitches.items():
+        assert glitch != saturated, name
+        fake_vllm.metrics = glitch
+        await h.agent.cycle()
+        fake_vllm.metrics = saturated
+        await h.agent.cycle()
+        text = await h.scrape()
+        assert value(text, "vllm_capacity_preemptions_total") == 82, name
+        assert {
+            k: v for k, v in samples(text).items() if k[0] == "vllm_capacity_latency_by_concurrency_seconds"
+        } == quantiles, name
+        assert value(text, "vllm_capacity_max_concurrency", basis="sustained") == pytest.approx(sustained, rel=0.01), (
+            name
+        )
+    assert h.agent.counters.glitches == 2  # the start time and the dip: each held one read, then dropped
 
 
 async def test_models_refetched_after_vllm_comes_back(h: Harness, fake_vllm: FakeVllm) -> None:
@@ -758,6 +803,7 @@ async def test_headroom_follows_the_queue_and_the_sustained_concurrency(h: Harne
     )
     fake_vllm.metrics = with_value(restarted, "vllm:num_preemptions_total", "0.0")
     await h.agent.cycle()
+    await h.agent.cycle()  # the second read of the new process confirms the restart
     text = await h.scrape()
     assert value(text, "vllm_capacity_sustained_queue_observed") == 0  # forgotten: 10 running is a lower bound
     assert value(text, "vllm_capacity_max_concurrency", basis="sustained") == 10
@@ -1124,7 +1170,7 @@ def test_the_same_record_again_carries_and_teaches_what_an_equal_copy_would() ->
     preempting = with_value(SATURATED, "vllm:num_preemptions_total", "90.0")
     steps = [SATURATED, without_queue(SATURATED), without_queue(preempting), preempting, SATURATED]
     clock = FakeClock()
-    runs = {alike: (Counters(), SustainedLearner(60.0, clock)) for alike in (True, False)}
+    runs = {alike: (Counters(clock), SustainedLearner(60.0, clock)) for alike in (True, False)}
     seen: dict[bool, list[object]] = {True: [], False: []}
     for text in steps:
         record = parse_metrics(text, latency=False)
@@ -1132,13 +1178,17 @@ def test_the_same_record_again_carries_and_teaches_what_an_equal_copy_would() ->
             clock.advance(1.0)
             for alike, (counters, sustained) in runs.items():
                 metrics = record if alike else copy.deepcopy(record)
-                restarted = counters.restarted(metrics)
-                carried = counters.carry(metrics, restarted)
-                sustained.learn(metrics, counters.preempted)
-                counters.last = metrics
-                seen[alike].append((restarted, dict(carried), counters.preempted, dict(sustained._learned)))
+                verdict = counters.judge(metrics)
+                restarted = verdict == "restart"
+                if verdict == "unconfirmed":
+                    carried = counters.held()[0]
+                else:
+                    carried = counters.carry(metrics, restarted)
+                    sustained.learn(metrics, counters.preempted)
+                    counters.last = metrics
+                seen[alike].append((verdict, dict(carried), counters.preempted, dict(sustained._learned)))
     assert seen[True] == seen[False]
-    assert any(restarted for restarted, *_ in seen[True])  # the sequence holds a restart, a preemption, a level
+    assert any(verdict == "restart" for verdict, *_ in seen[True])  # it holds a restart, a preemption, a level
     assert any(preempted for *_, preempted, _ in seen[True])
     assert any(learned[("tiny-llama", "0")].observed for *_, learned in seen[True])
     # what the agent's sequence cannot give, the API still holds: the same record told restarted, or preempted

@@ -9,6 +9,8 @@ from the model); ``engine`` one engine's figures put together, and every engine 
 from vllm_capacity.derive.capacity import (
     GENERATION_OLDEST,
     LIMITS,
+    MAX_EVENTS_PER_SECOND,
+    MAX_TOKENS_PER_SECOND,
     NEARLY_FULL,
     Bounds,
     accumulate_counter,
@@ -22,6 +24,7 @@ from vllm_capacity.derive.capacity import (
     max_concurrency_at_context,
     max_concurrency_at_max_model_len,
     mean_context_tokens,
+    plausible_rise,
     sizing_rules,
     used_tokens,
 )
@@ -59,6 +62,8 @@ from vllm_capacity.derive.layout import (
 __all__ = [
     "GENERATION_OLDEST",
     "LIMITS",
+    "MAX_EVENTS_PER_SECOND",
+    "MAX_TOKENS_PER_SECOND",
     "NEARLY_FULL",
     "NO_FACTS",
     "NO_HISTORY",
@@ -100,6 +105,7 @@ __all__ = [
     "model_kv_bytes_per_token",
     "planned_bytes_per_token",
     "planned_layout",
+    "plausible_rise",
     "sizing_rules",
     "spec_decode",
     "used_tokens",

@@ -264,3 +264,16 @@ def accumulate_counter(total: float | None, previous_raw: float | None, raw: flo
     if restarted or raw < previous_raw:
         return total + raw
     return total + (raw - previous_raw)
+
+
+#: the most one engine's counter of requests or events (preemptions, rejections, requests timed to their first
+#: token) may rise in a second: far above what any engine serves (thousands a second at most); and of tokens
+MAX_EVENTS_PER_SECOND = 100_000.0
+MAX_TOKENS_PER_SECOND = 10_000_000.0
+RISE_SLACK = 1_000.0  # what a first read, a clock's step or a read's own length may add
+
+
+def plausible_rise(rise: float, seconds: float, per_second: float = MAX_EVENTS_PER_SECOND) -> bool:
+    """Whether a counter's rise over ``seconds`` can be right: one read of 9e15 preemptions stayed in the carried
+    counter for good, one TTFT histogram jump of 1e12 set every quantile to 2,560 s."""
+    return math.isfinite(rise) and rise <= per_second * max(seconds, 0.0) + RISE_SLACK

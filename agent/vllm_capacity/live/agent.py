@@ -118,7 +118,7 @@ class Agent:
         # down is vllm_capacity_up 0). Readiness never follows vLLM: a native sidecar's readiness is the pod's.
         self.ready = False
         self.models = ModelsReader(client, self.sources, settings.models_refresh, monotonic)  # /v1/models and /version
-        self.counters = Counters()  # restarts, and the counters carried over them
+        self.counters = Counters(monotonic)  # restarts, and the counters carried over them
         self._announced: tuple[object, ...] | None = None
         self._shapes_announced: set[tuple[object, ...]] = set()
         self._crashes_logged: set[str] = set()
@@ -174,16 +174,24 @@ class Agent:
         self.sources.implausible(SOURCE_VLLM, metrics.implausible)
         self.sources.over_limit(SOURCE_VLLM, metrics.over_limit)
 
-        restarted = self.counters.restarted(metrics)
+        verdict = self.counters.judge(metrics)
+        restarted, held = verdict == "restart", verdict == "unconfirmed"
         if restarted:
             self.logger.info("vllm_restarted", reason="new process start time, or a counter went down")
-        await self.models.read(restarted, first=self.counters.last is None)
-        carried = self.counters.carry(metrics, restarted)
-        rejections = self.counters.carry_rejections(metrics, restarted)
-        self.latency.learn(metrics, read_latency)
-        if restarted:
-            self.sustained.forget()
-        self.sustained.learn(metrics, self.counters.preempted)
+        # /v1/models is read again on the first sign of a restart: a new process may serve another max_model_len
+        await self.models.read(restarted or held, first=self.counters.last is None)
+        if held:  # a restart or a glitch: the next read tells; till then nothing is carried or learned from it
+            carried, rejections = self.counters.held()
+            if read_latency:
+                self.latency.missed()
+        else:
+            carried = self.counters.carry(metrics, restarted)
+            rejections = self.counters.carry_rejections(metrics, restarted)
+            self.latency.learn(metrics, read_latency)
+            if restarted:
+                self.sustained.forget()
+            self.sustained.learn(metrics, self.counters.preempted)
+        self.sources.implausible(SOURCE_VLLM, (*self.counters.refused, *self.latency.refused, *self.sustained.refused))
         history = derive.EngineHistory(
             carried,
             self.latency.views,
@@ -193,7 +201,8 @@ class Agent:
             shedding=self.counters.shedding,
         )
         engines = self.derived.engines(metrics, self._facts(), history)
-        self.counters.last = metrics
+        if not held and not self.counters.refused:  # the base restarts are told by: reads whose counters can be right
+            self.counters.last = metrics
         self.snapshot = self._snapshot(
             up=True,
             timestamp=self.clock(),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from vllm_capacity import derive
 from vllm_capacity.live.status import SourceBook, internal
@@ -13,12 +14,20 @@ from vllm_capacity.sources.vllm import ModelsInfo, VllmClient
 from vllm_capacity.sources.vllm_metrics.records import EngineKey, VllmMetrics
 
 SOURCE_MODELS = "vllm_models"
+Verdict = Literal["same", "restart", "unconfirmed"]
 
 
 class Counters:
-    """The last good read of vLLM's metrics, to tell a restart by, and its preemption counter carried over them."""
+    """The last good read of vLLM's metrics, to tell a restart by, and its preemption counter carried over them.
 
-    def __init__(self) -> None:
+    A restart is carried exactly, a glitch not at all: a read that looks like a restart (a new process start time, a
+    counter gone down) is held, unconfirmed, until the next read says the same (the new start time stays, the
+    counters go on from where it left them); a read that goes back to the old process was a glitch, left out whole
+    (one bad process_start_time_seconds added 20 preemptions, a dip in generation tokens 10). A counter that rises
+    further in a read than any engine could (:func:`~vllm_capacity.derive.plausible_rise`) is refused for it."""
+
+    def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.monotonic = monotonic
         self.last: VllmMetrics | None = None  # the last good read (None: vLLM was never read)
         self.preempted: frozenset[EngineKey] = frozenset()  # engines that preempted requests since the last read
         self._raw: dict[EngineKey, float] = {}
@@ -26,14 +35,37 @@ class Counters:
         self.shedding: frozenset[str] = frozenset()  # models whose queue caps rejected requests since the last read
         self._rejected_raw: dict[tuple[str, str], float] = {}
         self._rejected: dict[tuple[str, str], float] = {}
+        self._pending: VllmMetrics | None = None  # a read that looked like a restart, not yet confirmed
+        self._carried_at: float | None = None  # when the counters were last carried
+        self._elapsed = 0.0  # the seconds the last carry covered
+        self.refused: tuple[str, ...] = ()  # the counters refused this read (risen further than can be right)
+        self.glitches = 0  # reads that looked like a restart and were not one
 
-    def restarted(self, metrics: VllmMetrics) -> bool:
-        """vLLM restarted since the last good read: a new process start time, or a counter went down. Not a missing
-        or re-formatted info family: cache_config_info coming and going (or '0.92' becoming '0.920') is no restart,
-        and counting it as one added vLLM's whole counter again each time."""
+    def judge(self, metrics: VllmMetrics) -> Verdict:
+        """Whether this read continues the last accepted one (``same``), confirms a restart the read before it
+        showed (``restart``), or looks like a restart not yet confirmed (``unconfirmed``: hold it)."""
         prev = self.last
-        if prev is None:
-            return False
+        if prev is None or not self._restarted(metrics, prev):
+            if self._pending is not None:
+                self.glitches += 1  # the read before looked like a restart; this one goes on from before it
+            self._pending = None
+            return "same"
+        pending, self._pending = self._pending, metrics
+        if pending is not None and not self._restarted(metrics, pending):
+            self._pending = None
+            return "restart"
+        return "unconfirmed"
+
+    def held(self) -> tuple[dict[EngineKey, float], dict[tuple[str, str], float]]:
+        """What an unconfirmed read exports: the totals as they stood, nothing newly preempted or shed."""
+        self.preempted, self.shedding, self.refused = frozenset(), frozenset(), ()
+        return dict(self._total), dict(self._rejected)
+
+    @staticmethod
+    def _restarted(metrics: VllmMetrics, prev: VllmMetrics) -> bool:
+        """vLLM restarted between ``prev`` and ``metrics``: a new process start time, or a counter went down. Not a
+        missing or re-formatted info family: cache_config_info coming and going (or '0.92' becoming '0.920') is no
+        restart, and counting it as one added vLLM's whole counter again each time."""
         if (
             metrics.process_start_time_seconds is not None
             and prev.process_start_time_seconds is not None
@@ -53,15 +85,30 @@ class Counters:
                     return True
         return False
 
+    def _seconds(self) -> float:
+        """Since the counters were last carried (0 the first time): what a counter may have risen in."""
+        now = self.monotonic()
+        seconds = now - self._carried_at if self._carried_at is not None else 0.0
+        self._carried_at = now
+        return seconds
+
     def carry(self, metrics: VllmMetrics, restarted: bool) -> dict[EngineKey, float]:
         """Carry vLLM's preemption counters across its restarts; returns the totals to export this cycle: those of
         the engines that reported a (plausible) value. An engine that reported none this time keeps its total for
         the next; an engine that went away takes its series with it."""
         present, exported = {(e.model_name, e.engine) for e in metrics.engines}, {}
         preempted: set[EngineKey] = set()
+        seconds, refused = self._seconds(), set()
+        self._elapsed = seconds
         for e in metrics.engines:
             key = (e.model_name, e.engine)
             if e.preemptions_total is None:
+                continue
+            raw = self._raw.get(key)
+            rise = e.preemptions_total - (0.0 if restarted or raw is None else raw)
+            if raw is not None and not derive.plausible_rise(rise, seconds):
+                refused.add("vllm:num_preemptions")  # this read's value left out: the total and its base stand
+                exported[key] = self._total[key]
                 continue
             before = self._total.get(key)
             self._total[key] = derive.accumulate_counter(before, self._raw.get(key), e.preemptions_total, restarted)
@@ -72,21 +119,28 @@ class Counters:
         for key in set(self._total) - present:
             del self._total[key]
             self._raw.pop(key, None)
-        self.preempted = frozenset(preempted)
+        self.preempted, self.refused = frozenset(preempted), tuple(sorted(refused))
         return exported
 
     def carry_rejections(self, metrics: VllmMetrics, restarted: bool) -> dict[tuple[str, str], float]:
-        """vLLM's admission rejections by (model_name, reason), carried across its restarts as the preemptions are;
+        """vLLM's admission rejections by (model_name, reason), carried across its restarts as the preemptions are
+        (after :meth:`carry`, over the same seconds), a rise past what can be right refused as theirs is;
         ``shedding`` names the models whose total rose since the last read. A model or reason no longer reported
         takes its series with it."""
         shedding: set[str] = set()
         totals: dict[tuple[str, str], float] = {}
+        raws: dict[tuple[str, str], float] = {}
         for key, raw in metrics.admission_rejections.items():
-            before = self._rejected.get(key)
-            totals[key] = derive.accumulate_counter(before, self._rejected_raw.get(key), raw, restarted)
+            last_raw, before = self._rejected_raw.get(key), self._rejected.get(key)
+            rise = raw - (0.0 if restarted or last_raw is None else last_raw)
+            if last_raw is not None and before is not None and not derive.plausible_rise(rise, self._elapsed):
+                totals[key], raws[key] = before, last_raw  # this read's value left out: the total and its base stand
+                self.refused = (*self.refused, "vllm:admission_rejections")
+                continue
+            totals[key], raws[key] = derive.accumulate_counter(before, last_raw, raw, restarted), raw
             if before is not None and totals[key] > before:
                 shedding.add(key[0])
-        self._rejected, self._rejected_raw = totals, dict(metrics.admission_rejections)
+        self._rejected, self._rejected_raw = totals, raws
         self.shedding = frozenset(shedding)
         return dict(totals)
 

@@ -26,6 +26,8 @@ from vllm_capacity.live.status import first_time
 from vllm_capacity.sources.vllm_metrics.records import EngineKey, VllmMetrics
 
 LATENCY_EVERY = 5.0  # seconds: how often a cycle reads vLLM's latency histograms (most of its lines) to learn from
+#: how fast each histogram's count can rise: requests (or engine steps) for most, tokens for the inter-token latency
+RISES = {ITL: derive.MAX_TOKENS_PER_SECOND}
 
 
 class LatencyLearner:
@@ -49,6 +51,8 @@ class LatencyLearner:
         self._read_at: float | None = None  # when the last latency read was learned from
         self._tried_at: float | None = None  # when a latency read was last tried, whether or not it came back
         self._unresolvable_logged: set[str] = set()
+        self._totals: dict[EngineKey, dict[str, float]] = {}  # each histogram's count at the last read learned from
+        self.refused: tuple[str, ...] = ()  # the histograms a read could not have (risen further than can be right)
 
     @property
     def views(self) -> Mapping[EngineKey, derive.LatencyView]:
@@ -77,11 +81,15 @@ class LatencyLearner:
         now = self.monotonic()
         seconds = now - self._read_at if self._read_at is not None else 0.0
         self._read_at = self._tried_at = now
-        present = set()
+        present, refused = set(), set()
         for m in metrics.engines:
             key = (m.model_name, m.engine)
             present.add(key)
             total, n = self._running_seen.pop(key, (0.0, 0))
+            implausible = self._implausible(key, m.latency, seconds)
+            if implausible:  # this read teaches nothing; the view and every base stand as they were
+                refused.update(implausible)
+                continue
             curve = self._curves.setdefault(key, LatencyCurve(half_life=self.half_life))
             cc = m.cache_config
             kv_bound = derive.blocks_per_engine(cc.num_gpu_blocks if cc else None, metrics.dp_engines, metrics.schema)
@@ -101,12 +109,30 @@ class LatencyLearner:
                 step_tokens=steps,
                 step_tokens_sum=steps_sum,
             )
+        self.refused = tuple(sorted(refused))
         self._running_seen.clear()  # what is left belongs to engines that went away
         for gone in set(self._curves) - present:  # an engine that went away takes what it taught with it
             del self._curves[gone]
             self._contexts.pop(gone, None)
             self._views.pop(gone, None)
             self._steps.pop(gone, None)
+            self._totals.pop(gone, None)
+
+    def _implausible(self, key: EngineKey, histograms: Mapping[str, Buckets], seconds: float) -> list[str]:
+        """The histograms whose count rose further since the last read than any engine could: one TTFT jump of
+        1e12 set p50, p90 and p99 to 2,560 s and removed the SLO bound. The counts of a read that passes are noted."""
+        counts = {kind: buckets[-1][1] for kind, buckets in histograms.items() if buckets}
+        before = self._totals.get(key, {})
+        bad = [
+            kind
+            for kind, count in counts.items()
+            if kind in before
+            and count >= before[kind]  # gone down: a restart, which the curves handle
+            and not derive.plausible_rise(count - before[kind], seconds, RISES.get(kind, derive.MAX_EVENTS_PER_SECOND))
+        ]
+        if not bad:
+            self._totals[key] = counts
+        return [f"vllm histogram {kind}" for kind in bad]
 
     def _step_increase(
         self, key: EngineKey, steps: Buckets | None, total: float | None
