@@ -174,6 +174,7 @@ class Agent:
         self.sources.implausible(SOURCE_VLLM, metrics.implausible)
         self.sources.over_limit(SOURCE_VLLM, metrics.over_limit)
 
+        glitches = self.counters.glitches
         verdict = self.counters.judge(metrics)
         restarted, held = verdict == "restart", verdict == "unconfirmed"
         if restarted:
@@ -182,6 +183,7 @@ class Agent:
         await self.models.read(restarted or held, first=self.counters.last is None)
         if held:  # a restart or a glitch: the next read tells; till then nothing is carried or learned from it
             carried, rejections = self.counters.held()
+            self.latency.refused = self.sustained.refused = ()  # nothing of this read was weighed
             if read_latency:
                 self.latency.missed()
         else:
@@ -191,7 +193,9 @@ class Agent:
             if restarted:
                 self.sustained.forget()
             self.sustained.learn(metrics, self.counters.preempted)
-        self.sources.implausible(SOURCE_VLLM, (*self.counters.refused, *self.latency.refused, *self.sustained.refused))
+        dropped = ("process start or counters: a restart the next read did not confirm",)
+        refused = (*self.counters.refused, *self.latency.refused, *self.sustained.refused)
+        self.sources.implausible(SOURCE_VLLM, (*(dropped if self.counters.glitches > glitches else ()), *refused))
         history = derive.EngineHistory(
             carried,
             self.latency.views,
