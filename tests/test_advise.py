@@ -103,6 +103,11 @@ def test_advise_finds_each_planted_truth_with_the_planners_numbers(week: Week, l
         fp8["numbers"]["kv_cache_tokens_advised"]
         == sizing.plan(llama, replace(now, kv_cache_dtype="fp8")).kv_cache_tokens
     )
+    assert "requests waiting for KV capacity at once" in fp8["effect"]  # the queue at the peaks, 2 x 4 requests
+    assert 7 <= model["observed"]["waiting_for_capacity_max"]["value"] <= 8
+    assert model["observed"]["used_tokens_max"]["value"] == pytest.approx(
+        0.99 * model["observed"]["capacity_tokens"]["value"]
+    )
     hours = fp8["numbers"]["preempted_hours"]
     assert 7 * 2 <= hours <= 7 * 8 and fp8["numbers"]["preempted_hours_at_peak"] == hours
     # the latency knee: max_num_seqs at the knee (28 ran), replicas for the peak of 2 x 32 with 20 % headroom

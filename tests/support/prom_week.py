@@ -94,6 +94,8 @@ def _series(d: Deployment, pod: str, start: int, t: int, state: dict[str, float]
         ("vllm_capacity_kv_cache_usage_ratio", 'engine="0"', min(0.99, running / HOLDS)),
         ("vllm_capacity_requests_running", 'engine="0"', running),
         ("vllm_capacity_requests_waiting", 'engine="0"', waiting),
+        ("vllm_capacity_requests_waiting_for_capacity", 'engine="0"', waiting),
+        ("vllm_capacity_kv_cache_used_tokens", 'engine="0"', min(0.99, running / HOLDS) * d.capacity_tokens),
         ("vllm_capacity_preemptions_total", 'engine="0"', state["preempted"]),
         ("vllm_capacity_concurrency_limit", 'engine="0",limit="kv_cache"', 1.0 if over else 0.0),
         ("vllm_capacity_concurrency_limit", 'engine="0",limit="max_num_seqs"', 0.0),

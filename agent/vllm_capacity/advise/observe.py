@@ -40,6 +40,9 @@ QUERIES: dict[str, str] = {
     "preemptions": "sum by ($by) (increase(vllm_capacity_preemptions_total{$sel}[$w]))",
     "shed": "sum by ($by) (increase(vllm_capacity_requests_rejected_total{$sel}[$w]))",
     "kv_usage_max": "max by ($by) (max_over_time(vllm_capacity_kv_cache_usage_ratio{$sel}[$w]))",
+    "used_tokens_max": "max by ($by) (max_over_time(vllm_capacity_kv_cache_used_tokens{$sel}[$w]))",
+    "waiting_for_capacity_max": "max_over_time(sum by ($by) "
+    "(vllm_capacity_requests_waiting_for_capacity{$sel})[$w:$res])",
     "limit_max_num_seqs": 'avg by ($by) (avg_over_time(vllm_capacity_concurrency_limit{limit="max_num_seqs"$sel}[$w]))',
     "limit_token_budget": 'avg by ($by) (avg_over_time(vllm_capacity_concurrency_limit{limit="token_budget"$sel}[$w]))',
     "running_max": "max by ($by) (max_over_time(vllm_capacity_requests_running{$sel}[$w]))",

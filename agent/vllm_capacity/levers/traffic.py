@@ -155,11 +155,23 @@ def _fp8(o: Observed, dtype: str, ratio: float, how: str, cap: float | None, the
         else ""
     )
     then = f"{cap:,.0f} -> {then_tokens:,.0f} tokens per engine ({ratio:.2f}x, {how})" if cap else f"{ratio:.2f}x"
+    queued = o.value("waiting_for_capacity_max")
+    waited = f", up to {queued:,.0f} requests waiting for KV capacity at once" if queued else ""
     effect = (
-        f"{preempted:,.0f} preemptions and {shed or 0:,.0f} shed requests in {o.window}{when}; KV cache {then} "
-        "in the same memory; fp8 KV costs some accuracy on some models: check yours"
+        f"{preempted:,.0f} preemptions and {shed or 0:,.0f} shed requests in {o.window}{when}{waited}; KV cache "
+        f"{then} in the same memory; fp8 KV costs some accuracy on some models: check yours"
     )
-    evidence = tuple(f for f in (o.get("preemptions"), o.get("shed"), o.get("capacity_tokens"), o.hours) if f)
+    evidence = tuple(
+        f
+        for f in (
+            o.get("preemptions"),
+            o.get("shed"),
+            o.get("waiting_for_capacity_max"),
+            o.get("capacity_tokens"),
+            o.hours,
+        )
+        if f
+    )
     rule = "preemptions or shed requests in the window, a 16-bit KV cache: fp8 holds the planner's ratio more"
     numbers = {"preempted_hours": float(hours), "preempted_hours_at_peak": float(at_peak), "ratio": ratio}
     if cap and then_tokens:
