@@ -733,6 +733,46 @@ def test_the_chart_label_is_helms_own_form(tmp_path: Path) -> None:
     assert {d["metadata"]["labels"]["helm.sh/chart"] for d in docs} == {"vllm-capacity-0.1.0_build.7"}
 
 
+def test_the_dcgm_exporter_join_rules_in_promtool(tmp_path: Path) -> None:
+    """deploy/dcgm/recording-rules.yaml joins dcgm-exporter's series (UUID, gpu, Hostname) with the sidecar's (uuid,
+    gpu) by the GPU's UUID: the budget against DCGM's framebuffer used, and DCGM's utilization by vLLM's model."""
+    uuid = "GPU-5eed0000-0000-0000-0000-000000000000"
+    side = f'namespace="serving",pod="llama-0",gpu="0",uuid="{uuid}"'
+    dcgm = f'UUID="{uuid}",gpu="0",Hostname="node-1",modelName="NVIDIA H100 80GB HBM3",namespace="gpu-operator"'
+    test = {
+        "rule_files": [str(ROOT / "deploy" / "dcgm" / "recording-rules.yaml")],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": f"vllm_capacity_gpu_memory_budget_bytes{{{side}}}", "values": "72000000000x5"},
+                {"series": f'vllm_capacity_gpu_process_memory_bytes{{{side},pid="42",owner="vllm"}}',
+                 "values": "70000000000x5"},
+                {"series": 'vllm_capacity_vllm_info{namespace="serving",pod="llama-0",model_name="llama-8b"}',
+                 "values": "1x5"},
+                {"series": f"DCGM_FI_DEV_FB_USED{{{dcgm}}}", "values": "68664x5"},  # MiB
+                {"series": f"DCGM_FI_DEV_GPU_UTIL{{{dcgm}}}", "values": "87x5"},
+            ],
+            "promql_expr_test": [
+                {"expr": "gpu:dcgm_fb_used_over_vllm_budget:ratio", "eval_time": "4m", "exp_samples": [{
+                    "labels": f'gpu:dcgm_fb_used_over_vllm_budget:ratio{{UUID="{uuid}",Hostname="node-1",gpu="0",'
+                              'namespace="serving",pod="llama-0"}',
+                    "value": 68664 * 1048576 / 72e9}]},
+                {"expr": "gpu:dcgm_gpu_utilization:ratio_by_model", "eval_time": "4m", "exp_samples": [{
+                    "labels": f'gpu:dcgm_gpu_utilization:ratio_by_model{{UUID="{uuid}",Hostname="node-1",gpu="0",'
+                              'namespace="serving",pod="llama-0",model_name="llama-8b"}',
+                    "value": 0.87}]},
+            ],
+        }],
+    }  # fmt: skip
+    path = tmp_path / "dcgm-test.yaml"
+    path.write_text(yaml.safe_dump(test))
+    result = subprocess.run(
+        [shutil.which("promtool") or "promtool", "test", "rules", str(path)], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_the_opentelemetry_collector_configuration(tmp_path: Path) -> None:
     """deploy/otel/collector.yaml: its pipeline names only what it defines, and the prometheus receiver's scrape
     configuration is one promtool accepts, keeping the namespace and pod labels the alerts group by. (No collector

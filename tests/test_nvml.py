@@ -14,10 +14,11 @@ from pathlib import Path
 import pynvml
 import pytest
 import structlog
+from prometheus_client import generate_latest
 
 from lab import stop_process
 from support.doubles import FakeClock, FakeVllm
-from support.exposition import value
+from support.exposition import samples, value
 from support.fake_nvml import SEED_LOG, WITHOUT_NVIDIA_LIBRARY, FakeGpu, FakeNvml, GiB, seed_gpu
 from support.files import fixture_text
 from vllm_capacity.derive.budget import COMPONENTS, gpu_budget
@@ -869,4 +870,26 @@ async def test_a_lost_gpu_is_its_own_series_while_the_others_report(fake_vllm: F
     await agent.cycle()
     await agent.cycle()  # the lost GPU restarted NVML: the next read sees it
     assert value(render(agent), "vllm_capacity_gpu_up", gpu="1", uuid="GPU-b000") == 1
+    await agent.client.aclose()
+
+
+async def test_beside_dcgm_exporter_the_device_series_are_left_out_and_the_budget_stays(
+    fake_vllm: FakeVllm, tmp_path
+) -> None:
+    """--gpu-device-series off: what dcgm-exporter already exports of the GPU (utilization, power, clocks, throttling,
+    memory used and free) is left out; the memory budget it has not, vLLM's processes, the total, gpu_up and gpu_info
+    stay, with the same values as beside the device series."""
+    agent = await _agent(fake_vllm, tmp_path, NvmlSource(loader=lambda: FakeNvml([seed_gpu()])), {4242})
+    await agent.cycle()
+    full = render(agent)
+    lean = generate_latest(build_registry(agent, process_metrics=False, gpu_device_series=False)).decode()
+    names = {n for n, _ in samples(full) if n.startswith("vllm_capacity_gpu_")}
+    kept = {n for n, _ in samples(lean) if n.startswith("vllm_capacity_gpu_")}
+    assert kept == {"vllm_capacity_gpu_up", "vllm_capacity_gpu_memory_total_bytes", "vllm_capacity_gpu_memory_bytes",
+                    "vllm_capacity_gpu_memory_budget_bytes", "vllm_capacity_gpu_process_memory_bytes",
+                    "vllm_capacity_gpu_info"}  # fmt: skip
+    assert {"vllm_capacity_gpu_power_watts", "vllm_capacity_gpu_utilization_ratio"} <= names - kept
+    assert {k: v for k, v in samples(lean).items() if k[0] in kept} == {
+        k: v for k, v in samples(full).items() if k[0] in kept
+    }
     await agent.client.aclose()

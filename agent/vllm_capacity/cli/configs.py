@@ -49,6 +49,7 @@ class ServeConfig(SourceConfig):
     probe_listen: tuple[str, int] | None
     web_max_requests: int
     web_disable_exporter_metrics: bool
+    gpu_device_series: OnOff  # off: beside dcgm-exporter, the device's own readings left out
     log_format: LogFormat
     log_level: str
 

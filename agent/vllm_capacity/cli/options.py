@@ -326,6 +326,13 @@ SERVE_OPTIONS = (
         switch=True,
     ),
     Option(
+        "--gpu-device-series",
+        _choice("on", "off"),
+        "on",
+        "off beside dcgm-exporter: leave out the GPU readings it exports (utilization, power, clocks, throttling, "
+        "memory used); the memory budget, vLLM's processes and the memory total stay",
+    ),
+    Option(
         "--probe-listen",
         parse_listen,
         None,

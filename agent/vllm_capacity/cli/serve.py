@@ -153,6 +153,7 @@ async def _runner(agent: Agent, values: ServeConfig, access: Any, ssl_context: A
         access=access,
         metrics_path=values.web_telemetry_path,
         process_metrics=not values.web_disable_exporter_metrics,
+        gpu_device_series=values.gpu_device_series == "on",
         outer=(guard.middleware,),
     )
     # idle keep-alive connections closed after 75 s (aiohttp's default is an hour: thousands of idle clients add up)

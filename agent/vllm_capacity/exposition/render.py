@@ -143,8 +143,19 @@ def _vllm_info(snap: Snapshot, cc: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+#: what ``--gpu-device-series off`` keeps of the per-GPU readings: what dcgm-exporter has not (the memory budget,
+#: vLLM's processes) and what the budget's alerts and panels read beside it
+KEPT_DEVICE_SERIES = frozenset({N + "gpu_memory_total_bytes"})
+
+
 class GpuCollector(_SnapshotCollector):
-    """Each GPU NVML reads (the catalogue's per-GPU values), its clock reasons, processes and memory budget."""
+    """Each GPU NVML reads (the catalogue's per-GPU values), its clock reasons, processes and memory budget. Without
+    ``device_series`` (beside dcgm-exporter) the device's own readings are left out but the memory total; its
+    processes, the budget, gpu_up and gpu_info stay."""
+
+    def __init__(self, served: Served, *, device_series: bool = True) -> None:
+        super().__init__(served)
+        self.device_series = device_series
 
     def add(self, f: _Families, snap: Snapshot) -> None:
         for index, uuid in snap.gpus_unreadable:
@@ -153,8 +164,9 @@ class GpuCollector(_SnapshotCollector):
             key = [g.index, g.uuid]
             f.add(N + "gpu_up", key, 1.0)
             for spec in GPU_SPECS:
-                f.add(spec.name, key, spec.gpu_value(g) if spec.gpu_value else None)
-            for reason, active in (g.throttle_reasons or {}).items():
+                if self.device_series or spec.name in KEPT_DEVICE_SERIES:
+                    f.add(spec.name, key, spec.gpu_value(g) if spec.gpu_value else None)
+            for reason, active in (g.throttle_reasons or {}).items() if self.device_series else ():
                 name = "gpu_clock_event" if reason in NOT_THROTTLING else "gpu_throttled"
                 f.add(N + name, [*key, reason], 1.0 if active else 0.0)
             budget = snap.gpu_budgets.get(g.index)
@@ -185,11 +197,14 @@ class HealthCollector(_SnapshotCollector):
         f.add(N + "last_update_timestamp_seconds", [], snap.timestamp)
 
 
-def build_registry(served: Served, *, process_metrics: bool = True) -> CollectorRegistry:
+def build_registry(
+    served: Served, *, process_metrics: bool = True, gpu_device_series: bool = True
+) -> CollectorRegistry:
     """The agent's exposition in one registry: the snapshot's collectors in catalogue order, then its process."""
     registry = CollectorRegistry(auto_describe=False)
-    for collector in (EngineCollector, GpuCollector, HealthCollector):  # in catalogue order
-        registry.register(collector(served))
+    registry.register(EngineCollector(served))
+    registry.register(GpuCollector(served, device_series=gpu_device_series))
+    registry.register(HealthCollector(served))
     if process_metrics:
         ProcessCollector(namespace=NAMESPACE, registry=registry)
     return registry
@@ -239,11 +254,12 @@ class _Rest(Collector):
     """A render's series after the engines' part: the GPUs and the agent's health of the same moment, then the
     collectors of ``after`` (the agent's process)."""
 
-    def __init__(self, moment: _Moment, after: CollectorRegistry | None) -> None:
-        self._moment, self._after = moment, after
+    def __init__(self, moment: _Moment, after: CollectorRegistry | None, device_series: bool = True) -> None:
+        self._moment, self._after, self._device_series = moment, after, device_series
 
     def collect(self) -> Iterator[Metric]:
-        for collector in (GpuCollector(self._moment), HealthCollector(self._moment)):  # in catalogue order
+        gpus = GpuCollector(self._moment, device_series=self._device_series)
+        for collector in (gpus, HealthCollector(self._moment)):  # in catalogue order
             yield from collector.collect()
         if self._after is not None:
             yield from self._after.collect()
@@ -257,8 +273,9 @@ class RenderCache:
 
     The render is whole: every series of the snapshot encoded again, nothing kept of an earlier one."""
 
-    def __init__(self, served: Served, after: CollectorRegistry | None) -> None:
-        self._served, self._after = served, after
+    def __init__(self, served: Served, after: CollectorRegistry | None, *, gpu_device_series: bool = True) -> None:
+        """``gpu_device_series``: False leaves out the GPU readings dcgm-exporter exports (:class:`GpuCollector`)."""
+        self._served, self._after, self._device_series = served, after, gpu_device_series
         self._engines = EngineCollector(served)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-capacity-render")
         self._cached: dict[str, tuple[Snapshot, asyncio.Future[bytes]]] = {}
@@ -294,7 +311,8 @@ class RenderCache:
         encoders write family after family, and OpenMetrics' one end marker is the rest's."""
         families = _Families()
         self._engines.add(families, moment.snapshot)
-        return encoder(families).removesuffix(OPENMETRICS_EOF) + encoder(_Rest(moment, self._after))
+        rest = _Rest(moment, self._after, self._device_series)
+        return encoder(families).removesuffix(OPENMETRICS_EOF) + encoder(rest)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
