@@ -56,9 +56,7 @@ def make_app(
 ) -> web.Application:
     """The sidecar's app; ``gpu_device_series``: False beside dcgm-exporter (--gpu-device-series off); ``outer``:
     middlewares ahead of its own (the listener's, that tells a connection in a request from an idle one)."""
-    renders = RenderCache(
-        agent, process_registry() if process_metrics else None, gpu_device_series=gpu_device_series
-    )
+    renders = RenderCache(agent, process_registry() if process_metrics else None, gpu_device_series=gpu_device_series)
     access = access if access is not None else Access()
     checks = CredentialChecks()
 
