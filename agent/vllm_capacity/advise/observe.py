@@ -9,7 +9,7 @@ import asyncio
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from vllm_capacity.levers.window import Figure, Observed
 from vllm_capacity.sources.prometheus import PrometheusClient, PrometheusError, Sample
@@ -115,19 +115,49 @@ def _key(labels: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(labels.get(label, "") for label in GROUP)
 
 
+HourlyPoints = dict[tuple[str, ...], dict[float, float]]  # deployment -> timestamp -> value
+
+
+@dataclass(frozen=True)
+class _Answers:
+    """Every query's answer, over every deployment at once, with the PromQL it was asked as."""
+
+    instant: dict[str, tuple[str, list[Sample]]]  # figure -> (PromQL, vector)
+    info: list[Sample]
+    preempted: HourlyPoints
+    demand: HourlyPoints
+    hours: Figure  # the preemptions' range query (its value: each deployment's count, filled in per deployment)
+
+
+async def _ask(client: PrometheusClient, sel: str, window: Window) -> _Answers:
+    """All of advise's queries, side by side."""
+    instant = {n: promql(q, sel, window.text) for n, q in {**QUERIES, **TOP_BUCKETS}.items()}
+    start = window.end - window.seconds + 3600
+    preempted_q, demand_q = promql(PREEMPTED_HOURS, sel, window.text), promql(DEMAND_HOURS, sel, window.text)
+    vectors, (preempted, demand) = await asyncio.gather(
+        asyncio.gather(*(client.query(q, window.end) for q in [*instant.values(), promql(INFO, sel, window.text)])),
+        asyncio.gather(
+            client.query_range(preempted_q, start, window.end, 3600),
+            client.query_range(demand_q, start, window.end, 3600),
+        ),
+    )
+    return _Answers(
+        instant={n: (q, v) for (n, q), v in zip(instant.items(), vectors[:-1], strict=True)},
+        info=vectors[-1],
+        preempted={_key(s.labels): dict(s.points) for s in preempted},
+        demand={_key(s.labels): dict(s.points) for s in demand},
+        hours=Figure(None, preempted_q, window.end, start=start, step=3600),
+    )
+
+
 async def observe(client: PrometheusClient, selector: str | None, window: Window) -> list[Observed]:
     """Every deployment the selector matches, over the window. Raises AdviseError where nothing can be advised."""
     sel = matchers(selector)
     try:
-        names = list(QUERIES)
-        answers = await asyncio.gather(*(client.query(promql(QUERIES[n], sel, window.text), window.end) for n in names))
-        info = await client.query(promql(INFO, sel, window.text), window.end)
-        tops = {n: await client.query(promql(q, sel, window.text), window.end) for n, q in TOP_BUCKETS.items()}
-        hours = await _hours(client, sel, window)
+        answers = await _ask(client, sel, window)
     except PrometheusError as err:
         raise AdviseError(str(err)) from None
-    by_name = dict(zip(names, answers, strict=True))
-    groups = sorted({_key(s.labels) for s in by_name["capacity_tokens"]})
+    groups = sorted({_key(s.labels) for s in answers.instant["capacity_tokens"][1]})
     if not groups:
         raise AdviseError(
             f"no vllm_capacity_kv_cache_capacity_tokens{{{sel.lstrip(',')}}} in the {window.text} before "
@@ -135,39 +165,35 @@ async def observe(client: PrometheusClient, selector: str | None, window: Window
         )
     out = []
     for key in groups:
-        figures = {n: _figure(by_name[n], key, promql(QUERIES[n], sel, window.text), window.end) for n in names}
-        for n, samples in tops.items():
-            figures[n] = Figure(_top(samples, key), promql(TOP_BUCKETS[n], sel, window.text), window.end)
-        span = figures["data_seconds"].value or 0.0
+        observed = _observed(key, window, answers)
+        span = observed.value("data_seconds") or 0.0
         if span < min(MIN_DATA_SECONDS, window.seconds / 2):
             raise AdviseError(
                 f"{'/'.join(k for k in key if k)}: {span / 60:.0f} minutes of data in the {window.text} window: "
                 f"advise needs at least {MIN_DATA_SECONDS / 3600:.0f} h"
             )
-        out.append(_observed(key, window, figures, info, hours))
+        out.append(observed)
     return out
 
 
-def _observed(
-    key: tuple[str, ...],
-    window: Window,
-    figures: dict[str, Figure],
-    info: list[Sample],
-    hours: tuple[dict[tuple[str, ...], dict[float, float]], dict[tuple[str, ...], dict[float, float]], Figure],
-) -> Observed:
-    labels = next((s.labels for s in info if _key(s.labels) == key), {})
-    preempted, demand, query = hours
-    mine = preempted.get(key, {})
+def _observed(key: tuple[str, ...], window: Window, answers: _Answers) -> Observed:
+    """One deployment's share of the answers."""
+    figures = {
+        n: Figure(_top(samples, key) if n in TOP_BUCKETS else _value(samples, key), q, window.end)
+        for n, (q, samples) in answers.instant.items()
+    }
+    labels = next((s.labels for s in answers.info if _key(s.labels) == key), {})
+    mine = answers.preempted.get(key, {})
     # the hours with preemptions: the points above 0 of this deployment's series of the range query
-    counted = Figure(float(sum(1 for v in mine.values() if v > 0)), query.promql, query.at, query.start, query.step)
+    hours = replace(answers.hours, value=float(sum(1 for v in mine.values() if v > 0)))
     return Observed(
         group=dict(zip(GROUP, key, strict=True)),
         window=window.text,
         figures=figures,
         info={k: labels[k] for k in ("version", "cache_dtype", "block_size", "gpu_memory_utilization") if k in labels},
         preempted_hours=mine,
-        demand_hours=demand.get(key, {}),
-        hours=counted,
+        demand_hours=answers.demand.get(key, {}),
+        hours=hours,
     )
 
 
@@ -178,24 +204,8 @@ def _top(samples: list[Sample], key: tuple[str, ...]) -> float | None:
     return max(finite) if finite else None
 
 
-def _figure(samples: list[Sample], key: tuple[str, ...], promql: str, at: float) -> Figure:
-    value = next((s.value for s in samples if _key(s.labels) == key and not math.isnan(s.value)), None)
-    return Figure(value, promql, at)
-
-
-async def _hours(
-    client: PrometheusClient, sel: str, window: Window
-) -> tuple[dict[tuple[str, ...], dict[float, float]], dict[tuple[str, ...], dict[float, float]], Figure]:
-    start = window.end - window.seconds + 3600
-    preempted_q, demand_q = promql(PREEMPTED_HOURS, sel, window.text), promql(DEMAND_HOURS, sel, window.text)
-    preempted = await client.query_range(preempted_q, start, window.end, 3600)
-    demand = await client.query_range(demand_q, start, window.end, 3600)
-    figure = Figure(None, preempted_q, window.end, start=start, step=3600)
-    return (
-        {_key(s.labels): dict(s.points) for s in preempted},
-        {_key(s.labels): dict(s.points) for s in demand},
-        figure,
-    )
+def _value(samples: list[Sample], key: tuple[str, ...]) -> float | None:
+    return next((s.value for s in samples if _key(s.labels) == key and not math.isnan(s.value)), None)
 
 
 def _iso(t: float) -> str:

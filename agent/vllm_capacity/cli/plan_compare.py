@@ -89,38 +89,26 @@ def compare(values: PlanConfig) -> tuple[list[str], list[Cell]]:
 
 
 def render_text(keys: list[str], cells: list[Cell]) -> str:
-    head = [FLAG[k] for k in keys] + [
-        "KV tokens",
-        "max conc @ max_model_len",
-        f"@ {TYPICAL_CONTEXT:,}",
-        "weights / GPU",
-        "GPUs / replica",
-    ]
-    rows = [head]
+    head = [FLAG[k] for k in keys] + ["KV tokens", "max conc @ max_model_len", f"@ {TYPICAL_CONTEXT:,}",
+                                      "weights / GPU", "GPUs / replica"]  # fmt: skip
+    rows: list[tuple[list[str], str | None]] = [(head, None)]  # each row's columns, or its flags and why refused
     for c in cells:
-        row = [str(c.flags[k]) for k in keys]
-        if c.refused is not None:
-            rows.append([*row, f"refused: {c.refused}"])
+        flags = [str(c.flags[k]) for k in keys]
+        if c.refused is not None or c.kv_cache_tokens is None or c.max_concurrency is None:
+            rows.append((flags, f"refused: {c.refused}"))
             continue
-        assert c.kv_cache_tokens is not None
-        assert c.max_concurrency is not None
-        rows.append(
-            [
-                *row,
-                f"{c.kv_cache_tokens:,}",
-                f"{c.max_concurrency:.2f}x at {c.max_model_len:,}",
-                f"{c.concurrency_at_typical:.2f}x" if c.concurrency_at_typical is not None else "-",
-                format_bytes(c.weights_bytes_per_gpu) if c.weights_bytes_per_gpu is not None else "-",
-                str(c.gpus_per_replica),
-            ]
-        )
-    widths = [max(len(r[i]) for r in rows if i < len(r) and not r[i].startswith("refused")) for i in range(len(head))]
+        typical = f"{c.concurrency_at_typical:.2f}x" if c.concurrency_at_typical is not None else "-"
+        weights = format_bytes(c.weights_bytes_per_gpu) if c.weights_bytes_per_gpu is not None else "-"
+        rows.append(([*flags, f"{c.kv_cache_tokens:,}", f"{c.max_concurrency:.2f}x at {c.max_model_len:,}", typical,
+                      weights, str(c.gpus_per_replica)], None))  # fmt: skip
+    widths = [max(len(cols[i]) for cols, _ in rows if i < len(cols)) for i in range(len(head))]
     lines = []
-    for r in rows:
-        cols = [v.ljust(widths[i]) if i < len(keys) else v.rjust(widths[i]) for i, v in enumerate(r[: len(head)])]
-        if len(r) < len(head):  # a refused combination: its reason after its flags
-            cols = [v.ljust(widths[i]) for i, v in enumerate(r[: len(keys)])] + [r[-1]]
-        lines.append("  ".join(cols).rstrip())
+    for cols, refused in rows:
+        cells_text = [
+            v.ljust(w) if i < len(keys) else v.rjust(w)
+            for i, (v, w) in enumerate(zip(cols, widths[: len(cols)], strict=True))
+        ]
+        lines.append("  ".join(cells_text + ([refused] if refused else [])).rstrip())
     title = f"vllm-capacity plan: {len(cells)} combinations of {', '.join(FLAG[k] for k in keys)}"
     return "\n".join([title, "", *lines]) + "\n"
 

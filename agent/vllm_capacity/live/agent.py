@@ -181,21 +181,21 @@ class Agent:
             self.logger.info("vllm_restarted", reason="new process start time, or a counter went down")
         # /v1/models is read again on the first sign of a restart: a new process may serve another max_model_len
         await self.models.read(restarted or held, first=self.counters.last is None)
+        refused: tuple[str, ...] = ()  # what this read could not have, left out of what is carried and learned
         if held:  # a restart or a glitch: the next read tells; till then nothing is carried or learned from it
             carried, rejections = self.counters.held()
-            self.latency.refused = self.sustained.refused = ()  # nothing of this read was weighed
             if read_latency:
                 self.latency.missed()
         else:
             carried = self.counters.carry(metrics, restarted)
             rejections = self.counters.carry_rejections(metrics, restarted)
-            self.latency.learn(metrics, read_latency)
+            refused = (*self.counters.refused, *self.latency.learn(metrics, read_latency))
             if restarted:
                 self.sustained.forget()
-            self.sustained.learn(metrics, self.counters.preempted)
-        dropped = ("process start or counters: a restart the next read did not confirm",)
-        refused = (*self.counters.refused, *self.latency.refused, *self.sustained.refused)
-        self.sources.implausible(SOURCE_VLLM, (*(dropped if self.counters.glitches > glitches else ()), *refused))
+            refused = (*refused, *self.sustained.learn(metrics, self.counters.preempted))
+        if self.counters.glitches > glitches:
+            refused = ("process start or counters: a restart the next read did not confirm", *refused)
+        self.sources.implausible(SOURCE_VLLM, refused)
         history = derive.EngineHistory(
             carried,
             self.latency.views,

@@ -52,7 +52,6 @@ class LatencyLearner:
         self._tried_at: float | None = None  # when a latency read was last tried, whether or not it came back
         self._unresolvable_logged: set[str] = set()
         self._totals: dict[EngineKey, dict[str, float]] = {}  # each histogram's count at the last read learned from
-        self.refused: tuple[str, ...] = ()  # the histograms a read could not have (risen further than can be right)
 
     @property
     def views(self) -> Mapping[EngineKey, derive.LatencyView]:
@@ -68,16 +67,17 @@ class LatencyLearner:
         """A latency read was tried and did not come back: the next try keeps the schedule."""
         self._tried_at = self.monotonic()
 
-    def learn(self, metrics: VllmMetrics, read: bool) -> None:
+    def learn(self, metrics: VllmMetrics, read: bool) -> tuple[str, ...]:
         """Note each engine's running requests; when this cycle read the latency histograms, teach each engine's
         curve the interval since the last time, and refresh what is exported of it (computed here, not every
-        cycle: quantiles of every bin are the costly part)."""
+        cycle: quantiles of every bin are the costly part). Returns the histograms this read could not have (risen
+        further than can be right), which taught nothing."""
         for m in metrics.engines:
             if m.running is not None:
                 total, n = self._running_seen.get((m.model_name, m.engine), (0.0, 0))
                 self._running_seen[(m.model_name, m.engine)] = (total + m.running, n + 1)
         if not read:
-            return
+            return ()
         now = self.monotonic()
         seconds = now - self._read_at if self._read_at is not None else 0.0
         self._read_at = self._tried_at = now
@@ -109,7 +109,6 @@ class LatencyLearner:
                 step_tokens=steps,
                 step_tokens_sum=steps_sum,
             )
-        self.refused = tuple(sorted(refused))
         self._running_seen.clear()  # what is left belongs to engines that went away
         for gone in set(self._curves) - present:  # an engine that went away takes what it taught with it
             del self._curves[gone]
@@ -117,6 +116,7 @@ class LatencyLearner:
             self._views.pop(gone, None)
             self._steps.pop(gone, None)
             self._totals.pop(gone, None)
+        return tuple(sorted(refused))
 
     def _implausible(self, key: EngineKey, histograms: Mapping[str, Buckets], seconds: float) -> list[str]:
         """The histograms whose count rose further since the last read than any engine could: one TTFT jump of

@@ -21,16 +21,16 @@ class SustainedLearner:
     def __init__(self, half_life: float = DEFAULT_HALF_LIFE, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.half_life, self.monotonic = half_life, monotonic
         self._learned: dict[EngineKey, derive.Sustained] = {}  # with the weight and the time of the last pressed read
-        self.refused: tuple[str, ...] = ()  # what this read's running requests could not be (more than the cache)
 
     @property
     def views(self) -> Mapping[EngineKey, derive.Sustained]:
         """What the derivations read of each engine's: the level and whether a queue was observed."""
         return {key: derive.Sustained(level=s.level, observed=s.observed) for key, s in self._learned.items()}
 
-    def learn(self, metrics: VllmMetrics, preempted: frozenset[EngineKey]) -> None:
+    def learn(self, metrics: VllmMetrics, preempted: frozenset[EngineKey]) -> tuple[str, ...]:
         """One read: every engine's running requests, pressed (a queue for capacity, or a preemption since the last
-        read) or calm. An engine asleep teaches nothing; one that went away takes what it taught with it."""
+        read) or calm. An engine asleep teaches nothing; one that went away takes what it taught with it. Returns the
+        families this read could not have (running past the cache's tokens), which taught nothing."""
         now = self.monotonic()
         present, refused = set(), False
         for m in metrics.engines:
@@ -47,7 +47,7 @@ class SustainedLearner:
             self._learned[key] = derive.learn_sustained(known, m.running, pressed, now, self.half_life)
         for gone in set(self._learned) - present:
             del self._learned[gone]
-        self.refused = ("vllm:num_requests_running",) if refused else ()
+        return ("vllm:num_requests_running",) if refused else ()
 
     def forget(self) -> None:
         """vLLM restarted: its settings (and so what it sustains) may have changed."""

@@ -114,27 +114,19 @@ class PrometheusClient:
         return doc["data"]
 
     async def query(self, expr: str, at: float) -> list[Sample]:
-        """An instant query at ``at`` (Unix seconds): its vector (a scalar: one sample without labels)."""
+        """An instant query at ``at`` (Unix seconds): its vector (a scalar: one sample without labels). Prometheus's
+        value strings (numbers, NaN, +Inf, -Inf) are all ones float() reads."""
         data = await self._api("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})
         if data.get("resultType") == "scalar":
-            return [Sample({}, _number(data["result"][1]))]
+            return [Sample({}, float(data["result"][1]))]
         if data.get("resultType") != "vector":
             raise PrometheusError(f"{expr!r}: Prometheus answered a {data.get('resultType')}, not a vector")
-        return [Sample(r.get("metric", {}), _number(r["value"][1])) for r in data["result"]]
+        return [Sample(r.get("metric", {}), float(r["value"][1])) for r in data["result"]]
 
     async def query_range(self, expr: str, start: float, end: float, step: float) -> list[Series]:
         """A range query from ``start`` to ``end`` every ``step`` seconds."""
         params = {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
         data = await self._api("/api/v1/query_range", params)
         return [
-            Series(r.get("metric", {}), tuple((float(t), _number(v)) for t, v in r["values"])) for r in data["result"]
+            Series(r.get("metric", {}), tuple((float(t), float(v)) for t, v in r["values"])) for r in data["result"]
         ]
-
-    async def check(self) -> None:
-        """Whether Prometheus answers at all (``/api/v1/status/buildinfo``)."""
-        await self._api("/api/v1/query", {"query": "1"})
-
-
-def _number(text: str) -> float:
-    """Prometheus's value string: a number, NaN, +Inf or -Inf (Python's float reads all of them)."""
-    return float(text)
