@@ -64,7 +64,7 @@ def week(tmp_path_factory: pytest.TempPathFactory, llama_config: Path) -> Iterat
     (work / "password").write_text("week-pw\n")
     auth = ("--basic-auth-user", "advisor", "--basic-auth-password-file", str(work / "password"),
             "--ca-file", str(work / "ca.crt"))  # fmt: skip
-    with prometheus_with_week(work, load_config(llama_config), work / "web.yml") as (url, end):
+    with prometheus_with_week(work, load_config(llama_config), work / "web.yml", ("advisor", "week-pw")) as (url, end):
         yield Week(url, end, auth, work / "ca.crt", "week-pw")
 
 

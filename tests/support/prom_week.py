@@ -153,9 +153,11 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def prometheus_with_week(work: Path, llama: Geometry, web_config: Path | None = None) -> Iterator[tuple[str, int]]:
-    """A Prometheus serving the week (behind ``web_config``'s TLS and basic auth when given); its URL and the week's
-    end (Unix seconds, an hour before now, on the hour)."""
+def prometheus_with_week(
+    work: Path, llama: Geometry, web_config: Path | None = None, auth: tuple[str, str] | None = None
+) -> Iterator[tuple[str, int]]:
+    """A Prometheus serving the week (behind ``web_config``'s TLS and basic auth when given, ``auth`` its user and
+    password); its URL and the week's end (Unix seconds, an hour before now, on the hour), once it is ready."""
     end = int(time.time()) // 3600 * 3600 - 3600
     om, data = work / "week.om", work / "data"
     write_week(om, llama, end)
@@ -165,28 +167,43 @@ def prometheus_with_week(work: Path, llama: Geometry, web_config: Path | None = 
     subprocess.run([promtool, "tsdb", "create-blocks-from", "openmetrics", "-q", str(om), str(data)], check=True,
                    stdout=subprocess.DEVNULL)  # fmt: skip
     om.unlink()
-    port = _free_port()
     (work / "prometheus.yml").write_text("global: {scrape_interval: 1m}\n")
-    with (work / "prometheus.log").open("w") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
-             "--storage.tsdb.retention.time=60d", f"--web.listen-address=127.0.0.1:{port}",
-             *([f"--web.config.file={web_config}"] if web_config else [])],
-            stdout=subprocess.DEVNULL, stderr=log,
-        )  # fmt: skip
+    proc, url = _start(binary, work, data, web_config, auth)
+    try:
+        yield url, end
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def _start(
+    binary: str, work: Path, data: Path, web_config: Path | None, auth: tuple[str, str] | None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """This Prometheus, serving on a free port, once it says it listens there and is ready. A port found free can be
+    taken before Prometheus binds it (another test worker's Prometheus): then this one exits, and another port is
+    tried; the readiness probe alone would have been answered by the other server."""
+    for _ in range(5):
+        port, log_path = _free_port(), work / "prometheus.log"
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(
+                [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={data}",
+                 "--storage.tsdb.retention.time=60d", f"--web.listen-address=127.0.0.1:{port}",
+                 *([f"--web.config.file={web_config}"] if web_config else [])],
+                stdout=subprocess.DEVNULL, stderr=log,
+            )  # fmt: skip
         url = f"{'https' if web_config else 'http'}://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
+        listening = f'msg="Listening on" address=127.0.0.1:{port}'
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            if listening in log_path.read_text():
                 with contextlib.suppress(httpx.HTTPError):
-                    # ready, or answering at all (401 behind basic auth; TLS not verified: only a liveness probe)
-                    if httpx.get(url + "/-/ready", timeout=2, verify=False).status_code in (200, 401):  # noqa: S501
-                        break
-                assert proc.poll() is None, (work / "prometheus.log").read_text()[-2000:]
-                time.sleep(0.2)
-            else:
-                raise AssertionError(f"Prometheus not ready: {(work / 'prometheus.log').read_text()[-2000:]}")
-            yield url, end
-        finally:
-            proc.terminate()
+                    # its TSDB loaded (TLS not verified: the server is known to be this one by its log)
+                    if httpx.get(url + "/-/ready", timeout=2, verify=False, auth=auth).status_code == 200:  # noqa: S501
+                        return proc, url
+            time.sleep(0.2)
+        if proc.poll() is None:
+            proc.kill()
             proc.wait(30)
+            raise AssertionError(f"Prometheus not ready: {log_path.read_text()[-2000:]}")
+        proc.wait()
+    raise AssertionError(f"Prometheus did not start on a free port: {(work / 'prometheus.log').read_text()[-2000:]}")
