@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
 
-from grafana_foundation_sdk.builders import bargauge, prometheus, stat, timeseries
-from grafana_foundation_sdk.builders.common import ReduceDataOptions, StackingConfig
+from grafana_foundation_sdk.builders import bargauge, prometheus, stat, timeseries, xychart
+from grafana_foundation_sdk.builders.common import ReduceDataOptions, StackingConfig, VizLegendOptions
 from grafana_foundation_sdk.builders.dashboard import (
     Dashboard,
     DatasourceVariable,
@@ -24,14 +25,16 @@ from grafana_foundation_sdk.builders.dashboard import (
     ThresholdsConfig,
 )
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import StackingMode
+from grafana_foundation_sdk.models.common import BigValueTextMode, LegendDisplayMode, LegendPlacement, StackingMode
 from grafana_foundation_sdk.models.dashboard import (
     DataSourceRef,
+    DataTransformerConfig,
     DynamicConfigValue,
     Threshold,
     ThresholdsMode,
     VariableRefresh,
 )
+from grafana_foundation_sdk.models.xychart import SeriesMapping, XYShowMode
 
 HERE = Path(__file__).resolve().parent
 
@@ -100,7 +103,7 @@ def series(
         p = p.max(mx)
     if right_axis is not None:  # (series name regex, its unit): a second quantity on the right axis
         name, second_unit = right_axis
-        p = p.override_by_name(
+        p = p.override_by_regexp(
             name, [DynamicConfigValue("unit", second_unit), DynamicConfigValue("custom.axisPlacement", "right")]
         )
     return _with_targets(p, targets)
@@ -221,6 +224,124 @@ def itl(q: str, sel: str) -> str:
     )
 
 
+BUDGET_LEGEND = "vLLM budget (gpu_memory_utilization)"
+
+
+def budget_parts(c) -> list[tuple[str, str]]:
+    """The seed's picture of one GPU (legend, PromQL), from whichever sources there are: each part NVML's component
+    (vllm_capacity_gpu_memory_bytes) where the sidecar reads NVML, else vLLM's own per-rank figure from its startup
+    log; a part neither knows is absent, never 0. Averaged over the pod's GPUs (its ranks are alike), so that the
+    parts of one pod add up to one GPU's memory. NVML's vllm_runtime holds the CUDA graphs and the activations: the
+    log's figures are taken out of it, the rest (CUDA context, non-torch memory) drawn on its own."""
+    pod_sel, sel, _ = selectors(c)
+
+    def nvml(component: str) -> str:
+        return f'avg(vllm_capacity_gpu_memory_bytes{{{pod_sel},component="{component}"}})'
+
+    graphs, activations = (
+        f"avg(vllm_capacity_cuda_graph_bytes{{{sel}}})",
+        f"avg(vllm_capacity_activation_peak_bytes{{{sel}}})",
+    )
+    return [
+        ("weights", f"{nvml('weights')} or avg(vllm_capacity_model_weights_bytes{{{sel}}})"),
+        ("CUDA graphs", graphs),
+        ("activations (peak)", activations),
+        ("KV cache", f"{nvml('kv_cache')} or avg(vllm_capacity_kv_cache_pool_bytes{{{sel}}})"),
+        (
+            "CUDA context and other runtime",
+            f"clamp_min({nvml('vllm_runtime')} - ({graphs} or vector(0)) - ({activations} or vector(0)), 0)",
+        ),
+        ("other processes", nvml("other_processes")),
+        ("driver-reserved", nvml("system")),
+        ("free", nvml("free")),
+    ]
+
+
+def budget_line(panel: timeseries.Panel, names: str) -> timeseries.Panel:
+    """A stacked panel whose series ``names`` (a regex of their legends) are lines beside the stack, not layers on
+    top of it: unstacked, dashed, unfilled."""
+    return panel.override_by_regexp(
+        names,
+        [
+            DynamicConfigValue("custom.stacking", {"mode": "none"}),
+            DynamicConfigValue("custom.fillOpacity", 0),
+            DynamicConfigValue("custom.lineWidth", 2),
+            DynamicConfigValue("custom.lineStyle", {"fill": "dash", "dash": [10, 10]}),
+        ],
+    )
+
+
+RUNNING, TOKENS_S, REQUESTS_S, ITL_P99, KNEE = (
+    "running requests",
+    "output tokens/s",
+    "requests/s",
+    "p99 ITL",
+    "SLO knee (running requests)",
+)
+
+
+def saturation_curve(sel: str) -> xychart.Panel:
+    """The seed's saturation curve as one view: throughput (output tokens and finished requests a second) and p99
+    inter-token latency against running requests, a point per moment of the time range (the queries joined by
+    time), and the SLO knee (the sidecar's max_concurrency{basis=slo}) marked on the throughput curve."""
+    targets = (
+        query(f"sum(vllm_capacity_requests_running{{{sel}}})", RUNNING),
+        query(f"sum(rate(vllm:generation_tokens_total{{{sel}}}[{RATE}]))", TOKENS_S),
+        query(f"sum(rate(vllm:request_success_total{{{sel}}}[{RATE}]))", REQUESTS_S),
+        query(itl("0.99", sel), ITL_P99),
+        query(f'max(vllm_capacity_max_concurrency{{{sel},basis="slo"}})', KNEE),
+    )
+
+    def by_name(name: str) -> xychart.MatcherConfig:
+        return xychart.MatcherConfig().id("byName").options(name)
+
+    def curve(name: str, x: str, y: str) -> xychart.XYSeriesConfig:
+        return (
+            xychart.XYSeriesConfig()
+            .name(xychart.XychartXYSeriesConfigName().fixed(name))
+            .frame(xychart.XychartXYSeriesConfigFrame().matcher(xychart.MatcherConfig().id("byIndex").options(0)))
+            .x(xychart.XychartXYSeriesConfigX().matcher(by_name(x)))
+            .y(xychart.XychartXYSeriesConfigY().matcher(by_name(y)))
+        )
+
+    p = (
+        xychart.Panel()
+        .title("Saturation curve: throughput and latency against running requests")
+        .datasource(DS)
+        .unit("short")
+        .thresholds(NEUTRAL)
+        .span(12)
+        .height(8)
+        .show(XYShowMode.POINTS)
+        .mapping(SeriesMapping.MANUAL)
+        .legend(
+            VizLegendOptions().show_legend(True).display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM)
+        )
+        .series(
+            [
+                curve(TOKENS_S, RUNNING, TOKENS_S),
+                curve(REQUESTS_S, RUNNING, REQUESTS_S),
+                curve(ITL_P99, RUNNING, ITL_P99),
+                curve(KNEE, KNEE, TOKENS_S),
+            ]
+        )
+        .with_transformation(DataTransformerConfig(id_val="joinByField", options={"byField": "Time", "mode": "outer"}))
+        .override_by_name(TOKENS_S, [DynamicConfigValue("unit", "suffix: tokens/s")])
+        .override_by_name(REQUESTS_S, [DynamicConfigValue("unit", "reqps")])
+        .override_by_name(
+            ITL_P99, [DynamicConfigValue("unit", "s"), DynamicConfigValue("custom.axisPlacement", "right")]
+        )
+        .description(
+            "The seed's saturation curve, live: a point per moment of the time range at the running requests "
+            "then. Throughput (output tokens and finished requests a second, from vLLM's own counters) rises "
+            "with concurrency and flattens at saturation; p99 inter-token latency (right axis) stays flat, then "
+            "climbs. The SLO knee (the sidecar's SLO-bound concurrency, --slo-itl/--slo-ttft) is marked on the "
+            "throughput curve: the most concurrency at which the objective held."
+        )
+    )
+    return _with_targets(p, targets)
+
+
 def capacity_dashboard(c) -> Dashboard:
     pod_sel, sel, _ = selectors(c)
     horizon = c.exhaustion_horizon_seconds
@@ -237,7 +358,10 @@ def capacity_dashboard(c) -> Dashboard:
         d.with_row(Row("Capacity at a glance"))
         .with_panel(
             single(
-                "KV cache capacity", "short", query(f"sum(vllm_capacity_kv_cache_capacity_tokens{{{sel}}})", "tokens")
+                "KV cache capacity",
+                "short",
+                query(f"sum(vllm_capacity_kv_cache_capacity_tokens{{{sel}}})", "tokens"),
+                span=5,
             )
         )
         .with_panel(
@@ -250,6 +374,7 @@ def capacity_dashboard(c) -> Dashboard:
                     "used",
                 ),
                 RATIO,
+                span=5,
             )
         )
         .with_panel(
@@ -257,6 +382,7 @@ def capacity_dashboard(c) -> Dashboard:
                 "Max concurrency at max_model_len",
                 "short",
                 query(f'sum(vllm_capacity_max_concurrency{{{sel},basis="max_model_len"}})', "requests"),
+                span=5,
             )
         )
         .with_panel(
@@ -265,44 +391,69 @@ def capacity_dashboard(c) -> Dashboard:
                 "short",
                 query(f"min(vllm_capacity_up{{{pod_sel}}})", "up"),
                 thresholds((None, "red"), (1, "green")),
+                span=4,
             )
+        )
+        .with_panel(
+            single(
+                "vLLM version",
+                "short",
+                query(f"count by (version, schema) (vllm_capacity_vllm_info{{{sel}}})", "{{version}} ({{schema}})"),
+                span=5,
+            ).text_mode(BigValueTextMode.NAME)
         )
     )
     d = (
-        d.with_row(Row("GPU memory budget"))
+        d.with_row(Row("GPU memory budget: $pod").repeat("pod"))
         .with_panel(
             bars(
                 "GPU memory by what holds it",
                 "bytes",
-                query(
-                    f"sum by (gpu, component) (vllm_capacity_gpu_memory_bytes{{{pod_sel}}})",
-                    "GPU {{gpu}} {{component}}",
-                ),
-                description="The seed's picture: weights, KV cache, vLLM's runtime (CUDA graphs, activations, "
-                "context), other processes, driver-reserved, free. They add up to the GPU's memory.",
+                *(query(expr, legend) for legend, expr in budget_parts(c)),
+                description="The seed's picture of one GPU of the pod (the row repeats per pod; the mean over its "
+                "GPUs, whose ranks are alike): weights, CUDA graphs, activations, KV cache, the rest of vLLM's runtime "
+                "(the CUDA context, non-torch memory), other processes, driver-reserved, free, from whichever "
+                "sources there are: NVML with vLLM's startup log, or the startup log alone (weights, graphs, "
+                "activations and the KV pool; no NVML, no total). With NVML the parts add up to the GPU's memory.",
             )
         )
         .with_panel(
-            series(
-                "GPU memory over time",
-                "bytes",
-                query(f"sum by (component) (vllm_capacity_gpu_memory_bytes{{{pod_sel}}})", "{{component}}"),
-                query(
-                    f"sum(vllm_capacity_gpu_memory_budget_bytes{{{pod_sel}}})", "vLLM budget (gpu_memory_utilization)"
+            budget_line(
+                series(
+                    "GPU memory over time",
+                    "bytes",
+                    *(query(expr, legend) for legend, expr in budget_parts(c)),
+                    query(f"avg(vllm_capacity_gpu_memory_budget_bytes{{{pod_sel}}})", BUDGET_LEGEND),
+                    stacked=True,
                 ),
-                stacked=True,
+                re.escape(BUDGET_LEGEND),
             )
         )
     )
     d = (
         d.with_row(Row("KV cache"))
         .with_panel(
-            series(
-                "KV cache tokens",
-                "short",
-                query(f"vllm_capacity_kv_cache_capacity_tokens{{{sel}}}", "capacity {{pod}}/{{engine}}"),
-                query(f"vllm_capacity_kv_cache_used_tokens{{{sel}}}", "used {{pod}}/{{engine}}"),
-                query(f"vllm_capacity_kv_cache_free_tokens{{{sel}}}", "free {{pod}}/{{engine}}"),
+            budget_line(
+                series(
+                    "KV cache tokens",
+                    "short",
+                    query(f"sum(vllm_capacity_kv_cache_used_tokens{{{sel}}})", "used"),
+                    query(f"sum(vllm_capacity_kv_cache_free_tokens{{{sel}}})", "free"),
+                    query(f"sum(vllm_capacity_kv_cache_capacity_tokens{{{sel}}})", "capacity"),
+                    query(
+                        f"avg(ceil(vllm_capacity_mean_context_tokens{{{sel}}}"
+                        f" / vllm_capacity_kv_cache_block_size_tokens{{{sel}}}))",
+                        "blocks per running request",
+                    ),
+                    query(
+                        f"max(ceil(vllm_capacity_max_model_len_tokens{{{sel}}}"
+                        f" / vllm_capacity_kv_cache_block_size_tokens{{{sel}}}))",
+                        "blocks per max_model_len request",
+                    ),
+                    stacked=True,
+                    right_axis=("blocks per .*", "short"),
+                ),
+                "capacity|blocks per .*",
             )
         )
         .with_panel(
@@ -484,12 +635,13 @@ def capacity_dashboard(c) -> Dashboard:
                     ),
                     "ITL p90 at {{running}} running",
                 ),
-                span=24,
+                span=12,
                 description="The sidecar's curve from vLLM's own histograms: p90 inter-token latency in each "
                 "running-requests bin (decayed with --latency-half-life). Where it climbs past the objective "
                 "(--slo-itl) is the knee: the SLO-bound concurrency, a request count, in the Headroom panel.",
             )
         )
+        .with_panel(saturation_curve(sel))
         .with_panel(
             series(
                 "Saturation: p99 TTFT and running requests",
@@ -533,20 +685,26 @@ def capacity_dashboard(c) -> Dashboard:
             )
         )
         .with_panel(
-            series(
-                "Why this concurrency: blocks a max_model_len request holds, by layer kind",
-                "short",
-                query(
-                    f"sum by (pod, group_kind) (vllm_capacity_kv_cache_blocks_per_request{{{sel}}})",
-                    "{{pod}} {{group_kind}}",
+            budget_line(
+                series(
+                    "Why this concurrency: blocks a max_model_len request holds, by layer kind",
+                    "short",
+                    query(
+                        f"sum by (pod, group_kind) (vllm_capacity_kv_cache_blocks_per_request{{{sel}}})",
+                        "{{pod}} {{group_kind}}",
+                    ),
+                    query(f"max by (pod) (vllm_capacity_kv_cache_plan_mismatch{{{sel}}})", "plan mismatch {{pod}}"),
+                    stacked=True,
+                    span=24,
+                    right_axis=("plan mismatch .*", "bool"),
+                    description="Only with the sidecar's --model-config: vLLM's KV-cache groups as the planner lays "
+                    "them out for the server's own budget. Max concurrency at max_model_len is the blocks divided by "
+                    "this stack: a Gemma 3's sliding-window groups or a Qwen3-Next's state groups can hold more "
+                    "blocks per request than its few full-attention layers suggest. Plan mismatch (right axis, a "
+                    "line) is 1 while vLLM's own capacity differs from the plan by more than a block per group: "
+                    "then the stack is the planner's, not vLLM's.",
                 ),
-                stacked=True,
-                span=24,
-                description="Only with the sidecar's --model-config: vLLM's KV-cache groups as the planner lays them "
-                "out for the server's own budget. Max concurrency at max_model_len is the blocks divided by this "
-                "stack: a Gemma 3's sliding-window groups or a Qwen3-Next's state groups can hold more blocks per "
-                "request than its few full-attention layers suggest. vllm_capacity_kv_cache_plan_mismatch says "
-                "when vLLM's own capacity disagrees with the plan.",
+                "plan mismatch .*",
             )
         )
     )
@@ -727,12 +885,18 @@ PANEL_NOTES = {
     "KV cache used": "Tokens held by running requests over the capacity: vLLM's kv_cache_usage_perc in tokens.",
     "Max concurrency at max_model_len": "Requests of max_model_len tokens the cache holds at once: capacity / "
     "max_model_len, vLLM's own 'Maximum concurrency' figure at start.",
+    "vLLM version": "The vLLM version and the generation of its metric names (v0, v1-legacy, v1, v1-capacity) of "
+    "each server selected, from /version and /metrics (vllm_capacity_vllm_info): after an upgrade, whether every "
+    "replica runs the new one.",
     "vLLM up": "Whether the sidecar can read vLLM's /metrics now (1 up, 0 down). Down: every series derived from "
     "vLLM is gone, not stale.",
-    "GPU memory over time": "The GPU memory budget's components, stacked, against vLLM's budget (total x "
-    "gpu_memory_utilization): what grew when memory ran short.",
-    "KV cache tokens": "Capacity, used and free tokens per engine: used = capacity x vLLM's usage; free includes "
-    "prefix-cached blocks nobody holds.",
+    "GPU memory over time": "The parts of the picture beside it, stacked (one GPU of the pod: the row repeats per "
+    "pod), and vLLM's budget (NVML total x gpu_memory_utilization) as a dashed line, not a layer: what grew when "
+    "memory ran short, and how much of the budget the KV cache took.",
+    "KV cache tokens": "The block pool in tokens, over the selected engines: used and free stacked up to the "
+    "capacity line (used = capacity x vLLM's usage; free includes prefix-cached blocks nobody holds); on the right "
+    "axis the blocks one request holds, at the mean context of running requests and at max_model_len (tokens / "
+    "block_size, rounded up). Capacity over blocks per request is the concurrency the cache allows.",
     "Bytes per token (per GPU rank)": "KV-cache bytes one token takes on one GPU rank: vLLM's KV memory over its "
     "token capacity, or the model's geometry (method says which).",
     "KV cache exhaustion forecast (": "Used tokens extrapolated from their growth over the lookback window, against "

@@ -161,6 +161,182 @@ def test_the_latency_bars_come_in_numeric_order_of_running(tmp_path: Path) -> No
     assert by_labels == sorted(running)
 
 
+def _evaluate(tmp_path: Path, series: dict[str, float], tests: list[tuple[str, list[tuple[str, float]]]]) -> None:
+    """Each (dashboard query, [(labels, value)...]) as Prometheus' own engine (promtool test rules) evaluates it over
+    ``series`` (each a constant), Grafana's variables at All; an empty list: no sample at all."""
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool missing: scripts/setup installs Debian's prometheus package"
+    test = {
+        "rule_files": [],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": name, "values": f"{value:.17g}x10"} for name, value in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": promql_for_promtool(expr),
+                        "eval_time": "5m",
+                        "exp_samples": [{"labels": labels, "value": value} for labels, value in samples],
+                    }
+                    for expr, samples in tests
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "evaluate.yaml"
+    path.write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _panel(title: str) -> dict:
+    (panel,) = [p for p in _panels(_dashboard(NAMES[0])) if p["title"] == title]
+    return panel
+
+
+def _by_legend(panel: dict) -> dict[str, str]:
+    return {t["legendFormat"]: t["expr"] for t in panel["targets"]}
+
+
+def _lines(panel: dict) -> set[str]:
+    """The legends an override draws as unstacked lines, beside the stack rather than on it."""
+    out = set()
+    for o in panel["fieldConfig"]["overrides"]:
+        if any(p["id"] == "custom.stacking" and p["value"]["mode"] == "none" for p in o["properties"]):
+            assert o["matcher"]["id"] == "byRegexp", o
+            out |= {legend for legend in _by_legend(panel) if re.fullmatch(o["matcher"]["options"], legend)}
+    return out
+
+
+MiB = 2**20
+# the seed's A10G (15.18, 0.78, 0.27 and 4.31 GiB), in whole MiB: Prometheus' sums are then exact
+SEED = {"weights": 15544, "CUDA graphs": 799, "activations (peak)": 276, "KV cache": 4413}
+
+
+def test_the_memory_budget_is_drawn_as_the_seed_draws_it_from_whichever_sources_exist(tmp_path: Path) -> None:
+    """Both budget panels draw the seed's parts (weights, CUDA graphs, activations, KV cache, other processes, free)
+    by the same queries; the budget over time is a line beside the stack, not a layer on it. Without NVML the parts
+    come from vLLM's startup log alone; with NVML its vllm_runtime loses the graphs and the activations the log
+    names, and the parts add up to the GPU's memory. The row repeats per pod: a stack is one pod's GPU."""
+    bars, over_time = _panel("GPU memory by what holds it"), _panel("GPU memory over time")
+    parts = _by_legend(bars)
+    assert {"weights", "CUDA graphs", "activations (peak)", "KV cache", "other processes", "free"} <= set(parts)
+    assert {k: v for k, v in _by_legend(over_time).items() if k in parts} == parts
+    budget = [legend for legend in _by_legend(over_time) if legend not in parts]
+    assert budget == ["vLLM budget (gpu_memory_utilization)"] and _lines(over_time) == set(budget)
+    assert over_time["fieldConfig"]["defaults"]["custom"]["stacking"]["mode"] == "normal"
+    (row,) = [p for p in _dashboard(NAMES[0])["panels"] if p["type"] == "row" and p["title"].startswith("GPU memory")]
+    assert row["repeat"] == "pod"
+
+    engine = 'model_name="m",engine="0",pod="p",namespace="n"'
+    log = {
+        f"vllm_capacity_model_weights_bytes{{{engine}}}": SEED["weights"] * MiB,
+        f"vllm_capacity_cuda_graph_bytes{{{engine}}}": SEED["CUDA graphs"] * MiB,
+        f"vllm_capacity_activation_peak_bytes{{{engine}}}": SEED["activations (peak)"] * MiB,
+        f"vllm_capacity_kv_cache_pool_bytes{{{engine}}}": SEED["KV cache"] * MiB,
+    }
+    expected = {legend: [("{}", mib * MiB)] for legend, mib in SEED.items()}
+    _evaluate(tmp_path, log, [(expr, expected.get(legend, [])) for legend, expr in parts.items()])
+
+    # with NVML, two GPUs of a TP-2 pod (their ranks alike but for free memory): the mean GPU
+    nvml = {"weights": 15544, "kv_cache": 4413, "vllm_runtime": 1311, "other_processes": 512, "system": 256}
+    gpus = {}
+    for gpu, free in (("0", 512), ("1", 716)):
+        for component, mib in {**nvml, "free": free}.items():
+            gpus[f'vllm_capacity_gpu_memory_bytes{{gpu="{gpu}",pod="p",namespace="n",component="{component}"}}'] = (
+                mib * MiB
+            )
+    want = {
+        "weights": 15544,
+        "CUDA graphs": 799,
+        "activations (peak)": 276,
+        "KV cache": 4413,
+        "CUDA context and other runtime": 1311 - 799 - 276,
+        "other processes": 512,
+        "driver-reserved": 256,
+        "free": 614,
+    }
+    assert set(want) == set(parts)
+    assert sum(want.values()) == sum(nvml.values()) + 614  # the mean GPU's memory: nothing counted twice or left out
+    _evaluate(tmp_path, {**log, **gpus}, [(expr, [("{}", want[legend] * MiB)]) for legend, expr in parts.items()])
+
+
+def test_the_saturation_curve_is_throughput_and_latency_against_running_with_the_knee(tmp_path: Path) -> None:
+    """One view of the seed's section 22: output tokens/s, requests/s and p99 ITL, each against running requests
+    (the queries joined by time into one frame), and the SLO knee marked at its running requests on the
+    throughput curve; beside the learned latency bars."""
+    panel = _panel("Saturation curve: throughput and latency against running requests")
+    assert panel["type"] == "xychart" and panel["options"]["mapping"] == "manual"
+    assert panel["transformations"] == [{"id": "joinByField", "options": {"byField": "Time", "mode": "outer"}}]
+    legends = _by_legend(panel)
+    pairs = {(s["x"]["matcher"]["options"], s["y"]["matcher"]["options"]) for s in panel["options"]["series"]}
+    assert all(x in legends and y in legends for x, y in pairs), pairs
+    running = next(legend for legend, e in legends.items() if e.startswith("sum(vllm_capacity_requests_running"))
+    knee = next(legend for legend, e in legends.items() if 'basis="slo"' in e)
+    tokens = next(legend for legend, e in legends.items() if "generation_tokens_total" in e)
+    requests = next(legend for legend, e in legends.items() if "request_success_total" in e)
+    itl_p99 = next(legend for legend, e in legends.items() if "histogram_quantile(0.99" in e)
+    assert pairs == {(running, tokens), (running, requests), (running, itl_p99), (knee, tokens)}
+    bars = _panel("Latency vs running requests (learned)")
+    assert (panel["gridPos"]["y"], panel["gridPos"]["x"]) == (bars["gridPos"]["y"], bars["gridPos"]["x"] + 12)
+    # the throughput queries are rates of vLLM's own counters: 600 tokens and 6 requests a minute
+    engine = 'model_name="m",engine="0",pod="p"'
+    promtool = shutil.which("promtool")
+    assert promtool
+    test = {
+        "rule_files": [],
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [
+                    {"series": f"vllm:generation_tokens_total{{{engine}}}", "values": "0+600x10"},
+                    {"series": f"vllm:request_success_total{{{engine}}}", "values": "0+6x10"},
+                ],
+                "promql_expr_test": [
+                    {"expr": promql_for_promtool(legends[tokens]).replace("[5m]", "[2m]"), "eval_time": "5m",
+                     "exp_samples": [{"labels": "{}", "value": 10}]},
+                    {"expr": promql_for_promtool(legends[requests]).replace("[5m]", "[2m]"), "eval_time": "5m",
+                     "exp_samples": [{"labels": "{}", "value": 0.1}]},
+                ],
+            }
+        ],
+    }  # fmt: skip
+    path = tmp_path / "rates.yaml"
+    path.write_text(yaml.safe_dump(test))
+    result = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_kv_cache_tokens_are_the_block_pool(tmp_path: Path) -> None:
+    """Used and free tokens stacked up to the capacity line, and the blocks one request holds (at the mean context
+    of running requests, at max_model_len: tokens / block_size rounded up) on the right axis, unstacked."""
+    panel = _panel("KV cache tokens")
+    legends = _by_legend(panel)
+    assert set(legends) == {"used", "free", "capacity", "blocks per running request",
+                            "blocks per max_model_len request"}  # fmt: skip
+    assert _lines(panel) == set(legends) - {"used", "free"}
+    assert all(_unit_of(panel, t) == "short" for t in panel["targets"])
+    engine = 'model_name="m",engine="0",pod="p"'
+    _evaluate(
+        tmp_path,
+        {
+            f"vllm_capacity_kv_cache_capacity_tokens{{{engine}}}": 208625,
+            f"vllm_capacity_kv_cache_used_tokens{{{engine}}}": 200000,
+            f"vllm_capacity_kv_cache_free_tokens{{{engine}}}": 8625,
+            f"vllm_capacity_mean_context_tokens{{{engine}}}": 4000.5,
+            f"vllm_capacity_max_model_len_tokens{{{engine}}}": 32768,
+            f"vllm_capacity_kv_cache_block_size_tokens{{{engine}}}": 16,
+        },
+        [
+            (legends["used"], [("{}", 200000)]),
+            (legends["free"], [("{}", 8625)]),
+            (legends["capacity"], [("{}", 208625)]),
+            (legends["blocks per running request"], [("{}", 251)]),
+            (legends["blocks per max_model_len request"], [("{}", 2048)]),
+        ],
+    )
+
+
 def test_every_query_names_only_metrics_that_exist() -> None:
     records = {
         r["record"]
@@ -192,13 +368,15 @@ def test_every_query_keeps_to_the_selected_cluster(name: str) -> None:
 
 
 def _unit_of(panel: dict, target: dict) -> str:
-    """The unit a target is drawn in: an override by its legend, else the panel's."""
+    """The unit a target is drawn in: the last override that matches its series by name or regex (as Grafana
+    matches a display name: the legend, each {{label}} a value), else the panel's."""
+    shown = re.sub(r"\{\{\s*\w+\s*\}\}", "0", target.get("legendFormat", ""))
+    unit = panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
     for o in panel.get("fieldConfig", {}).get("overrides", []):
-        if o["matcher"] == {"id": "byName", "options": target.get("legendFormat")}:
-            for prop in o["properties"]:
-                if prop["id"] == "unit":
-                    return prop["value"]
-    return panel.get("fieldConfig", {}).get("defaults", {}).get("unit", "")
+        kind, pattern = o["matcher"]["id"], o["matcher"].get("options", "")
+        if (kind == "byName" and pattern == shown) or (kind == "byRegexp" and re.fullmatch(pattern, shown)):
+            unit = next((prop["value"] for prop in o["properties"] if prop["id"] == "unit"), unit)
+    return unit
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -44,6 +44,9 @@ NO_DATA_HERE = {
     "vllm:spec_decode_": "the test server runs no speculative decoding: vLLM exports no spec_decode_* counters",
     "vllm_capacity_kv_cache_blocks_per_request": "the e2e agents run without --model-config (test_real_vllm_hybrid "
     "checks the layout against real servers)",
+    "vllm_capacity_kv_cache_plan_mismatch": "the e2e agents run without --model-config: no plan to hold vLLM to",
+    "vllm_capacity_cuda_graph_bytes": "vLLM's CPU build captures no CUDA graphs: its log has no 'Graph capturing' line",
+    "vllm_capacity_activation_peak_bytes": "vLLM's CPU build profiles no GPU memory: its log has no activation peak",
     "vllm_capacity_lora_": "the test server runs without --enable-lora (test_real_vllm_lora serves two adapters on "
     "one slot)",
 }

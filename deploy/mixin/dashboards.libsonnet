@@ -156,7 +156,7 @@
           },
           "gridPos": {
             "h": 4,
-            "w": 6,
+            "w": 5,
             "x": 0,
             "y": 1,
           },
@@ -211,8 +211,8 @@
           },
           "gridPos": {
             "h": 4,
-            "w": 6,
-            "x": 6,
+            "w": 5,
+            "x": 5,
             "y": 1,
           },
           "repeatDirection": "h",
@@ -274,8 +274,8 @@
           },
           "gridPos": {
             "h": 4,
-            "w": 6,
-            "x": 12,
+            "w": 5,
+            "x": 10,
             "y": 1,
           },
           "repeatDirection": "h",
@@ -329,8 +329,8 @@
           },
           "gridPos": {
             "h": 4,
-            "w": 6,
-            "x": 18,
+            "w": 4,
+            "x": 15,
             "y": 1,
           },
           "repeatDirection": "h",
@@ -386,30 +386,121 @@
           "description": "Whether the sidecar can read vLLM's /metrics now (1 up, 0 down). Down: every series derived from vLLM is gone, not stale.",
         },
         {
+          "type": "stat",
+          "id": 6,
+          "targets": [
+            {
+              "expr": std.format("count by (version, schema) (vllm_capacity_vllm_info{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
+              "refId": "A",
+              "legendFormat": "{{version}} ({{schema}})",
+            },
+          ],
+          "title": "vLLM version",
+          "transparent": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 4,
+            "w": 5,
+            "x": 19,
+            "y": 1,
+          },
+          "repeatDirection": "h",
+          "options": {
+            "graphMode": "area",
+            "colorMode": "value",
+            "justifyMode": "auto",
+            "textMode": "name",
+            "wideLayout": true,
+            "showPercentChange": false,
+            "reduceOptions": {
+              "calcs": [
+                "lastNotNull",
+              ],
+            },
+            "percentChangeColorMode": "standard",
+            "orientation": "auto",
+          },
+          "fieldConfig": {
+            "defaults": {
+              "unit": "short",
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "value": null,
+                    "color": "green",
+                  },
+                ],
+              },
+            },
+            "overrides": [],
+          },
+          "description": "The vLLM version and the generation of its metric names (v0, v1-legacy, v1, v1-capacity) of each server selected, from /version and /metrics (vllm_capacity_vllm_info): after an upgrade, whether every replica runs the new one.",
+        },
+        {
           "type": "row",
           "collapsed": false,
-          "id": 6,
+          "id": 7,
           "panels": [],
-          "title": "GPU memory budget",
+          "title": "GPU memory budget: $pod",
           "gridPos": {
             "h": 1,
             "w": 24,
             "x": 0,
             "y": 5,
           },
+          "repeat": "pod",
         },
         {
           "type": "bargauge",
-          "id": 7,
+          "id": 8,
           "targets": [
             {
-              "expr": std.format("sum by (gpu, component) (vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"})", [$._config.clusterLabel]),
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"weights\"}) or avg(vllm_capacity_model_weights_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel, $._config.clusterLabel]),
               "refId": "A",
-              "legendFormat": "GPU {{gpu}} {{component}}",
+              "legendFormat": "weights",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_cuda_graph_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
+              "refId": "B",
+              "legendFormat": "CUDA graphs",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_activation_peak_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
+              "refId": "C",
+              "legendFormat": "activations (peak)",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"kv_cache\"}) or avg(vllm_capacity_kv_cache_pool_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel, $._config.clusterLabel]),
+              "refId": "D",
+              "legendFormat": "KV cache",
+            },
+            {
+              "expr": std.format("clamp_min(avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"vllm_runtime\"}) - (avg(vllm_capacity_cuda_graph_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}) or vector(0)) - (avg(vllm_capacity_activation_peak_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}) or vector(0)), 0)", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel]),
+              "refId": "E",
+              "legendFormat": "CUDA context and other runtime",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"other_processes\"})", [$._config.clusterLabel]),
+              "refId": "F",
+              "legendFormat": "other processes",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"system\"})", [$._config.clusterLabel]),
+              "refId": "G",
+              "legendFormat": "driver-reserved",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"free\"})", [$._config.clusterLabel]),
+              "refId": "H",
+              "legendFormat": "free",
             },
           ],
           "title": "GPU memory by what holds it",
-          "description": "The seed's picture: weights, KV cache, vLLM's runtime (CUDA graphs, activations, context), other processes, driver-reserved, free. They add up to the GPU's memory.",
+          "description": "The seed's picture of one GPU of the pod (the row repeats per pod; the mean over its GPUs, whose ranks are alike): weights, CUDA graphs, activations, KV cache, the rest of vLLM's runtime (the CUDA context, non-torch memory), other processes, driver-reserved, free, from whichever sources there are: NVML with vLLM's startup log, or the startup log alone (weights, graphs, activations and the KV pool; no NVML, no total). With NVML the parts add up to the GPU's memory.",
           "transparent": false,
           "datasource": {
             "type": "prometheus",
@@ -462,16 +553,51 @@
         },
         {
           "type": "timeseries",
-          "id": 8,
+          "id": 9,
           "targets": [
             {
-              "expr": std.format("sum by (component) (vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"})", [$._config.clusterLabel]),
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"weights\"}) or avg(vllm_capacity_model_weights_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel, $._config.clusterLabel]),
               "refId": "A",
-              "legendFormat": "{{component}}",
+              "legendFormat": "weights",
             },
             {
-              "expr": std.format("sum(vllm_capacity_gpu_memory_budget_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"})", [$._config.clusterLabel]),
+              "expr": std.format("avg(vllm_capacity_cuda_graph_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
               "refId": "B",
+              "legendFormat": "CUDA graphs",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_activation_peak_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
+              "refId": "C",
+              "legendFormat": "activations (peak)",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"kv_cache\"}) or avg(vllm_capacity_kv_cache_pool_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel, $._config.clusterLabel]),
+              "refId": "D",
+              "legendFormat": "KV cache",
+            },
+            {
+              "expr": std.format("clamp_min(avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"vllm_runtime\"}) - (avg(vllm_capacity_cuda_graph_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}) or vector(0)) - (avg(vllm_capacity_activation_peak_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}) or vector(0)), 0)", [$._config.clusterLabel, $._config.clusterLabel, $._config.clusterLabel]),
+              "refId": "E",
+              "legendFormat": "CUDA context and other runtime",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"other_processes\"})", [$._config.clusterLabel]),
+              "refId": "F",
+              "legendFormat": "other processes",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"system\"})", [$._config.clusterLabel]),
+              "refId": "G",
+              "legendFormat": "driver-reserved",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_gpu_memory_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",component=\"free\"})", [$._config.clusterLabel]),
+              "refId": "H",
+              "legendFormat": "free",
+            },
+            {
+              "expr": std.format("avg(vllm_capacity_gpu_memory_budget_bytes{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"})", [$._config.clusterLabel]),
+              "refId": "I",
               "legendFormat": "vLLM budget (gpu_memory_utilization)",
             },
           ],
@@ -507,14 +633,47 @@
                 },
               },
             },
-            "overrides": [],
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byRegexp",
+                  "options": "vLLM\\ budget\\ \\(gpu_memory_utilization\\)",
+                },
+                "properties": [
+                  {
+                    "id": "custom.stacking",
+                    "value": {
+                      "mode": "none",
+                    },
+                  },
+                  {
+                    "id": "custom.fillOpacity",
+                    "value": 0,
+                  },
+                  {
+                    "id": "custom.lineWidth",
+                    "value": 2,
+                  },
+                  {
+                    "id": "custom.lineStyle",
+                    "value": {
+                      "fill": "dash",
+                      "dash": [
+                        10,
+                        10,
+                      ],
+                    },
+                  },
+                ],
+              },
+            ],
           },
-          "description": "The GPU memory budget's components, stacked, against vLLM's budget (total x gpu_memory_utilization): what grew when memory ran short.",
+          "description": "The parts of the picture beside it, stacked (one GPU of the pod: the row repeats per pod), and vLLM's budget (NVML total x gpu_memory_utilization) as a dashed line, not a layer: what grew when memory ran short, and how much of the budget the KV cache took.",
         },
         {
           "type": "row",
           "collapsed": false,
-          "id": 9,
+          "id": 10,
           "panels": [],
           "title": "KV cache",
           "gridPos": {
@@ -526,22 +685,32 @@
         },
         {
           "type": "timeseries",
-          "id": 10,
+          "id": 11,
           "targets": [
             {
-              "expr": std.format("vllm_capacity_kv_cache_capacity_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
+              "expr": std.format("sum(vllm_capacity_kv_cache_used_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
               "refId": "A",
-              "legendFormat": "capacity {{pod}}/{{engine}}",
+              "legendFormat": "used",
             },
             {
-              "expr": std.format("vllm_capacity_kv_cache_used_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
+              "expr": std.format("sum(vllm_capacity_kv_cache_free_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
               "refId": "B",
-              "legendFormat": "used {{pod}}/{{engine}}",
+              "legendFormat": "free",
             },
             {
-              "expr": std.format("vllm_capacity_kv_cache_free_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
+              "expr": std.format("sum(vllm_capacity_kv_cache_capacity_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
               "refId": "C",
-              "legendFormat": "free {{pod}}/{{engine}}",
+              "legendFormat": "capacity",
+            },
+            {
+              "expr": std.format("avg(ceil(vllm_capacity_mean_context_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"} / vllm_capacity_kv_cache_block_size_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}))", [$._config.clusterLabel, $._config.clusterLabel]),
+              "refId": "D",
+              "legendFormat": "blocks per running request",
+            },
+            {
+              "expr": std.format("max(ceil(vllm_capacity_max_model_len_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"} / vllm_capacity_kv_cache_block_size_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}))", [$._config.clusterLabel, $._config.clusterLabel]),
+              "refId": "E",
+              "legendFormat": "blocks per max_model_len request",
             },
           ],
           "title": "KV cache tokens",
@@ -569,14 +738,69 @@
                   },
                 ],
               },
+              "custom": {
+                "fillOpacity": 60,
+                "stacking": {
+                  "mode": "normal",
+                },
+              },
             },
-            "overrides": [],
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byRegexp",
+                  "options": "blocks per .*",
+                },
+                "properties": [
+                  {
+                    "id": "unit",
+                    "value": "short",
+                  },
+                  {
+                    "id": "custom.axisPlacement",
+                    "value": "right",
+                  },
+                ],
+              },
+              {
+                "matcher": {
+                  "id": "byRegexp",
+                  "options": "capacity|blocks per .*",
+                },
+                "properties": [
+                  {
+                    "id": "custom.stacking",
+                    "value": {
+                      "mode": "none",
+                    },
+                  },
+                  {
+                    "id": "custom.fillOpacity",
+                    "value": 0,
+                  },
+                  {
+                    "id": "custom.lineWidth",
+                    "value": 2,
+                  },
+                  {
+                    "id": "custom.lineStyle",
+                    "value": {
+                      "fill": "dash",
+                      "dash": [
+                        10,
+                        10,
+                      ],
+                    },
+                  },
+                ],
+              },
+            ],
           },
-          "description": "Capacity, used and free tokens per engine: used = capacity x vLLM's usage; free includes prefix-cached blocks nobody holds.",
+          "description": "The block pool in tokens, over the selected engines: used and free stacked up to the capacity line (used = capacity x vLLM's usage; free includes prefix-cached blocks nobody holds); on the right axis the blocks one request holds, at the mean context of running requests and at max_model_len (tokens / block_size, rounded up). Capacity over blocks per request is the concurrency the cache allows.",
         },
         {
           "type": "timeseries",
-          "id": 11,
+          "id": 12,
           "targets": [
             {
               "expr": std.format("vllm_capacity_kv_cache_usage_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
@@ -626,7 +850,7 @@
         },
         {
           "type": "timeseries",
-          "id": 12,
+          "id": 13,
           "targets": [
             {
               "expr": std.format("namespace_model_name:vllm_capacity_prefix_cache_hit:ratio{%s=~\"$cluster\",namespace=~\"$namespace\",model_name=~\"$model\"}", [$._config.clusterLabel]),
@@ -673,7 +897,7 @@
         },
         {
           "type": "timeseries",
-          "id": 13,
+          "id": 14,
           "targets": [
             {
               "expr": std.format("vllm_capacity_kv_cache_bytes_per_token{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
@@ -713,7 +937,7 @@
         },
         {
           "type": "timeseries",
-          "id": 14,
+          "id": 15,
           "targets": [
             {
               "expr": std.format("predict_linear(vllm_capacity_kv_cache_used_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[%s], %g)", [$._config.clusterLabel, $._config.exhaustionLookback, $._config.exhaustionHorizonSeconds]),
@@ -759,7 +983,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 15,
+          "id": 16,
           "panels": [],
           "title": "Concurrency",
           "gridPos": {
@@ -771,7 +995,7 @@
         },
         {
           "type": "timeseries",
-          "id": 16,
+          "id": 17,
           "targets": [
             {
               "expr": std.format("sum(vllm_capacity_requests_running{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
@@ -821,7 +1045,7 @@
         },
         {
           "type": "timeseries",
-          "id": 17,
+          "id": 18,
           "targets": [
             {
               "expr": std.format("vllm_capacity_concurrency_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
@@ -870,7 +1094,7 @@
         },
         {
           "type": "timeseries",
-          "id": 18,
+          "id": 19,
           "targets": [
             {
               "expr": std.format("vllm_capacity_headroom_requests{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
@@ -920,7 +1144,7 @@
         },
         {
           "type": "timeseries",
-          "id": 19,
+          "id": 20,
           "targets": [
             {
               "expr": std.format("vllm_capacity_concurrency_limit{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"} == 1", [$._config.clusterLabel]),
@@ -966,7 +1190,7 @@
         },
         {
           "type": "timeseries",
-          "id": 20,
+          "id": 21,
           "targets": [
             {
               "expr": std.format("vllm_capacity_lora_slots{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
@@ -1012,7 +1236,7 @@
         },
         {
           "type": "timeseries",
-          "id": 21,
+          "id": 22,
           "targets": [
             {
               "expr": std.format("vllm_capacity_mean_context_tokens{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}", [$._config.clusterLabel]),
@@ -1057,7 +1281,7 @@
         },
         {
           "type": "timeseries",
-          "id": 22,
+          "id": 23,
           "targets": [
             {
               "expr": std.format("sum(vllm_capacity_requests_waiting{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
@@ -1104,7 +1328,7 @@
             "overrides": [
               {
                 "matcher": {
-                  "id": "byName",
+                  "id": "byRegexp",
                   "options": "preemptions/s",
                 },
                 "properties": [
@@ -1124,7 +1348,7 @@
         },
         {
           "type": "timeseries",
-          "id": 23,
+          "id": 24,
           "targets": [
             {
               "expr": std.format("sum by (reason) (rate(vllm_capacity_requests_rejected_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel]),
@@ -1165,7 +1389,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 24,
+          "id": 25,
           "panels": [],
           "title": "Latency against concurrency",
           "gridPos": {
@@ -1177,7 +1401,7 @@
         },
         {
           "type": "timeseries",
-          "id": 25,
+          "id": 26,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1226,7 +1450,7 @@
         },
         {
           "type": "timeseries",
-          "id": 26,
+          "id": 27,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.5, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1271,7 +1495,7 @@
         },
         {
           "type": "bargauge",
-          "id": 27,
+          "id": 28,
           "targets": [
             {
               "expr": std.format("label_replace(label_replace(label_replace(label_replace(label_replace(max by (running) (vllm_capacity_latency_by_concurrency_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",latency=\"itl\",percentile=\"p90\"}), \"bin\", \"00000$1\", \"running\", \"([0-9]{1})\"), \"bin\", \"0000$1\", \"running\", \"([0-9]{2})\"), \"bin\", \"000$1\", \"running\", \"([0-9]{3})\"), \"bin\", \"00$1\", \"running\", \"([0-9]{4})\"), \"bin\", \"0$1\", \"running\", \"([0-9]{5})\")", [$._config.clusterLabel]),
@@ -1288,7 +1512,7 @@
           },
           "gridPos": {
             "h": 8,
-            "w": 24,
+            "w": 12,
             "x": 0,
             "y": 81,
           },
@@ -1332,8 +1556,229 @@
           },
         },
         {
+          "type": "xychart",
+          "id": 29,
+          "targets": [
+            {
+              "expr": std.format("sum(vllm_capacity_requests_running{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
+              "refId": "A",
+              "legendFormat": "running requests",
+            },
+            {
+              "expr": std.format("sum(rate(vllm:generation_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel]),
+              "refId": "B",
+              "legendFormat": "output tokens/s",
+            },
+            {
+              "expr": std.format("sum(rate(vllm:request_success_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel]),
+              "refId": "C",
+              "legendFormat": "requests/s",
+            },
+            {
+              "expr": std.format("histogram_quantile(0.99, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) or sum by (le) (rate(vllm:time_per_output_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel, $._config.clusterLabel]),
+              "refId": "D",
+              "legendFormat": "p99 ITL",
+            },
+            {
+              "expr": std.format("max(vllm_capacity_max_concurrency{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\",basis=\"slo\"})", [$._config.clusterLabel]),
+              "refId": "E",
+              "legendFormat": "SLO knee (running requests)",
+            },
+          ],
+          "title": "Saturation curve: throughput and latency against running requests",
+          "description": "The seed's saturation curve, live: a point per moment of the time range at the running requests then. Throughput (output tokens and finished requests a second, from vLLM's own counters) rises with concurrency and flattens at saturation; p99 inter-token latency (right axis) stays flat, then climbs. The SLO knee (the sidecar's SLO-bound concurrency, --slo-itl/--slo-ttft) is marked on the throughput curve: the most concurrency at which the objective held.",
+          "transparent": false,
+          "datasource": {
+            "type": "prometheus",
+            "uid": "${datasource}",
+          },
+          "gridPos": {
+            "h": 8,
+            "w": 12,
+            "x": 12,
+            "y": 81,
+          },
+          "repeatDirection": "h",
+          "transformations": [
+            {
+              "id": "joinByField",
+              "options": {
+                "byField": "Time",
+                "mode": "outer",
+              },
+            },
+          ],
+          "options": {
+            "mapping": "manual",
+            "legend": {
+              "displayMode": "list",
+              "placement": "bottom",
+              "showLegend": true,
+              "calcs": [],
+            },
+            "tooltip": {
+              "mode": "single",
+              "sort": "asc",
+            },
+            "series": [
+              {
+                "name": {
+                  "fixed": "output tokens/s",
+                },
+                "frame": {
+                  "matcher": {
+                    "id": "byIndex",
+                    "options": 0,
+                  },
+                },
+                "x": {
+                  "matcher": {
+                    "id": "byName",
+                    "options": "running requests",
+                  },
+                },
+                "y": {
+                  "matcher": {
+                    "id": "byName",
+                    "options": "output tokens/s",
+                  },
+                },
+              },
+              {
+                "name": {
+                  "fixed": "requests/s",
+                },
+                "frame": {
+                  "matcher": {
+                    "id": "byIndex",
+                    "options": 0,
+                  },
+                },
+                "x": {
+                  "matcher": {
+                    "id": "byName",
+                    "options": "running requests",
+                  },
+                },
+                "y": {
+                  "matcher": {
+                    "id": "byName",
+                    "options": "requests/s",
+                  },
+                },
+              },
+              {
+                "name": {
+                  "fixed": "p99 ITL",
+                },
+                "frame": {
+                  "matcher": {
+                    "id": "byIndex",
+                    "options": 0,
+                  },
+                },
+                "x": {
+                  "matcher": {
+                    "id": "byName",
+                    "options": "running requests",
+                  },
+                },
+                "y": {
+                  "matcher": {
+                    "id": "byName",
+                    "options": "p99 ITL",
+                  },
+                },
+              },
+              {
+                "name": {
+                  "fixed": "SLO knee (running requests)",
+                },
+                "frame": {
+                  "matcher": {
+                    "id": "byIndex",
+                    "options": 0,
+                  },
+                },
+                "x": {
+                  "matcher": {
+                    "id": "byName",
+                    "options": "SLO knee (running requests)",
+                  },
+                },
+                "y": {
+                  "matcher": {
+                    "id": "byName",
+                    "options": "output tokens/s",
+                  },
+                },
+              },
+            ],
+          },
+          "fieldConfig": {
+            "defaults": {
+              "unit": "short",
+              "thresholds": {
+                "mode": "absolute",
+                "steps": [
+                  {
+                    "value": null,
+                    "color": "green",
+                  },
+                ],
+              },
+              "custom": {
+                "show": "points",
+                "fillOpacity": 50,
+              },
+            },
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byName",
+                  "options": "output tokens/s",
+                },
+                "properties": [
+                  {
+                    "id": "unit",
+                    "value": "suffix: tokens/s",
+                  },
+                ],
+              },
+              {
+                "matcher": {
+                  "id": "byName",
+                  "options": "requests/s",
+                },
+                "properties": [
+                  {
+                    "id": "unit",
+                    "value": "reqps",
+                  },
+                ],
+              },
+              {
+                "matcher": {
+                  "id": "byName",
+                  "options": "p99 ITL",
+                },
+                "properties": [
+                  {
+                    "id": "unit",
+                    "value": "s",
+                  },
+                  {
+                    "id": "custom.axisPlacement",
+                    "value": "right",
+                  },
+                ],
+              },
+            ],
+          },
+        },
+        {
           "type": "timeseries",
-          "id": 28,
+          "id": 30,
           "targets": [
             {
               "expr": std.format("histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first_token_seconds_bucket{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])))", [$._config.clusterLabel]),
@@ -1376,7 +1821,7 @@
             "overrides": [
               {
                 "matcher": {
-                  "id": "byName",
+                  "id": "byRegexp",
                   "options": "running requests",
                 },
                 "properties": [
@@ -1395,7 +1840,7 @@
         },
         {
           "type": "timeseries",
-          "id": 29,
+          "id": 31,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_draft_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1437,7 +1882,7 @@
         },
         {
           "type": "timeseries",
-          "id": 30,
+          "id": 32,
           "targets": [
             {
               "expr": std.format("sum by (pod) (rate(vllm:spec_decode_num_accepted_tokens_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval])) / sum by (pod) (rate(vllm:spec_decode_num_drafts_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"}[$__rate_interval]))", [$._config.clusterLabel, $._config.clusterLabel]),
@@ -1478,16 +1923,21 @@
         },
         {
           "type": "timeseries",
-          "id": 31,
+          "id": 33,
           "targets": [
             {
               "expr": std.format("sum by (pod, group_kind) (vllm_capacity_kv_cache_blocks_per_request{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
               "refId": "A",
               "legendFormat": "{{pod}} {{group_kind}}",
             },
+            {
+              "expr": std.format("max by (pod) (vllm_capacity_kv_cache_plan_mismatch{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\",model_name=~\"$model\"})", [$._config.clusterLabel]),
+              "refId": "B",
+              "legendFormat": "plan mismatch {{pod}}",
+            },
           ],
           "title": "Why this concurrency: blocks a max_model_len request holds, by layer kind",
-          "description": "Only with the sidecar's --model-config: vLLM's KV-cache groups as the planner lays them out for the server's own budget. Max concurrency at max_model_len is the blocks divided by this stack: a Gemma 3's sliding-window groups or a Qwen3-Next's state groups can hold more blocks per request than its few full-attention layers suggest. vllm_capacity_kv_cache_plan_mismatch says when vLLM's own capacity disagrees with the plan.",
+          "description": "Only with the sidecar's --model-config: vLLM's KV-cache groups as the planner lays them out for the server's own budget. Max concurrency at max_model_len is the blocks divided by this stack: a Gemma 3's sliding-window groups or a Qwen3-Next's state groups can hold more blocks per request than its few full-attention layers suggest. Plan mismatch (right axis, a line) is 1 while vLLM's own capacity differs from the plan by more than a block per group: then the stack is the planner's, not vLLM's.",
           "transparent": false,
           "datasource": {
             "type": "prometheus",
@@ -1519,13 +1969,62 @@
                 },
               },
             },
-            "overrides": [],
+            "overrides": [
+              {
+                "matcher": {
+                  "id": "byRegexp",
+                  "options": "plan mismatch .*",
+                },
+                "properties": [
+                  {
+                    "id": "unit",
+                    "value": "bool",
+                  },
+                  {
+                    "id": "custom.axisPlacement",
+                    "value": "right",
+                  },
+                ],
+              },
+              {
+                "matcher": {
+                  "id": "byRegexp",
+                  "options": "plan mismatch .*",
+                },
+                "properties": [
+                  {
+                    "id": "custom.stacking",
+                    "value": {
+                      "mode": "none",
+                    },
+                  },
+                  {
+                    "id": "custom.fillOpacity",
+                    "value": 0,
+                  },
+                  {
+                    "id": "custom.lineWidth",
+                    "value": 2,
+                  },
+                  {
+                    "id": "custom.lineStyle",
+                    "value": {
+                      "fill": "dash",
+                      "dash": [
+                        10,
+                        10,
+                      ],
+                    },
+                  },
+                ],
+              },
+            ],
           },
         },
         {
           "type": "row",
           "collapsed": false,
-          "id": 32,
+          "id": 34,
           "panels": [],
           "title": "GPU",
           "gridPos": {
@@ -1537,7 +2036,7 @@
         },
         {
           "type": "timeseries",
-          "id": 33,
+          "id": 35,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_utilization_ratio{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1584,7 +2083,7 @@
         },
         {
           "type": "timeseries",
-          "id": 34,
+          "id": 36,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_power_watts{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1629,7 +2128,7 @@
         },
         {
           "type": "timeseries",
-          "id": 35,
+          "id": 37,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_temperature_celsius{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1675,7 +2174,7 @@
             "overrides": [
               {
                 "matcher": {
-                  "id": "byName",
+                  "id": "byRegexp",
                   "options": "GPU .* SM clock",
                 },
                 "properties": [
@@ -1695,7 +2194,7 @@
         },
         {
           "type": "timeseries",
-          "id": 36,
+          "id": 38,
           "targets": [
             {
               "expr": std.format("vllm_capacity_gpu_throttled{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"} == 1", [$._config.clusterLabel]),
@@ -1736,7 +2235,7 @@
         {
           "type": "row",
           "collapsed": false,
-          "id": 37,
+          "id": 39,
           "panels": [],
           "title": "Sidecar health",
           "gridPos": {
@@ -1748,7 +2247,7 @@
         },
         {
           "type": "timeseries",
-          "id": 38,
+          "id": 40,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_up{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),
@@ -1794,7 +2293,7 @@
         },
         {
           "type": "timeseries",
-          "id": 39,
+          "id": 41,
           "targets": [
             {
               "expr": std.format("sum by (source, reason) (rate(vllm_capacity_source_errors_total{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}[$__rate_interval]))", [$._config.clusterLabel]),
@@ -1834,7 +2333,7 @@
         },
         {
           "type": "timeseries",
-          "id": 40,
+          "id": 42,
           "targets": [
             {
               "expr": std.format("vllm_capacity_source_duration_seconds{%s=~\"$cluster\",namespace=~\"$namespace\",pod=~\"$pod\"}", [$._config.clusterLabel]),

@@ -4,32 +4,39 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import re
 import sys
 from pathlib import Path
 from types import ModuleType
 
+import promql_parser
+
 from vllm_capacity.exposition.catalogue import SPECS
 
-KEYWORDS = {
-    "by", "on", "without", "ignoring", "group_left", "group_right", "and", "or", "unless", "bool", "offset",
-    "inf", "nan", "le",
-}  # fmt: skip
 VLLM_METRIC_NAMES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm" / "metric-names.tsv"
 
 
 def metric_names(expr: str) -> set[str]:
-    """Metric names in a PromQL expression (label matchers, grouping labels and functions left out)."""
-    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings
-    text = re.sub(r"\{[^}]*\}", "", text)  # label matchers
-    text = re.sub(r"\b(?:by|on|without|ignoring|group_left|group_right)\s*\([^)]*\)", "", text)
-    text = re.sub(r"\[[^\]]*\]", "", text)  # range selectors
-    names = set()
-    for m in re.finditer(r"(?<![\w:.])([a-zA-Z_:][a-zA-Z0-9_:]*)(?![\w:])(?!\s*\()", text):
-        word = m.group(1)
-        if word.lower() in KEYWORDS or re.fullmatch(r"\d+[smhdwy]", word):
-            continue
-        names.add(word)
+    """The metric names an expression's selectors read, by a real PromQL parser (promql-parser, the Rust crate
+    GreptimeDB and Prometheus-compatible engines use): ``foo{...}``, ``{__name__="foo"}``, inside ranges, subqueries,
+    aggregations, binary operators and calls. Raises ValueError for what is not PromQL."""
+    names: set[str] = set()
+    pending = [promql_parser.parse(expr)]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, promql_parser.MatrixSelector):
+            node = node.vector_selector
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                names.add(node.name)
+            names.update(m.value for m in node.matchers.matchers if m.name == "__name__")
+        elif isinstance(node, promql_parser.BinaryExpr):
+            pending += [node.lhs, node.rhs]
+        elif isinstance(node, promql_parser.Call):
+            pending += node.args
+        elif isinstance(node, promql_parser.AggregateExpr):
+            pending += [node.expr, *([node.param] if node.param is not None else [])]
+        elif isinstance(node, (promql_parser.ParenExpr, promql_parser.UnaryExpr, promql_parser.SubqueryExpr)):
+            pending.append(node.expr)
     return names
 
 
