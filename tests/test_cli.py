@@ -293,9 +293,9 @@ async def test_serve_process_end_to_end(fake_vllm: FakeVllm, tmp_path) -> None:
         _, stderr = stop_process(proc)
     assert proc.returncode == 0
     events = [json.loads(line) for line in stderr.splitlines()]
-    assert {"serving", "vllm_discovered", "stopping"} <= {e["event"] for e in events}
+    assert {"serving", "vllm_discovered", "stopping"} <= {e["msg"] for e in events}
     assert "sk-very-secret" not in stderr and "pw-very-secret" not in stderr
-    assert next(e for e in events if e["event"] == "serving")["api_key"] == "set"
+    assert next(e for e in events if e["msg"] == "serving")["api_key"] == "set"
 
 
 async def test_the_default_listener_serves_ipv4_and_ipv6(fake_vllm: FakeVllm) -> None:
@@ -341,7 +341,7 @@ def test_a_client_protocol_error_is_one_json_log_line(fake_vllm_thread: str) -> 
         _, stderr = stop_process(proc)
     events = [json.loads(line) for line in stderr.splitlines()]  # each line one JSON object
     (error,) = [e for e in events if e.get("logger") == "aiohttp.server"]  # three bad requests: logged once
-    assert error["level"] == "error" and "exception" in error
+    assert error["level"] == "ERROR" and "exception" in error
     assert value(text, "vllm_capacity_http_errors_total", kind="bad_request") == 3  # and each counted
 
 
@@ -381,12 +381,9 @@ def test_durations_take_prometheus_grammar_on_every_flag() -> None:
     assert result.stderr.strip().endswith("--latency-half-life: '2w' is above the maximum 1w")
 
 
-def test_logging_flags_as_prometheus_exporters_spell_them() -> None:
-    """--log.level (debug, info, warn, error) and --log.format (logfmt, json), as promslog's exporters take them;
-    the older spellings still work."""
-    serve = _resolve(["--log.level", "warn", "--log.format", "logfmt"], {})
-    assert (serve.log_level, serve.log_format) == ("warning", "logfmt")
-    assert _resolve(["--log-level", "warning", "--log-format", "console"], {}).log_format == "console"
+def _logged(fmt: str, level: str) -> list[str]:
+    """The lines the agent's logging writes in ``fmt`` at ``level``: one of its own events below the level, one
+    warning of its own, and one error from aiohttp's server logger (a foreign, standard-library logger)."""
     from vllm_capacity import log
 
     err = io.StringIO()
@@ -395,19 +392,42 @@ def test_logging_flags_as_prometheus_exporters_spell_them() -> None:
     saved_root = (root.handlers[:], root.level)
     sys.stderr = err
     try:
-        log.configure("logfmt", "warning")
+        log.configure(fmt, level)
         logger = structlog.get_logger("vllm_capacity")
         logger.info("not_shown")
         logger.warning("source_failed", source="vllm", error="cannot connect to http://127.0.0.1:9/metrics")
+        # a message of its own per call: the same foreign error again within a minute is held back (OncePerCause)
+        stdlib_logging.getLogger("aiohttp.server").error(f"Error handling request ({fmt}, {level})")
     finally:
         sys.stderr = saved
         structlog.configure(**saved_structlog)
         root.handlers[:], root.level = saved_root
-    (line,) = err.getvalue().splitlines()
+    return err.getvalue().splitlines()
+
+
+def test_logging_flags_as_prometheus_exporters_spell_them() -> None:
+    """--log.level (debug, info, warn, error) and --log.format (logfmt, json), as promslog's exporters take them;
+    the older spellings still work. Both formats write promslog's keys first: time (RFC 3339, UTC), level (INFO,
+    WARN, ERROR, as Go's slog names them) and msg, for the sidecar's own events and foreign loggers' alike."""
+    serve = _resolve(["--log.level", "warn", "--log.format", "logfmt"], {})
+    assert (serve.log_level, serve.log_format) == ("warning", "logfmt")
+    assert _resolve(["--log-level", "warning", "--log-format", "console"], {}).log_format == "console"
+    ours, foreign = _logged("logfmt", "warning")
     assert re.fullmatch(
-        r'timestamp=\S+ level=warning event=source_failed source=vllm error="cannot connect to http://127.0.0.1:9/metrics"',
-        line,
-    ), line
+        r"time=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z level=WARN msg=source_failed source=vllm "
+        r'error="cannot connect to http://127.0.0.1:9/metrics"',
+        ours,
+    ), ours
+    assert re.match(r'time=\S+ level=ERROR msg="Error handling request \(logfmt, warning\)" ', foreign), foreign
+    lines = [json.loads(line) for line in _logged("json", "warning")]
+    assert [list(e)[:3] for e in lines] == [["time", "level", "msg"]] * 2
+    assert [(e["level"], e["msg"]) for e in lines] == [
+        ("WARN", "source_failed"),
+        ("ERROR", "Error handling request (json, warning)"),
+    ]
+    assert lines[0]["source"] == "vllm" and "event" not in lines[0] and "timestamp" not in lines[0]
+    # --log.level debug lets the info event through, as INFO
+    assert json.loads(_logged("json", "debug")[0])["level"] == "INFO"
 
 
 def test_exporter_flags() -> None:
@@ -459,7 +479,7 @@ async def test_a_sigterm_while_starting_is_a_clean_exit(fake_vllm: FakeVllm) -> 
         _, stderr = stop_process(proc)
     assert not listening, "the SIGTERM handler came only with the listener: a SIGTERM before it was rc -15"
     assert proc.returncode == 0, stderr
-    assert "stopping" in {json.loads(line)["event"] for line in stderr.splitlines()}
+    assert "stopping" in {json.loads(line)["msg"] for line in stderr.splitlines()}
 
 
 @pytest.mark.serial  # bounds the time from SIGTERM to exit
@@ -865,3 +885,43 @@ def test_the_plan_example_in_docs_planning_is_what_the_command_prints(tmp_path: 
     said = text[text.index("`--vllm-version 0.33.0 --gpu-memory-utilization 0.9`") :].split(":", 1)[0]
     for figure in ("55.31 GiB", "28,318", "of 16 tokens", "453,088", "13.83x"):
         assert figure in classic.stdout and figure.split(" of ")[-1] in said
+
+
+def test_every_help_screen_groups_its_options_and_shows_examples_that_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each command's --help exits 0 (a "%" in a help text once crashed advise --help), shows its options under
+    headings by purpose, every option under one, and two or three examples; each example parses and resolves into
+    the command's configuration (its files made here)."""
+    import bcrypt
+    import trustme
+
+    model = Path(__file__).parent / "fixtures" / "models" / "tiny-llama" / "config.json"
+    (tmp_path / "llama-3.1-8b").mkdir()
+    for target in (tmp_path / "config.json", tmp_path / "llama-3.1-8b" / "config.json"):
+        target.write_text(model.read_text())
+    trustme.CA().cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    (tmp_path / "token").write_text("t0ken\n")
+    hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
+    (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prometheus: {hashed}\n")
+    monkeypatch.chdir(tmp_path)
+    parser = options.build_parser()
+    for command, (groups, epilog) in options.HELP.items():
+        with pytest.raises(SystemExit) as done:
+            parser.parse_args([command, "--help"])
+        assert done.value.code == 0, command
+        screen = capsys.readouterr().out
+        headings = [title for title, _ in groups]
+        assert len(headings) >= 3 and all(f"\n{title}:\n" in screen for title in headings), (command, screen)
+        flags = [opt.flag for opt in options.COMMANDS[command][1]]
+        assert sorted(f for _, fs in groups for f in fs) == sorted(flags), command
+        assert all(screen.index(f"\n{headings[0]}:\n") < screen.index(f"  {flag}") for flag in flags), command
+        examples = [
+            line.strip() for line in epilog.split("\n\n")[0].replace("\\\n", " ").splitlines()[1:] if line.strip()
+        ]
+        assert 2 <= len(examples) <= 3, (command, examples)
+        for example in examples:
+            argv = shlex.split(example, comments=True)
+            assert argv[:2] == ["vllm-capacity", command], example
+            ns = parser.parse_args(argv[1:])
+            assert isinstance(options.config(command, ns, {}), options.COMMANDS[command][0]), example

@@ -395,8 +395,8 @@ def test_serve_with_nvml_auto_on_this_machine(fake_vllm_thread: str) -> None:
     finally:
         _, stderr = stop_process(proc)
     events = [json.loads(line) for line in stderr.splitlines() if line.startswith("{")]
-    assert [(e["event"], e["reason"]) for e in events if "nvml" in e["event"]] == [("nvml_absent", "library_not_found")]
-    assert not [e for e in events if e["event"] == "source_failed"]
+    assert [(e["msg"], e["reason"]) for e in events if "nvml" in e["msg"]] == [("nvml_absent", "library_not_found")]
+    assert not [e for e in events if e["msg"] == "source_failed"]
 
 
 def test_report_draws_each_gpus_budget() -> None:

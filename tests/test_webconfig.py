@@ -327,7 +327,7 @@ def test_sighup_re_reads_the_web_config_without_dropping_the_listener(
             assert client.get(url + "/metrics", auth=("grafana", "new-pw")).status_code == 200
     assert proc.poll() is None
     _, stderr = stop_process(proc)
-    events = [json.loads(line)["event"] for line in stderr.splitlines()]
+    events = [json.loads(line)["msg"] for line in stderr.splitlines()]
     assert "web_config_reloaded" in events and events.count("web_config_reload_failed") == 2, events
     assert "new-pw" not in stderr and "scrape-pw" not in stderr
 
@@ -379,7 +379,7 @@ def test_sighup_without_a_web_config_is_ignored_not_fatal(fake_vllm_thread: str)
     assert proc.poll() is None, "SIGHUP ended the sidecar"
     assert httpx.get(url + "/healthz").status_code == 200
     _, stderr = stop_process(proc)
-    assert "sighup_ignored" in [json.loads(line)["event"] for line in stderr.splitlines()]
+    assert "sighup_ignored" in [json.loads(line)["msg"] for line in stderr.splitlines()]
 
 
 def test_a_web_config_that_is_not_utf8_is_a_start_up_error(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""structlog set-up: one event per line, JSON (for log pipelines) or console (for people).
+"""structlog set-up: one event per line, JSON or logfmt with promslog's keys (for log pipelines) or console (for
+people).
 
 The standard library's loggers (aiohttp's server and access loggers, asyncio) go through the same renderer, so a
 protocol error from a client (a request line over 8 KiB, say) is one JSON object too, its traceback a field of it;
@@ -65,21 +66,40 @@ def count_foreign_errors(counts: Counter[str]) -> None:
     _ONCE.counts = counts
 
 
+# promslog's level names (Go's slog): what a Prometheus exporter's log pipeline already matches on
+PROMSLOG_LEVELS = {"debug": "DEBUG", "info": "INFO", "warning": "WARN", "warn": "WARN", "error": "ERROR",
+                   "critical": "ERROR", "exception": "ERROR"}  # fmt: skip
+
+
+def promslog_keys(_: object, __: str, event: structlog.typing.EventDict) -> structlog.typing.EventDict:
+    """An event as promslog writes one: ``time``, ``level`` (INFO, WARN, ...) and ``msg`` first, then its fields."""
+    level = str(event.pop("level", ""))
+    head = {
+        "time": event.pop("time", None),
+        "level": PROMSLOG_LEVELS.get(level, level.upper()),
+        "msg": event.pop("msg", None),
+    }
+    return {**{k: v for k, v in head.items() if v is not None}, **event}
+
+
 def configure(fmt: str = "console", level: str = "info") -> None:
+    """JSON and logfmt with promslog's keys (``time``, ``level``, ``msg``, as Prometheus and its exporters log);
+    console for a person at a terminal (structlog's own layout)."""
     renderer: structlog.typing.Processor
+    keys: list[structlog.typing.Processor] = [structlog.processors.EventRenamer("msg"), promslog_keys]
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()
-    elif fmt == "logfmt":  # ts, level and the event first, as promslog writes them
-        renderer = structlog.processors.LogfmtRenderer(key_order=["timestamp", "level", "event"], drop_missing=True)
+    elif fmt == "logfmt":
+        renderer = structlog.processors.LogfmtRenderer()
     else:
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
+        renderer, keys = structlog.dev.ConsoleRenderer(colors=False), []
     common: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="time" if keys else "timestamp"),
     ]
     structlog.configure(
-        processors=[*common, structlog.processors.format_exc_info, renderer],
+        processors=[*common, structlog.processors.format_exc_info, *keys, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=False,
@@ -87,7 +107,7 @@ def configure(fmt: str = "console", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
-            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, *keys, renderer],
             foreign_pre_chain=[
                 *common,
                 structlog.stdlib.add_logger_name,

@@ -343,7 +343,8 @@ SERVE_OPTIONS = (
         "--log.format",
         _choice("json", "logfmt", "console"),
         "json",
-        "json (one object per line), logfmt (key=value, as Prometheus' exporters log) or console; also --log-format",
+        "json (one object per line) or logfmt (key=value), both led by promslog's time, level and msg as "
+        "Prometheus' exporters log; or console; also --log-format",
         aliases=("--log-format",),
     ),
     Option(
@@ -373,13 +374,19 @@ REPORT_OPTIONS = (
 )
 
 
-def _add(parser: argparse.ArgumentParser, options: Sequence[Option]) -> None:
-    for opt in options:
-        default = f" (default {opt.default})" if opt.default is not None else ""
-        switch: dict[str, Any] = {"nargs": "?", "const": "true"} if opt.switch else {}
-        parser.add_argument(
-            opt.flag, *opt.aliases, dest=opt.dest, default=None, help=f"{opt.help}{default}; env {opt.env}", **switch
-        )
+def _add(parser: argparse.ArgumentParser, options: Sequence[Option], groups: Groups) -> None:
+    """Each option under the heading of its group, in the groups' order (every option in exactly one group)."""
+    by_flag = {opt.flag: opt for opt in options}
+    grouped = [flag for _, flags in groups for flag in flags]
+    if sorted(grouped) != sorted(by_flag):
+        raise AssertionError(f"{parser.prog}: options not in exactly one help group: {set(grouped) ^ set(by_flag)}")
+    for title, flags in groups:
+        section = parser.add_argument_group(title)
+        for opt in (by_flag[f] for f in flags):
+            default = f" (default {opt.default})" if opt.default is not None else ""
+            switch: dict[str, Any] = {"nargs": "?", "const": "true"} if opt.switch else {}
+            text = f"{opt.help}{default}; env {opt.env}".replace("%", "%%")  # argparse %-formats help ("20%")
+            section.add_argument(opt.flag, *opt.aliases, dest=opt.dest, default=None, help=text, **switch)
 
 
 def resolve(ns: argparse.Namespace, options: Sequence[Option], environ: dict[str, str]) -> dict[str, Any]:
@@ -695,25 +702,117 @@ PLAN_EXIT_CODES = f"""exit status:
   {PLAN_NOT_MODELLED}  not modelled: the planner cannot size this model or vLLM version (and says why)"""
 
 
+Groups = tuple[tuple[str, tuple[str, ...]], ...]  # (heading, its flags) in the order --help shows them
+
+#: each command's --help: its options by purpose, and a few examples
+HELP: dict[str, tuple[Groups, str]] = {
+    "serve": (
+        (
+            ("vLLM", ("--vllm-url", "--interval", "--timeout", "--api-key-file", "--max-body-size",
+                      "--models-refresh", "--max-model-len")),
+            ("the model and vLLM's settings (bytes per token, what limits concurrency)",
+             ("--vllm-log", "--model-config", "--model-dir", "--tp", "--pp", "--max-num-seqs",
+              "--max-num-batched-tokens")),
+            ("GPUs (NVML)", ("--nvml", "--gpus", "--gpu-device-series")),
+            ("latency objectives", ("--slo-itl", "--slo-ttft", "--latency-half-life")),
+            ("the listener (Prometheus exporters' flags)",
+             ("--listen", "--web.telemetry-path", "--web.config.file", "--web.max-requests",
+              "--web.disable-exporter-metrics", "--probe-listen")),
+            ("logging", ("--log.format", "--log.level")),
+        ),
+        """examples:
+  vllm-capacity serve --vllm-url http://127.0.0.1:8000 --listen :9790
+  vllm-capacity serve --vllm-log vllm.log --model-dir llama-3.1-8b --slo-itl 'p99<=50ms'
+  vllm-capacity serve --web.config.file web.yml --probe-listen :9791 --gpu-device-series off   # beside dcgm""",
+    ),
+    "report": (
+        (
+            ("vLLM", ("--vllm-url", "--timeout", "--api-key-file", "--max-body-size", "--max-model-len")),
+            ("the model", ("--vllm-log", "--model-config", "--model-dir", "--tp", "--pp")),
+            ("GPUs (NVML)", ("--nvml", "--gpus")),
+            ("latency objectives", ("--slo-itl", "--slo-ttft", "--latency-half-life")),
+            ("output", ("--format", "--watch")),
+        ),
+        """examples:
+  vllm-capacity report --vllm-url http://127.0.0.1:8000
+  vllm-capacity report --vllm-url http://127.0.0.1:8000 --format json
+  vllm-capacity report --watch 2s --slo-itl 'p99<=50ms'   # live, redrawn in place""",
+    ),
+    "plan": (
+        (
+            ("the model and vLLM", ("--model-config", "--model-dir", "--tp", "--pp", "--vllm-version", "--engine",
+                                    "--platform")),
+            ("the KV cache", ("--kv-cache-dtype", "--block-size", "--max-model-len", "--kv-cache-memory",
+                              "--extensible-kv-cache", "--kv-offloading-size", "--mamba-cache-mode",
+                              "--mamba-ssm-cache-dtype", "--chunked-local-hybrid")),
+            ("the scheduler", ("--max-num-batched-tokens", "--max-num-seqs", "--async-scheduling")),
+            ("speculative decoding, LoRA, encoders",
+             ("--speculative-method", "--num-speculative-tokens", "--draft-model-config", "--max-loras",
+              "--max-lora-rank", "--fully-sharded-loras", "--encoder-cache-tokens")),
+            ("the GPU's memory (instead of --kv-cache-memory)",
+             ("--gpu-memory", "--gpu-memory-utilization", "--weights-memory", "--activation-memory",
+              "--cuda-graph-memory")),
+            ("output", ("--format",)),
+        ),
+        """examples:
+  vllm-capacity plan --model-config config.json --kv-cache-memory 4.31GiB --max-model-len 32768
+  vllm-capacity plan --model-dir llama-3.1-8b --gpu-memory 80GiB --max-model-len 32768
+  vllm-capacity plan --model-config config.json --kv-cache-memory 16GiB --tp 1,2 --kv-cache-dtype auto,fp8
+
+""" + PLAN_EXIT_CODES,
+    ),
+    "sweep": (
+        (
+            ("vLLM", ("--vllm-url", "--model", "--api-key-file", "--timeout", "--sample-interval")),
+            ("the load", ("--concurrency", "--requests-per-step", "--duration-per-step", "--warmup-requests",
+                          "--prompt-tokens", "--max-tokens")),
+            ("objectives and vLLM's settings (the knee, the levers)",
+             ("--slo-ttft", "--slo-itl", "--model-config", "--max-num-seqs", "--max-num-batched-tokens")),
+            ("output", ("--format", "--output")),
+        ),
+        """examples:
+  vllm-capacity sweep --vllm-url http://127.0.0.1:8000 --concurrency 1,2,4,8,16 --slo-itl 'p99<=50ms'
+  vllm-capacity sweep --concurrency 1,4,16,64 --prompt-tokens 4000 --max-tokens 500 --model-config config.json
+  vllm-capacity sweep --format html --output sweep.html""",
+    ),
+    "advise": (
+        (
+            ("Prometheus", ("--prometheus-url", "--bearer-token-file", "--basic-auth-user",
+                            "--basic-auth-password-file", "--ca-file", "--insecure-skip-verify", "--timeout")),
+            ("what to read", ("--window", "--end", "--selector")),
+            ("the model and the objectives", ("--model-config", "--tp", "--headroom", "--slo-ttft", "--slo-itl")),
+            ("output", ("--format", "--output")),
+        ),
+        """examples:
+  vllm-capacity advise --prometheus-url http://prometheus:9090 --window 7d
+  vllm-capacity advise --prometheus-url https://prom:9090 --ca-file ca.crt --bearer-token-file token \\
+      --selector '{namespace="llm"}' --model-config config.json --slo-itl 'p99<=50ms'
+  vllm-capacity advise --prometheus-url http://prometheus:9090 --format html --output advice.html""",
+    ),
+}  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="vllm-capacity", description="KV-cache capacity and concurrency exporter for vLLM.")
     parser.add_argument("--version", action="version", version=f"vllm-capacity {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    serve = sub.add_parser("serve", help="run the sidecar: scrape vLLM, serve /metrics")
-    _add(serve, SERVE_OPTIONS)
-    report = sub.add_parser("report", help="print one capacity snapshot of a vLLM server")
-    _add(report, REPORT_OPTIONS)
-    plan = sub.add_parser(
-        "plan",
-        help="vLLM's capacity math offline, from a model's config.json",
-        epilog=PLAN_EXIT_CODES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    _add(plan, PLAN_OPTIONS)
-    sweep = sub.add_parser("sweep", help="a concurrency sweep against a vLLM server: the knee, its limit, the levers")
-    _add(sweep, SWEEP_OPTIONS)
-    advise = sub.add_parser("advise", help="what to change, from a window of real traffic in Prometheus")
-    _add(advise, ADVISE_OPTIONS)
+    helps = {
+        "serve": "run the sidecar: scrape vLLM, serve /metrics",
+        "report": "print one capacity snapshot of a vLLM server",
+        "plan": "vLLM's capacity math offline, from a model's config.json",
+        "sweep": "a concurrency sweep against a vLLM server: the knee, its limit, the levers",
+        "advise": "what to change, from a window of real traffic in Prometheus",
+    }
+    for command, (_, options) in COMMANDS.items():
+        groups, examples = HELP[command]
+        sub_parser = sub.add_parser(
+            command,
+            help=helps[command],
+            description=helps[command][0].upper() + helps[command][1:] + ".",
+            epilog=examples,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _add(sub_parser, options, groups)
     return parser
 
 
