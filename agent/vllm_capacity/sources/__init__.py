@@ -30,9 +30,12 @@ class Reason(StrEnum):
     PARSE_ERROR = "parse_error"  # not valid Prometheus text, not UTF-8, or not an OpenAI model list
     MISSING_MAX_MODEL_LEN = "missing_max_model_len"  # /v1/models lists no max_model_len
     IMPLAUSIBLE_VALUE = "implausible_value"  # a value that cannot be right (usage above 1, a negative count...)
-    # a family passed the scan's bounds (a line over 8 KiB, 16,384 lines, the largest when all pass 32,768 lines):
+    # a family passed the scan's bounds (a line over 8 KiB, 16,384 lines, the largest when all pass 16,384 lines):
     # that family is left out of the read, the rest is read
     FAMILY_OVER_LIMIT = "family_over_limit"
+    # a line of over 1 MiB (no newline in a megabyte: not an exposition vLLM writes): the read is refused as it
+    # arrives, never held whole (a 31 MiB line once took the sidecar past its 128 Mi limit)
+    LINE_TOO_LONG = "line_too_long"
     # vLLM's log file (--vllm-log)
     MISSING = "missing"
     PERMISSION = "permission"

@@ -18,9 +18,11 @@ import functools
 import json
 import math
 import ssl
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
@@ -98,7 +100,9 @@ class VllmClient:
                 # never "gzip": a server that honours it (prometheus-client's own exposition: vLLM's /metrics before PR
                 # #15657, March 2025) compresses every read at level 9 on its API server, for a loopback sidecar
                 headers={"User-Agent": f"vllm-capacity/{__version__}", "Accept-Encoding": "identity"},
-                auto_decompress=True,  # a server that compresses anyway is still read
+                # a server that compresses anyway is still read, inflated here a megabyte at a time (_inflated):
+                # aiohttp inflates each chunk whole, and a 1 GiB gzip bomb's first chunk became 64 MiB at once
+                auto_decompress=False,
                 read_bufsize=1 << 20,  # a large body is read on while less than 2 MiB of it waits unread
             )
         return self._session
@@ -158,16 +162,7 @@ class VllmClient:
                 declared = resp.headers.get("Content-Length")
                 if declared and declared.isdigit() and int(declared) > cap:
                     raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body is {declared} bytes, over the {cap} cap")
-                # one growing buffer (a large one grows in place): never the chunks and their join side by side
-                body, size = bytearray(), 0
-                while chunk := await resp.content.readany():  # what has arrived, as it came: no join
-                    size += len(chunk)
-                    if size > cap:
-                        raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body exceeds the {cap}-byte cap")
-                    if sink is None:
-                        body += chunk
-                    else:
-                        sink(chunk)
+                body = await _read_body(resp, url, cap, sink)
                 content_type = resp.headers.get("Content-Type", "")
         except TimeoutError as err:
             raise SourceError(Reason.TIMEOUT, f"{url} did not answer in full within {self.timeout:g}s") from err
@@ -211,6 +206,56 @@ class VllmClient:
         except (SourceError, ValueError, AttributeError, RecursionError):
             return None
         return str(version) if version else None
+
+
+async def _read_body(
+    resp: aiohttp.ClientResponse, url: str, cap: int, sink: Callable[[bytes], None] | None
+) -> bytearray:
+    """The body as it arrives (inflated, if it came compressed), at most ``cap`` bytes; each piece to ``sink`` when
+    given (then the body returned is empty)."""
+    inflate = _inflater(resp.headers.get("Content-Encoding", ""), url)
+    # one growing buffer (a large one grows in place): never the chunks and their join side by side
+    body, size = bytearray(), 0
+    while chunk := await resp.content.readany():  # what has arrived, as it came: no join
+        for piece in (chunk,) if inflate is None else _inflated(inflate, chunk, url):
+            size += len(piece)
+            if size > cap:
+                raise SourceError(Reason.BODY_TOO_LARGE, f"{url} body exceeds the {cap}-byte cap")
+            if sink is None:
+                body += piece
+            else:
+                sink(piece)
+    if inflate is not None and not inflate.eof:
+        raise SourceError(Reason.TRUNCATED, f"{url} compressed body ends before its end: truncated")
+    return body
+
+
+#: The most a compressed body inflates to in one step: what a chunk of it costs in memory, whatever its ratio.
+INFLATE_STEP = 1 << 20
+
+
+def _inflater(encoding: str, url: str) -> Any:
+    """A zlib decompressor for a body in gzip or deflate (the agent asks for identity; a server may compress anyway),
+    None for one as it is. Another encoding (br, zstd) is refused: the agent cannot read it."""
+    encoding = encoding.strip().lower()
+    if encoding in ("", "identity"):
+        return None
+    if encoding in ("gzip", "x-gzip", "deflate"):
+        return zlib.decompressobj(wbits=zlib.MAX_WBITS | 32)  # a gzip or a zlib header, told apart by zlib
+    raise SourceError(Reason.PARSE_ERROR, f"{url} answered in {encoding!r} encoding, which the agent does not read")
+
+
+def _inflated(inflate: Any, chunk: bytes, url: str) -> Iterator[bytes]:
+    """``chunk`` inflated, at most INFLATE_STEP bytes at a time (the caller counts each against its cap)."""
+    try:
+        data = chunk
+        while data and not inflate.eof:
+            piece = inflate.decompress(data, INFLATE_STEP)
+            data = inflate.unconsumed_tail
+            if piece:
+                yield piece
+    except zlib.error as err:
+        raise SourceError(Reason.PARSE_ERROR, f"{url} body is not valid gzip or deflate: {err}") from None
 
 
 def _parse_models_body(body: bytes | bytearray, display_url: str) -> ModelsInfo:

@@ -15,18 +15,25 @@ K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
+#: Most characters of texts one generation of a memory holds: what each text read as takes a few times its size, so a
+#: memory stays within a few MiB whatever vLLM sends. 64 engines' series (about 540 KiB) fit; a body whose lines change
+#: on every read (cache_config_info's labels, 512 engines: 280 MiB held by count alone) turns it instead.
+GENERATION_CHARS = 1 << 20
+
+
 class Remembered(Generic[K, V]):
     """What a text read as, remembered in two generations: a text is looked for in the current one, then in the
     previous one (and moved back). When the owner turns it (the scanner does every few dozen parses), and when the
-    current one holds ``bound()`` texts, the current generation becomes the previous one and the old previous one is
-    dropped: what is no longer served (a model that went, an engine that restarted under new labels, a value that
-    moved) is forgotten within two generations (5,000 models in turn held ~20 MiB of series until the cache was
-    full)."""
+    current one holds ``bound()`` texts or :data:`GENERATION_CHARS` characters of them, the current generation
+    becomes the previous one and the old previous one is dropped: what is no longer served (a model that went, an
+    engine that restarted under new labels, a value that moved) is forgotten within two generations (5,000 models in
+    turn held ~20 MiB of series until the cache was full)."""
 
     def __init__(self, bound: Callable[[], int]) -> None:
         self.current: dict[K, V] = {}  # read first, inline, on the hot path
         self.previous: dict[K, V] = {}
         self._bound = bound
+        self.chars = 0  # of the current generation's texts (keys that are not text count one each)
 
     def recall(self, text: K) -> V | None:
         """The value of a text not in the current generation: from the previous one (moved back), or None."""
@@ -36,12 +43,14 @@ class Remembered(Generic[K, V]):
         return value
 
     def remember(self, text: K, value: V) -> None:
-        if len(self.current) >= self._bound():
+        size = len(text) if isinstance(text, (str, bytes)) else 1
+        if len(self.current) >= self._bound() or self.chars + size > GENERATION_CHARS:
             self.turn()
         self.current[text] = value
+        self.chars += size
 
     def turn(self) -> None:
-        self.current, self.previous = {}, self.current
+        self.current, self.previous, self.chars = {}, self.current, 0
 
     def __len__(self) -> int:
         return len(self.current) + len(self.previous)

@@ -14,6 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client.metrics_core import Metric
 
@@ -138,7 +139,7 @@ def read_selected(selected: Selection, reader: ReaderMemory | None = None) -> Vl
         families = parse_selected(selected, reader)
     except (ValueError, TypeError, IndexError, OverflowError) as err:  # OverflowError: an integer beyond a float
         raise SourceError(Reason.PARSE_ERROR, f"vLLM /metrics is not valid Prometheus text: {err}") from err
-    scan = _Scan()
+    scan = _Scan(ReaderMemory() if reader is None else reader)
     for family in families:
         scan.add(family)
     if not any(name.startswith("vllm:") for name in scan.seen):
@@ -165,8 +166,36 @@ def check_head(head_text: str) -> None:
         )
 
 
+#: The longest line a body may hold (bytes as sent; characters of a decoded text): no vLLM writes one of a megabyte,
+#: and a line is held whole until its end, so a longer one refuses the read before it is held.
+LONG_LINE = 1 << 20
+
+
+def has_long_line(text: str | bytes, limit: int = LONG_LINE) -> bool:
+    """Whether ``text`` holds a line (or an unfinished last line) of more than ``limit`` characters, in time linear in
+    the text and a few calls a megabyte: such a line covers a whole block of ``limit // 2`` aligned at a multiple of
+    it, so only a block without a newline is looked at closer."""
+    newline: Any = b"\n" if isinstance(text, bytes) else "\n"
+    half = max(1, limit // 2)
+    for at in range(0, len(text), half):
+        if text.find(newline, at, at + half) == -1:
+            start = text.rfind(newline, 0, at) + 1
+            end = text.find(newline, at + half)
+            if (len(text) if end == -1 else end) - start > limit:
+                return True
+    return False
+
+
+def long_line(size: int) -> SourceError:
+    return SourceError(
+        Reason.LINE_TOO_LONG, f"vLLM /metrics has a line of over {size} bytes (the limit is {LONG_LINE}): not read"
+    )
+
+
 def _check_body(text: str) -> None:
     """Refuse what is not a whole vLLM exposition before parsing it, each with its reason (as MetricsStream does)."""
+    if has_long_line(text):
+        raise long_line(LONG_LINE)
     start = LEADING_SPACE.match(text).end()  # type: ignore[union-attr]  # \s* always matches
     if start == len(text):
         raise SourceError(Reason.EMPTY_BODY, "vLLM /metrics returned an empty body")
@@ -179,22 +208,25 @@ def _check_body(text: str) -> None:
 
 LEADING_SPACE_BYTES = re.compile(rb"[ \t\n\r\x0b\x0c\x1c-\x1f]*")  # what str.strip strips, in ASCII
 LEADING_SPACE = re.compile(r"\s*")
-# cache_config_info's labels -> what they say: the same labels come back every scrape (bounded: cleared when full)
-_CACHE_CONFIGS: dict[frozenset[tuple[str, str]], tuple[list[str], CacheConfig]] = {}
+#: the reader's memory of what cache_config_info's labels say (ReaderMemory): its labels but the engine's -> (the
+#: implausible ones, the config without them). The same labels come back every scrape, on every engine; a generation
+#: holds CACHE_CONFIGS_HELD label sets (each about 45 labels), so labels that change on every read cost a few of them
+CACHE_CONFIGS, CACHE_CONFIGS_HELD = "cache_configs", 64
 
 
-def _cache_config(key: frozenset[tuple[str, str]], labels: Mapping[str, str]) -> tuple[list[str], CacheConfig]:
+def _cache_config(labels: Mapping[str, str], reader: ReaderMemory) -> tuple[list[str], CacheConfig]:
     """The implausible labels of a cache_config_info series, and the config without them (or "None")."""
-    known = _CACHE_CONFIGS.get(key)
+    key = frozenset((k, v) for k, v in labels.items() if k != "engine")
+    memory = reader.of(CACHE_CONFIGS, lambda: CACHE_CONFIGS_HELD)
+    known = memory.current.get(key) or memory.recall(key)
     if known is None:
         bad = _plausible_config(labels)
         dropped = {b[len(CACHE_CONFIG) + 1 : -1] for b in bad}
         config = CacheConfig(
             {k: v for k, v in labels.items() if k != "engine" and k not in dropped and v not in ("None", "")}
         )
-        if len(_CACHE_CONFIGS) >= 4096:
-            _CACHE_CONFIGS.clear()
-        known = _CACHE_CONFIGS[key] = (bad, config)
+        known = (bad, config)
+        memory.remember(key, known)
     return known
 
 
@@ -232,6 +264,7 @@ def _finite(value: float) -> float | None:
 class _Scan:
     """What the wanted families say, gathered sample by sample."""
 
+    reader: ReaderMemory  # the reader's memory (what cache_config_info's labels say)
     values: dict[EngineKey, dict[str, float]] = field(default_factory=dict)
     waiting_by_reason: dict[EngineKey, dict[str, float]] = field(default_factory=dict)
     buckets: dict[EngineKey, dict[str, dict[float, float]]] = field(default_factory=dict)
@@ -274,7 +307,7 @@ class _Scan:
                     self.implausible.add(name)
                 continue
             if name == CACHE_CONFIG:
-                bad, config = _cache_config(series[1], labels)
+                bad, config = _cache_config(labels, self.reader)
                 self.implausible.update(bad)
                 self.cache_configs[labels.get("engine", "0")] = config
             elif not _plausible(name, value):

@@ -33,11 +33,12 @@ from vllm_capacity.sources.vllm_metrics.memory import ReaderMemory, Remembered
 MAX_LINE = 8192
 #: Most lines of one family: a 23-bucket histogram of 700 engines (64 engines select 1,472 lines of the largest).
 MAX_FAMILY_LINES = 16384
-#: Most selected lines, and characters in them, of all the families together: a dozen samples for each of 2,048
+#: Most selected lines, and characters in them, of all the families together: a dozen samples for each of 1,024
 #: data-parallel engines fits with room (64 engines select 727 lines, 118 KiB, without the latency histograms; 5,799
-#: and 567 KiB with them). They bound the parse's memory.
-MAX_SELECTED = 32768
-MAX_SELECTED_CHARS = 4 * 1024 * 1024
+#: and 567 KiB with them). They bound the parse's memory: at twice these, 512 engines scraped every second took the
+#: sidecar to 116 MiB of its 128 Mi limit (bench/engines.py), 92 MiB at these.
+MAX_SELECTED = 16384
+MAX_SELECTED_CHARS = 2 * 1024 * 1024
 OTHER_COMMENTS = "#other"  # the family key of comment lines that belong to no family the agent reads
 _TOKEN_END = re.compile(r"[{ \t]")
 #: what each line found was: a generation holds MAX_FOUND lines, and turns every FOUND_GENERATION selections. One

@@ -11,7 +11,15 @@ from typing import Any
 
 from vllm_capacity.sources import Reason, SourceError
 from vllm_capacity.sources.vllm_metrics.memory import ReaderMemory
-from vllm_capacity.sources.vllm_metrics.parse import LEADING_SPACE, LEADING_SPACE_BYTES, check_head, read_selected
+from vllm_capacity.sources.vllm_metrics.parse import (
+    LEADING_SPACE,
+    LEADING_SPACE_BYTES,
+    LONG_LINE,
+    check_head,
+    has_long_line,
+    long_line,
+    read_selected,
+)
 from vllm_capacity.sources.vllm_metrics.records import META, PRESENCE_ONLY, WANTED, WANTED_WITHOUT_LATENCY, VllmMetrics
 from vllm_capacity.sources.vllm_metrics.select import Selection, found_lines, select_found, select_lines
 
@@ -70,6 +78,8 @@ class MetricsStream:
     def finish(self) -> VllmMetrics:
         self._scan_whole_lines()
         rest = self._take()  # an unfinished last line: its text counts for the checks, it is never read
+        if has_long_line(rest):
+            raise long_line(LONG_LINE)
         if rest:
             self._scan(rest, select=False)
         if self._bad_utf8 is not None:
@@ -98,6 +108,8 @@ class MetricsStream:
         """Scan the whole lines pending."""
         pending = self._take()
         end = pending.rfind(b"\n") + 1
+        if has_long_line(pending):  # a line past the bound, finished or not: refused before more of it is held
+            raise long_line(LONG_LINE)
         if end < len(pending):  # an unfinished last line waits for the rest of it
             self._pending, self._pending_size = [pending[end:]], len(pending) - end
         if end:
