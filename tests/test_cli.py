@@ -902,6 +902,7 @@ def test_every_help_screen_groups_its_options_and_shows_examples_that_run(
         target.write_text(model.read_text())
     trustme.CA().cert_pem.write_to_path(str(tmp_path / "ca.crt"))
     (tmp_path / "token").write_text("t0ken\n")
+    (tmp_path / "vllm.log").write_text("")
     hashed = bcrypt.hashpw(b"pw", bcrypt.gensalt(4)).decode()
     (tmp_path / "web.yml").write_text(f"basic_auth_users:\n  prometheus: {hashed}\n")
     monkeypatch.chdir(tmp_path)

@@ -101,7 +101,7 @@ def test_levers_for_the_kv_cache_and_none_that_cannot_help() -> None:
 def _values(url: str, **over: object) -> SweepConfig:
     base = dict(vllm_url=url, model=None, api_key_file=None, concurrency=(1, 2, 4), requests_per_step=8,
                 duration_per_step=None, warmup_requests=1, prompt_tokens=380, max_tokens=20, slo_ttft=None,
-                slo_itl=None, model_config=None, flags=ServerFlags(),
+                slo_itl=None, model_config=None, vllm_log=None, flags=ServerFlags(),
                 sample_interval=0.05, timeout=30.0, format="json", output=None)  # fmt: skip
     return SweepConfig(**{**base, **over})  # type: ignore[arg-type]
 
@@ -271,3 +271,69 @@ def test_html_without_matplotlib_says_how_to_install_it(
     code = cli.main(["sweep", "--vllm-url", fake_vllm_thread, "--format", "html"], {})
     err = capsys.readouterr().err.strip()
     assert code == 2 and err == "vllm-capacity sweep: error: " + MISSING
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+async def test_a_terminal_sees_a_bar_for_the_step_under_way_and_a_line_per_step() -> None:
+    """On a terminal each request redraws the step's bar in place (its requests done of its count), and each step's
+    line clears it; into a file or a pipe only the lines are written, no escape and no bar."""
+    async with serving(SimVllm()) as (url, _):
+        shown = _Terminal()
+        code, _ = await run_sweep(_values(url, concurrency=(1, 2), requests_per_step=4), shown)
+        piped = io.StringIO()
+        await run_sweep(_values(url, concurrency=(1, 2), requests_per_step=4), piped)
+    assert code == 0
+    out = shown.getvalue()
+    bars = [frame for frame in out.split("\r") if frame.startswith("[")]
+    assert "[" + "#" * 30 + "] concurrency 1 (step 1 of 2): 4/4 requests" in bars
+    assert "[" + "#" * 15 + "." * 15 + "] concurrency 2 (step 2 of 2): 2/4 requests" in bars
+    assert out.count("\r\x1b[Ksweep: concurrency") == 2  # each step's line clears the bar
+    lines = piped.getvalue().splitlines()
+    assert [line.split(":")[1].strip() for line in lines] == ["concurrency 1", "concurrency 2"], lines
+    assert "\r" not in piped.getvalue() and "\x1b" not in piped.getvalue()
+
+
+async def test_the_report_gives_the_memory_budget_vllms_log_printed(tmp_path: Path) -> None:
+    """--vllm-log: the report gives once what vLLM's start-up log says one GPU rank holds (the seed's A10G: 15.18 GiB
+    of weights, 4.31 GiB of KV cache, 0.78 GiB of CUDA graphs), read with the sidecar's own log reader, and names
+    what the log does not give; a log without those lines is named, not a crash."""
+    log = tmp_path / "vllm.log"
+    prefix = "(EngineCore_DP0 pid=7) INFO 11-02 10:00:00"
+    log.write_text(
+        "INFO 11-02 09:59:00 [api_server.py:1] vLLM API server version 0.10.2\n"
+        f"{prefix} [gpu_model_runner.py:3000] Model loading took 15.18 GiB memory and 12.3 seconds\n"
+        f"{prefix} [gpu_worker.py:400] Available KV cache memory: 4.31 GiB\n"
+        f"{prefix} [gpu_model_runner.py:3100] Graph capturing finished in 9 secs, took 0.78 GiB\n"
+        + "INFO 11-02 10:01:00 [logger.py:1] Received request cmpl-1: prompt: 'x'\n"
+        * 1000
+    )
+    empty = tmp_path / "other.log"
+    empty.write_text("nothing of vLLM's here\n")
+    async with serving(SimVllm()) as (url, _):
+        _, report = await run_sweep(
+            _values(url, concurrency=(1,), requests_per_step=4, vllm_log=str(log)), io.StringIO()
+        )
+        _, text = await run_sweep(
+            _values(url, concurrency=(1,), requests_per_step=4, vllm_log=str(log), format="text"), io.StringIO()
+        )
+        _, other = await run_sweep(
+            _values(url, concurrency=(1,), requests_per_step=4, vllm_log=str(empty), format="text"), io.StringIO()
+        )
+        _, without = await run_sweep(_values(url, concurrency=(1,), requests_per_step=4), io.StringIO())
+    budget = json.loads(report)["memory_budget"]
+    gib = 2**30
+    assert budget["source"] == str(log) and budget["error"] is None
+    assert (budget["weights_bytes"], budget["kv_cache_bytes"], budget["cuda_graphs_bytes"]) == (
+        pytest.approx(15.18 * gib),
+        pytest.approx(4.31 * gib),
+        pytest.approx(0.78 * gib),
+    )
+    assert budget["activation_peak_bytes"] is None
+    assert "weights 15.18 GiB, KV cache 4.31 GiB, CUDA graphs 0.78 GiB" in text
+    assert "not in the log: activation peak" in text
+    assert "holds none of vLLM's start-up memory lines" in other
+    assert json.loads(without)["memory_budget"] is None

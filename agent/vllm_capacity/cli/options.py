@@ -657,6 +657,9 @@ SWEEP_OPTIONS = (
     Option("--slo-ttft", _objective(TTFT), None, "time-to-first-token objective, e.g. p99<=1s: the knee holds it"),
     Option("--slo-itl", _objective(ITL), None, "inter-token latency objective, e.g. p99<=50ms"),
     Option("--model-config", _model_config, None, "the served model's config.json: the levers' figures by the planner"),
+    Option(
+        "--vllm-log", _path_text, None, "vLLM's log file: the memory budget it printed at start, given in the report"
+    ),
     Option("--max-num-seqs", _positive_int, None, "vLLM's --max-num-seqs, to name it when it binds"),
     Option("--max-num-batched-tokens", _positive_int, None, "vLLM's --max-num-batched-tokens, to name a full budget"),
     Option("--sample-interval", _duration(0.1, 60.0), "500ms", "how often vLLM's /metrics is read during a step"),
@@ -767,12 +770,14 @@ HELP: dict[str, tuple[Groups, str]] = {
             ("the load", ("--concurrency", "--requests-per-step", "--duration-per-step", "--warmup-requests",
                           "--prompt-tokens", "--max-tokens")),
             ("objectives and vLLM's settings (the knee, the levers)",
-             ("--slo-ttft", "--slo-itl", "--model-config", "--max-num-seqs", "--max-num-batched-tokens")),
+             ("--slo-ttft", "--slo-itl", "--model-config", "--vllm-log", "--max-num-seqs",
+              "--max-num-batched-tokens")),
             ("output", ("--format", "--output")),
         ),
         """examples:
   vllm-capacity sweep --vllm-url http://127.0.0.1:8000 --concurrency 1,2,4,8,16 --slo-itl 'p99<=50ms'
-  vllm-capacity sweep --concurrency 1,4,16,64 --prompt-tokens 4000 --max-tokens 500 --model-config config.json
+  vllm-capacity sweep --concurrency 1,4,16,64 --prompt-tokens 4000 --max-tokens 500 --model-config config.json \\
+      --vllm-log vllm.log
   vllm-capacity sweep --format html --output sweep.html""",
     ),
     "advise": (

@@ -1,6 +1,6 @@
 """``vllm-capacity sweep``: the concurrency sweep operators run before they tune, with the limit at its knee and the
 flags that would move it. Checks first (vLLM answers, serves the model, takes requests of the asked length: else
-exit 2 and one line), a line per step as it finishes (and a progress count on a terminal), the report at the end,
+exit 2 and one line), a line per step as it finishes (and a progress bar on a terminal), the report at the end,
 also after Ctrl-C (exit 130) or when vLLM stopped answering (exit 1)."""
 
 from __future__ import annotations
@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -18,8 +20,9 @@ from vllm_capacity.levers.advice import Lever, Situation, levers
 from vllm_capacity.sizing import parse_version
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm import VllmClient
+from vllm_capacity.sweep.budget import read_budget
 from vllm_capacity.sweep.load import LoadSpec
-from vllm_capacity.sweep.run import Refused, Step, Sweep, SweepSpec, sweep
+from vllm_capacity.sweep.run import Refused, Step, Sweep, SweepSpec, step_size, sweep
 
 INTERRUPTED = 130  # the shell's code for a run ended by Ctrl-C
 VLLM_WENT_AWAY = 1
@@ -130,6 +133,43 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
+class Progress:
+    """What the sweep says as it runs: a line per step as it finishes and, on a terminal, a bar for the step under
+    way (its requests done of its count, or its seconds of its duration), redrawn in place and cleared by the next
+    line."""
+
+    WIDTH = 30
+
+    def __init__(self, err: TextIO, spec: SweepSpec, monotonic: Callable[[], float] = time.monotonic) -> None:
+        self.err, self.spec, self.monotonic = err, spec, monotonic
+        self.tty = err.isatty()
+        self.index, self.done, self.started = 0, 0, monotonic()
+
+    def bar(self) -> str:
+        """The bar of the step under way."""
+        concurrency = self.spec.concurrencies[min(self.index, len(self.spec.concurrencies) - 1)]
+        count, duration = step_size(self.spec, concurrency)
+        if count is not None:
+            share, tail = self.done / count, f"{self.done}/{count} requests"
+        else:
+            elapsed = self.monotonic() - self.started
+            share, tail = elapsed / (duration or 1.0), f"{elapsed:.0f}/{duration:.0f} s, {self.done} requests"
+        filled = round(min(1.0, share) * self.WIDTH)
+        where = f"concurrency {concurrency} (step {self.index + 1} of {len(self.spec.concurrencies)})"
+        return f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {where}: {tail}"
+
+    def request(self) -> None:
+        self.done += 1
+        if self.tty:
+            self.err.write("\r" + self.bar())
+            self.err.flush()
+
+    def step(self, step: Step) -> None:
+        self.err.write(("\r\x1b[K" if self.tty else "") + _step_line(step) + "\n")
+        self.err.flush()
+        self.index, self.done, self.started = self.index + 1, 0, self.monotonic()
+
+
 async def run_sweep(values: SweepConfig, err: TextIO) -> tuple[int, str]:
     """The sweep's exit status and its report (which the caller writes where --output says)."""
     from vllm_capacity.cli.sweep_report import render
@@ -139,30 +179,19 @@ async def run_sweep(values: SweepConfig, err: TextIO) -> tuple[int, str]:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, interrupt.set)
-    done = 0
-    tty = err.isatty()
-
-    def on_request() -> None:
-        nonlocal done
-        done += 1
-        if tty:
-            err.write(f"\r{done} requests done")
-            err.flush()
-
-    def on_step(step: Step) -> None:
-        err.write(("\r" if tty else "") + _step_line(step) + "\n")
-        err.flush()
-
     try:
         server = await _server(client, values)
-        result = await sweep(client, _spec(values, server), on_step=on_step, on_request=on_request, interrupt=interrupt)
+        spec = _spec(values, server)
+        progress = Progress(err, spec)
+        result = await sweep(client, spec, on_step=progress.step, on_request=progress.request, interrupt=interrupt)
     except Refused as refused:
         raise UsageError(str(refused)) from None
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await client.aclose()
-    report = render(values.format, result, knee_levers(result, values, server), values, server.model)
+    budget = read_budget(values.vllm_log) if values.vllm_log else None  # once, after the load: the start is logged
+    report = render(values.format, result, knee_levers(result, values, server), values, server.model, budget)
     if result.interrupted:
         err.write("sweep: interrupted: the report holds the steps that finished\n")
         return INTERRUPTED, report

@@ -24,6 +24,7 @@ class SweepConfig:
     slo_ttft: Objective | None
     slo_itl: Objective | None
     model_config: Geometry | None
+    vllm_log: str | None  # vLLM's log: the memory budget it printed at start, in the report
     flags: ServerFlags  # --max-num-seqs, --max-num-batched-tokens
     sample_interval: float
     timeout: float

@@ -11,6 +11,7 @@ from typing import Any
 
 from vllm_capacity.cli.sweep_config import SweepConfig
 from vllm_capacity.levers.advice import Lever
+from vllm_capacity.sweep.budget import MemoryBudget
 from vllm_capacity.sweep.run import KINDS, QUANTILES, Step, Sweep
 
 SCHEMA = 1  # the JSON's "schema": raised when a field changes meaning or goes
@@ -48,7 +49,9 @@ def step_doc(step: Step) -> dict[str, Any]:
     return doc
 
 
-def render_json(result: Sweep, found: list[Lever], values: SweepConfig, model: str) -> str:
+def render_json(
+    result: Sweep, found: list[Lever], values: SweepConfig, model: str, budget: MemoryBudget | None = None
+) -> str:
     knee = result.knee
     doc = {
         "schema": SCHEMA,
@@ -65,6 +68,7 @@ def render_json(result: Sweep, found: list[Lever], values: SweepConfig, model: s
             "reason": knee.reason,
         },
         "levers": [{"flag": lever.flag, "value": lever.value, "effect": lever.effect} for lever in found],
+        "memory_budget": None if budget is None else _budget_doc(budget),
     }
     return json.dumps(doc, indent=2) + "\n"
 
@@ -78,7 +82,9 @@ CSV_COLUMNS = (
 )  # fmt: skip
 
 
-def render_csv(result: Sweep, found: list[Lever], values: SweepConfig, model: str) -> str:
+def render_csv(
+    result: Sweep, found: list[Lever], values: SweepConfig, model: str, budget: MemoryBudget | None = None
+) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
@@ -104,7 +110,9 @@ def _row(cells: tuple[str, ...], widths: list[int]) -> str:
     return "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
 
 
-def render_text(result: Sweep, found: list[Lever], values: SweepConfig, model: str) -> str:
+def render_text(
+    result: Sweep, found: list[Lever], values: SweepConfig, model: str, budget: MemoryBudget | None = None
+) -> str:
     head = ("conc", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "out tok/s", "req/s", "KV used max",
             "KV tokens", "waiting", "preempt", "limit")  # fmt: skip
     rows: list[tuple[str, ...]] = [head]
@@ -138,14 +146,45 @@ def render_text(result: Sweep, found: list[Lever], values: SweepConfig, model: s
         lines += [f"  {lever.flag} {lever.value}: {lever.effect}" for lever in found]
     elif knee.limit in ("none", "unknown", None):
         lines += ["", "What would move it: no flag; the limit found is not one vLLM's flags set"]
+    if budget is not None:
+        lines += ["", *_budget_lines(budget)]
     if result.interrupted:
         lines += ["", "Interrupted: the steps above finished; the rest did not run."]
     return "\n".join(lines) + "\n"
 
 
-def render(fmt: str, result: Sweep, found: list[Lever], values: SweepConfig, model: str) -> str:
+BUDGET_WORDS = {"weights": "weights", "kv_cache": "KV cache", "cuda_graphs": "CUDA graphs",
+                "activation_peak": "activation peak"}  # fmt: skip
+
+
+def _budget_doc(budget: MemoryBudget) -> dict[str, Any]:
+    return {
+        "source": budget.path,
+        **{f"{part}_bytes": value for part, value in budget.parts().items()},
+        "budget_bytes": budget.budget_bytes,
+        "error": budget.error,
+    }
+
+
+def _budget_lines(budget: MemoryBudget) -> list[str]:
+    """The memory budget in words: each part the log gives, and those it does not."""
+    if budget.error is not None:
+        return [f"Memory budget: not read: {budget.error}"]
+    known = [f"{BUDGET_WORDS[p]} {v / 2**30:.2f} GiB" for p, v in budget.parts().items() if v is not None]
+    missing = [BUDGET_WORDS[p] for p, v in budget.parts().items() if v is None]
+    lines = [f"Memory budget per GPU rank (vLLM's start-up log): {', '.join(known)}"]
+    if budget.budget_bytes is not None:
+        lines.append(f"  of vLLM's budget {budget.budget_bytes / 2**30:.2f} GiB (total x gpu_memory_utilization)")
+    if missing:
+        lines.append(f"  not in the log: {', '.join(missing)}")
+    return lines
+
+
+def render(
+    fmt: str, result: Sweep, found: list[Lever], values: SweepConfig, model: str, budget: MemoryBudget | None = None
+) -> str:
     if fmt == "html":
         from vllm_capacity.cli.sweep_html import render_html
 
-        return render_html(result, values, model, render_text(result, found, values, model))
-    return {"json": render_json, "csv": render_csv}.get(fmt, render_text)(result, found, values, model)
+        return render_html(result, values, model, render_text(result, found, values, model, budget))
+    return {"json": render_json, "csv": render_csv}.get(fmt, render_text)(result, found, values, model, budget)
