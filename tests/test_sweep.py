@@ -337,3 +337,28 @@ async def test_the_report_gives_the_memory_budget_vllms_log_printed(tmp_path: Pa
     assert "not in the log: activation peak" in text
     assert "holds none of vLLM's start-up memory lines" in other
     assert json.loads(without)["memory_budget"] is None
+
+
+def test_tp_against_replicas_by_the_planner_for_the_pool_the_log_gave() -> None:
+    """With the model's config and vLLM's log (a rank's KV pool and weights), the KV cache's levers weigh TP 2 (half
+    the weights a rank: the planner's tokens for the pool it frees) against two replicas of TP 1, in tokens and in
+    requests of the swept length; without the log's figures neither is offered."""
+    from vllm_capacity.sources.model_config import parse_config
+
+    llama = parse_config({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                          "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+                          "torch_dtype": "bfloat16", "max_position_embeddings": 131072})  # fmt: skip
+    gib = 2**30
+    base = Situation("kv_cache", 8, 1700, kv_capacity_tokens=28_000, kv_usage_max=0.99, max_model_len=32768,
+                     kv_cache_dtype="auto", block_size=16, geometry=llama)  # fmt: skip
+    assert {lever.flag for lever in levers(base)} == {"--kv-cache-dtype", "--max-model-len"}
+    # a 24 GiB GPU: 15 GiB of weights leave 4 GiB of KV cache; at TP 2 each rank frees 7.5 GiB more: 11.5 GiB
+    tight = Situation(**{**base.__dict__, "pool_bytes": 4 * gib, "weights_bytes": 15 * gib})
+    (tp,) = [lever for lever in levers(tight) if lever.flag in ("--tensor-parallel-size", "replicas")]
+    # Llama-3.1-8B: 128 KiB a token at TP 1 (32 layers x 8 heads x 128 x 2 x 2 bytes), 64 KiB a rank at TP 2
+    assert tp.flag == "--tensor-parallel-size" and tp.value == "2"
+    assert "TP 2 holds 188,416 tokens" in tp.effect and "two replicas of TP 1 65,536" in tp.effect, tp.effect
+    # an 80 GiB GPU, 70 GiB of KV cache beside 5 GiB of weights: TP 2 frees 2.5 GiB, under 10 % over two replicas
+    roomy = Situation(**{**base.__dict__, "pool_bytes": 70 * gib, "weights_bytes": 5 * gib})
+    (rep,) = [lever for lever in levers(roomy) if lever.flag in ("--tensor-parallel-size", "replicas")]
+    assert rep.flag == "replicas" and "gains under 10%" in rep.effect, rep.effect

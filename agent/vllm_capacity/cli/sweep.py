@@ -20,7 +20,7 @@ from vllm_capacity.levers.advice import Lever, Situation, levers
 from vllm_capacity.sizing import parse_version
 from vllm_capacity.sources import SourceError
 from vllm_capacity.sources.vllm import VllmClient
-from vllm_capacity.sweep.budget import read_budget
+from vllm_capacity.sweep.budget import MemoryBudget, read_budget
 from vllm_capacity.sweep.load import LoadSpec
 from vllm_capacity.sweep.run import Refused, Step, Sweep, SweepSpec, step_size, sweep
 
@@ -85,7 +85,7 @@ def _spec(values: SweepConfig, server: Server) -> SweepSpec:
     )
 
 
-def knee_levers(result: Sweep, values: SweepConfig, server: Server) -> list[Lever]:
+def knee_levers(result: Sweep, values: SweepConfig, server: Server, budget: MemoryBudget | None = None) -> list[Lever]:
     """The levers for the limit at the knee, from the step where it binds."""
     knee = result.knee
     if knee.limit is None or knee.concurrency is None:
@@ -112,6 +112,8 @@ def knee_levers(result: Sweep, values: SweepConfig, server: Server) -> list[Leve
             max_num_batched_tokens=values.flags.max_num_batched_tokens,
             geometry=values.model_config,
             version=version,
+            pool_bytes=budget.kv_cache_bytes if budget else None,
+            weights_bytes=budget.weights_bytes if budget else None,
         )
     )
 
@@ -191,7 +193,7 @@ async def run_sweep(values: SweepConfig, err: TextIO) -> tuple[int, str]:
             loop.remove_signal_handler(sig)
         await client.aclose()
     budget = read_budget(values.vllm_log) if values.vllm_log else None  # once, after the load: the start is logged
-    report = render(values.format, result, knee_levers(result, values, server), values, server.model, budget)
+    report = render(values.format, result, knee_levers(result, values, server, budget), values, server.model, budget)
     if result.interrupted:
         err.write("sweep: interrupted: the report holds the steps that finished\n")
         return INTERRUPTED, report

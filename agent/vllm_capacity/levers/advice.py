@@ -44,6 +44,9 @@ class Situation:
     geometry: Geometry | None = None  # --model-config: the planner's figures
     tp: int = 1
     version: sizing.Version | None = None
+    # one GPU rank's KV pool and weights, from vLLM's start-up log (sweep --vllm-log): TP against replicas
+    pool_bytes: float | None = None
+    weights_bytes: float | None = None
 
 
 def levers(s: Situation) -> list[Lever]:
@@ -86,7 +89,50 @@ def _kv_levers(s: Situation) -> list[Lever]:
                 f"the worst case vLLM admits (requests of the full length) {before:.1f} -> {after:.1f} at once; the "
                 f"pool holds the same {s.kv_capacity_tokens:,.0f} tokens, so requests of {s.request_tokens:,} "
                 "tokens gain only where vLLM held room for longer ones")))  # fmt: skip
+    if (scale := tp_against_replicas(s)) is not None:
+        out.append(scale)
     return out
+
+
+#: TP x 2 is offered over two replicas only where it holds this much more KV cache: below it, replicas (no
+#: all-reduce per step, and a replica fails alone)
+TP_GAIN = 1.1
+
+
+def tp_against_replicas(s: Situation) -> Lever | None:
+    """On twice the GPUs: TP x 2 (each rank holds half the weights it held, the rest of the budget alike: the
+    planner's tokens for the pool that frees) against two replicas of today's TP; None without the model's config,
+    the pool and the weights (sweep --vllm-log), or where the planner does not size it."""
+    if s.geometry is None or not s.pool_bytes or not s.weights_bytes or not s.max_model_len:
+        return None
+    tp = s.tp * 2
+    inputs = sizing.PlanInputs(
+        kv_cache_memory_bytes=int(s.pool_bytes),
+        max_model_len=s.max_model_len,
+        tp=s.tp,
+        kv_cache_dtype=s.kv_cache_dtype or "auto",
+        **({"block_size": s.block_size} if s.block_size else {}),  # type: ignore[arg-type]
+        **({"version": s.version} if s.version is not None else {}),  # type: ignore[arg-type]
+    )
+    freed = int(s.pool_bytes + s.weights_bytes - s.weights_bytes * s.tp / tp)
+    try:
+        one = sizing.plan(s.geometry, inputs)
+        two = sizing.plan(s.geometry, replace(inputs, tp=tp, kv_cache_memory_bytes=freed))
+    except (ValueError, sizing.NotModelled, sizing.ImpossiblePlan):
+        return None
+    replicas, each = 2 * one.kv_cache_tokens, s.request_tokens
+    compare = (
+        f"on twice the GPUs, TP {tp} holds {two.kv_cache_tokens:,} tokens ({two.kv_cache_tokens / each:.1f} requests "
+        f"of {each:,}) and two replicas of TP {s.tp} {replicas:,} ({replicas / each:.1f}), by the planner for the "
+        "pool the log gave and half the weights a rank"
+    )
+    if two.kv_cache_tokens >= replicas * TP_GAIN:
+        return Lever("--tensor-parallel-size", str(tp), (
+            f"{compare}: an estimate (the same CUDA graphs and activations a GPU); each step adds an all-reduce per "
+            "layer (a few % over NVLink, more over PCIe), and a TP group fails as one"))  # fmt: skip
+    return Lever("replicas", "2", (
+        f"{compare}: TP {tp} gains under {TP_GAIN - 1:.0%} over replicas, which add no all-reduce and fail "
+        "alone"))  # fmt: skip
 
 
 def fp8_ratio(s: Situation) -> tuple[float, str]:
