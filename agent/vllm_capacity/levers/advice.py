@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from vllm_capacity import sizing
 from vllm_capacity.geometry import Geometry
+from vllm_capacity.levers.scale import TP_GAIN, doubled_tp_pool
 
 SIXTEEN_BIT = ("auto", "bfloat16", "float16", "half")
 
@@ -94,11 +95,6 @@ def _kv_levers(s: Situation) -> list[Lever]:
     return out
 
 
-#: TP x 2 is offered over two replicas only where it holds this much more KV cache: below it, replicas (no
-#: all-reduce per step, and a replica fails alone)
-TP_GAIN = 1.1
-
-
 def tp_against_replicas(s: Situation) -> Lever | None:
     """On twice the GPUs: TP x 2 (each rank holds half the weights it held, the rest of the budget alike: the
     planner's tokens for the pool that frees) against two replicas of today's TP; None without the model's config,
@@ -114,7 +110,7 @@ def tp_against_replicas(s: Situation) -> Lever | None:
         **({"block_size": s.block_size} if s.block_size else {}),  # type: ignore[arg-type]
         **({"version": s.version} if s.version is not None else {}),  # type: ignore[arg-type]
     )
-    freed = int(s.pool_bytes + s.weights_bytes - s.weights_bytes * s.tp / tp)
+    freed = doubled_tp_pool(s.pool_bytes, s.weights_bytes, s.tp)
     try:
         one = sizing.plan(s.geometry, inputs)
         two = sizing.plan(s.geometry, replace(inputs, tp=tp, kv_cache_memory_bytes=freed))

@@ -16,6 +16,12 @@ HIGHEST_UTILIZATION = 0.95
 TP_GAIN = 1.1
 
 
+def doubled_tp_pool(pool_bytes: float, weights_bytes: float, tp: int) -> int:
+    """A rank's KV pool at TP x 2 on the same GPUs: its pool now plus the half of its weights it no longer holds (an
+    estimate: the same CUDA graphs and activations a GPU)."""
+    return int(pool_bytes + weights_bytes - weights_bytes * tp / (tp * 2))
+
+
 def gpu_memory_utilization(o: Observed) -> Finding:
     flag = "gpu_memory_utilization"
     version, label = release(o), o.info.get("gpu_memory_utilization", "")
@@ -128,7 +134,7 @@ def tensor_parallel(o: Observed, asked: Asked) -> Finding:
         )
     tp = asked.tp * 2
     # the same GPUs: each rank holds 1/tp of the weights, the rest of the budget alike (an estimate)
-    two = plan_of(o, asked, tp=tp, kv_cache_memory_bytes=int(pool + weights - weights * asked.tp / tp))
+    two = plan_of(o, asked, tp=tp, kv_cache_memory_bytes=doubled_tp_pool(pool, weights, asked.tp))
     if two is None:
         return NotAdvised(flag, f"the planner refuses TP {tp} for this model")
     replicas = 2 * one.kv_cache_tokens

@@ -214,9 +214,12 @@ LEADING_SPACE = re.compile(r"\s*")
 CACHE_CONFIGS, CACHE_CONFIGS_HELD = "cache_configs", 64
 
 
-def _cache_config(labels: Mapping[str, str], reader: ReaderMemory) -> tuple[list[str], CacheConfig]:
-    """The implausible labels of a cache_config_info series, and the config without them (or "None")."""
-    key = frozenset((k, v) for k, v in labels.items() if k != "engine")
+def _cache_config(
+    series: frozenset[tuple[str, str]], labels: Mapping[str, str], reader: ReaderMemory
+) -> tuple[list[str], CacheConfig]:
+    """The implausible labels of a cache_config_info series (``series``: its labels as a set, ``labels`` as read),
+    and the config without them (or "None")."""
+    key = series.difference({("engine", labels.get("engine", ""))})  # one entry for every engine alike
     memory = reader.of(CACHE_CONFIGS, lambda: CACHE_CONFIGS_HELD)
     known = memory.current.get(key) or memory.recall(key)
     if known is None:
@@ -307,7 +310,7 @@ class _Scan:
                     self.implausible.add(name)
                 continue
             if name == CACHE_CONFIG:
-                bad, config = _cache_config(labels, self.reader)
+                bad, config = _cache_config(series[1], labels, self.reader)
                 self.implausible.update(bad)
                 self.cache_configs[labels.get("engine", "0")] = config
             elif not _plausible(name, value):
